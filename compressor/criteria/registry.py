@@ -1,0 +1,101 @@
+"""One registry and one signature for every head-importance criterion.
+
+A criterion is a plain function `fn(ctx: ScoreContext, *, <params>) -> Tensor[layers, heads]` (higher = keep),
+registered with `@register("name")`. Its keyword-only parameters *are* its recipe schema: `check_params` compares a
+recipe's `params` against the signature, so a typo fails at `compressor validate` before any model loads.
+`score_heads` is the only entry point callers use: it runs the criterion and sets dead heads to -inf.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+Criterion = Callable[..., torch.Tensor]
+_REGISTRY: dict[str, Criterion] = {}
+
+
+@dataclass(frozen=True)
+class ScoreContext:
+    """Everything a criterion may use.
+
+    model: the classifier (eval mode unless the criterion trains), attention implementation 'eager'.
+    alive: [layers, heads] bool over original head ids; False for heads removed or masked.
+    batches: tokenised batches (dicts of tensors with `labels`) to score on.
+    accelerator: an `accelerate.Accelerator` (device placement, distributed reductions), or None.
+    target_remove: how many more heads the caller will remove after this scoring (lets `l0` aim its sparsity).
+    train_batches: a factory of training batches, for criteria that learn (e.g. `l0`).
+    seed: for criteria with randomness.
+    """
+
+    model: nn.Module
+    alive: torch.Tensor
+    batches: Sequence[dict[str, torch.Tensor]]
+    accelerator: Any = None
+    target_remove: int = 0
+    train_batches: Callable[[], Sequence[dict[str, torch.Tensor]]] | None = None
+    seed: int = 0
+    extras: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def gates(self) -> torch.Tensor:
+        """Gate tensor equal to the current mask (1 alive, 0 dead), float, on the model's device."""
+        return self.alive.to(self.device, torch.float32).clone()
+
+
+def register(name: str) -> Callable[[Criterion], Criterion]:
+    """Decorator: make `fn` available to recipes as `criterion: {name: ...}`."""
+
+    def wrap(fn: Criterion) -> Criterion:
+        if name in _REGISTRY:
+            raise ValueError(f"criterion '{name}' registered twice")
+        _REGISTRY[name] = fn
+        return fn
+
+    return wrap
+
+
+def available() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def get(name: str) -> Criterion:
+    if name not in _REGISTRY:
+        raise ValueError(f"prune.criterion.name: unknown criterion '{name}'; expected one of {available()}")
+    return _REGISTRY[name]
+
+
+def check_params(name: str, params: dict[str, Any]) -> None:
+    """Raise ValueError naming the first parameter the criterion does not take or whose type is wrong."""
+    sig = inspect.signature(get(name))
+    accepted = {p.name: p for p in sig.parameters.values() if p.kind is inspect.Parameter.KEYWORD_ONLY}
+    for key, value in params.items():
+        if key not in accepted:
+            raise ValueError(
+                f"prune.criterion.params.{key}: unknown parameter for '{name}'; expected one of {sorted(accepted)}"
+            )
+        default = accepted[key].default
+        if default is not inspect.Parameter.empty and default is not None:
+            expected = (int, float) if isinstance(default, float) else type(default)
+            if isinstance(value, bool) != isinstance(default, bool) or not isinstance(value, expected):
+                raise ValueError(
+                    f"prune.criterion.params.{key}: expected {type(default).__name__}, got {value!r}"
+                )
+
+
+def score_heads(name: str, ctx: ScoreContext, params: dict[str, Any] | None = None) -> torch.Tensor:
+    """Run criterion `name` and return float [layers, heads] scores on CPU, -inf for dead heads."""
+    params = params or {}
+    check_params(name, params)
+    scores = get(name)(ctx, **params).detach().float().cpu()
+    if tuple(scores.shape) != tuple(ctx.alive.shape):
+        raise RuntimeError(f"criterion '{name}' returned shape {tuple(scores.shape)}, expected {tuple(ctx.alive.shape)}")
+    return scores.masked_fill(~ctx.alive.cpu(), float("-inf"))

@@ -1,0 +1,133 @@
+"""Where attention heads live in each supported architecture.
+
+Every other module (masking, surgery, criteria, analysis) goes through this table instead of hard-coding
+attribute names, so adding an encoder architecture means adding one `ArchSpec` here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+
+class UnsupportedArchitectureError(ValueError):
+    """Raised before any work is done when a model's architecture cannot have its heads removed."""
+
+
+@dataclass(frozen=True)
+class ArchSpec:
+    """Attribute paths for one architecture family (dotted, relative to the noted parent)."""
+
+    layers: str  # from the base model to the nn.ModuleList of layers
+    attention: str  # from a layer to the attention block (replaced wholesale when a layer loses every head)
+    self_attn: str  # from a layer to the module holding q/k/v and the head-count attributes
+    query: str  # from self_attn
+    key: str
+    value: str
+    out_proj: str  # from a layer: the projection W_O that mixes heads back into the residual stream
+    heads_attr: str  # head-count attribute on self_attn
+    width_attr: str  # heads * head_size attribute on self_attn
+    head_size_attr: str
+    probs_dropout: str  # from self_attn: dropout applied to attention probabilities (our hook point)
+
+
+_BERT_LIKE = ArchSpec(
+    layers="encoder.layer",
+    attention="attention",
+    self_attn="attention.self",
+    query="query",
+    key="key",
+    value="value",
+    out_proj="attention.output.dense",
+    heads_attr="num_attention_heads",
+    width_attr="all_head_size",
+    head_size_attr="attention_head_size",
+    probs_dropout="dropout",
+)
+
+_DISTILBERT = ArchSpec(
+    layers="transformer.layer",
+    attention="attention",
+    self_attn="attention",
+    query="q_lin",
+    key="k_lin",
+    value="v_lin",
+    out_proj="attention.out_lin",
+    heads_attr="n_heads",
+    width_attr="dim",
+    head_size_attr="attention_head_size",
+    probs_dropout="dropout",
+)
+
+ARCHITECTURES: dict[str, ArchSpec] = {
+    "bert": _BERT_LIKE,
+    "roberta": _BERT_LIKE,
+    "xlm-roberta": _BERT_LIKE,
+    "electra": _BERT_LIKE,
+    "distilbert": _DISTILBERT,
+}
+
+
+def arch_spec(model_or_type: nn.Module | str) -> ArchSpec:
+    """Return the spec for a model (or a `config.model_type`), refusing unsupported architectures by name."""
+    model_type = model_or_type if isinstance(model_or_type, str) else model_or_type.config.model_type
+    if model_type not in ARCHITECTURES:
+        raise UnsupportedArchitectureError(
+            f"model: architecture '{model_type}' is not supported for head pruning; "
+            f"expected one of {sorted(ARCHITECTURES)}"
+        )
+    return ARCHITECTURES[model_type]
+
+
+def get_path(root: nn.Module, path: str) -> nn.Module:
+    for part in path.split("."):
+        root = root[int(part)] if part.isdigit() else getattr(root, part)
+    return root
+
+
+def set_path(root: nn.Module, path: str, value: nn.Module) -> None:
+    parent, _, name = path.rpartition(".")
+    setattr(get_path(root, parent) if parent else root, name, value)
+
+
+def layers(model: nn.Module) -> nn.ModuleList:
+    """The encoder's list of transformer layers."""
+    return get_path(model.base_model, arch_spec(model).layers)
+
+
+def num_layers(model: nn.Module) -> int:
+    return len(layers(model))
+
+
+def original_num_heads(model: nn.Module) -> int:
+    """Heads per layer before any pruning (from the config, which surgery never changes)."""
+    cfg = model.config
+    return int(getattr(cfg, "num_attention_heads", None) or cfg.n_heads)
+
+
+def head_size(model: nn.Module) -> int:
+    cfg = model.config
+    hidden = int(getattr(cfg, "hidden_size", None) or cfg.dim)
+    return hidden // original_num_heads(model)
+
+
+def pruned_heads(model: nn.Module) -> dict[int, list[int]]:
+    """Physically removed heads per layer, as original indices (mirrors `config.pruned_heads`)."""
+    return {int(k): sorted(int(h) for h in v) for k, v in (model.config.pruned_heads or {}).items() if v}
+
+
+def present_heads(model: nn.Module) -> list[list[int]]:
+    """For each layer, the original indices of heads whose weights are still in the model, in weight order."""
+    removed = pruned_heads(model)
+    n = original_num_heads(model)
+    return [[h for h in range(n) if h not in set(removed.get(layer, []))] for layer in range(num_layers(model))]
+
+
+def presence_mask(model: nn.Module) -> torch.Tensor:
+    """[layers, heads] bool tensor, True where the head still has weights."""
+    mask = torch.zeros(num_layers(model), original_num_heads(model), dtype=torch.bool)
+    for layer, heads in enumerate(present_heads(model)):
+        mask[layer, heads] = True
+    return mask

