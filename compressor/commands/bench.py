@@ -1,0 +1,7 @@
+"""`compressor bench` (placeholder: being written)."""
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    pass

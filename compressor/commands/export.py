@@ -1,0 +1,7 @@
+"""`compressor export` (placeholder: being written)."""
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    pass

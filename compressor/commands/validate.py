@@ -1,0 +1,25 @@
+"""`compressor validate RECIPE`: check a recipe without loading any model or dataset."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from compressor.errors import one_line_errors
+
+
+@one_line_errors
+def validate(recipe: Path = typer.Argument(..., help="YAML recipe")) -> None:
+    """Check schema, value ranges and criterion parameters; exit 2 with one line naming the field on error."""
+    from compressor.recipe import load_recipe
+
+    r = load_recipe(recipe)
+    typer.echo(
+        f"ok: {recipe} — model {r.model.source}, data {r.data.source}, criterion {r.prune.criterion.name}, "
+        f"target {r.prune.target:.0%} in {r.prune.steps} steps → {r.output_dir}"
+    )
+
+
+def register(app: typer.Typer) -> None:
+    app.command("validate")(validate)

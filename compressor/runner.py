@@ -1,0 +1,334 @@
+"""`compressor run`: the only module that knows the whole order of stages.
+
+sources → base fine-tune (cached) → loop {score → select → mask → fine-tune → checkpoint} → surgery → save →
+export → bench → analysis → report. Every pruning step is checkpointed under `<output_dir>/state/`, so a killed
+run resumes from its last finished step and ends exactly where an uninterrupted run would (CPU, seeded).
+Only the main process writes; under `accelerate launch` the others train, score and wait.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from accelerate import Accelerator
+from accelerate.utils import broadcast, set_seed
+from safetensors.torch import load_file, save_file
+
+from compressor import criteria
+from compressor.checkpoint import load_pruned, save_pruned
+from compressor.cost import count_parameters, encoder_flops
+from compressor.errors import UserError
+from compressor.layout import num_layers, original_num_heads
+from compressor.recipe import Recipe, dump_recipe
+from compressor.selection import check_feasible, mask_to_plan, plan_to_mask, schedule, select_heads
+from compressor.sources import TaskData, load_model, load_task_data, load_tokenizer, resolve_model_path
+from compressor.sources.models import load_config
+from compressor.surgery import pruned_copy
+from compressor.train import evaluate, predict, sample_batches, tokenize, train
+
+log = logging.getLogger("compressor")
+REPORT_SCHEMA = 1
+DONE_FILE = "report.json"  # written last and atomically: its presence means the run finished
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("COMPRESSOR_CACHE", Path.home() / ".cache" / "compressor"))
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write a file via a temp file in the same directory and a rename, so readers never see half of it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(text)
+    os.replace(tmp, path)
+
+
+def preflight(recipe: Recipe, force: bool) -> Path:
+    """Check, before any model loads, that the output directory is usable and the recipe fits the model."""
+    out = Path(recipe.output_dir)
+    if (out / DONE_FILE).exists() and not force:
+        raise UserError(f"output_dir: '{out}' holds a finished run; pass --force to overwrite it")
+    probe = out if out.exists() else next((p for p in out.parents if p.exists()), Path("."))
+    if not os.access(probe, os.W_OK):
+        raise UserError(f"output_dir: '{out}' is not writable; expected a writable directory")
+    config = load_config(recipe.model)
+    layers = config.num_hidden_layers if hasattr(config, "num_hidden_layers") else config.n_layers
+    heads = getattr(config, "num_attention_heads", None) or config.n_heads
+    check_feasible(layers, heads, recipe.prune.target, recipe.prune.min_heads_per_layer)
+    return out
+
+
+@dataclass
+class Run:
+    """State shared by the stages of one run."""
+
+    recipe: Recipe
+    out: Path
+    accelerator: Accelerator
+    data: TaskData
+    tokenizer: object
+    splits: dict = field(default_factory=dict)  # tokenised train/validation/test
+    report: dict = field(default_factory=dict)
+
+    @property
+    def main(self) -> bool:
+        return self.accelerator.is_main_process
+
+
+def _setup_logging(out: Path, main: bool) -> None:
+    log.setLevel(logging.INFO)
+    log.handlers.clear()
+    log.propagate = False
+    console = logging.StreamHandler()
+    console.setFormatter(logging.Formatter("%(asctime)s %(message)s", "%H:%M:%S"))
+    log.addHandler(console if main else logging.NullHandler())
+    if main:
+        out.mkdir(parents=True, exist_ok=True)
+        handler = logging.FileHandler(out / "run.log")
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+        log.addHandler(handler)
+
+
+def _base_key(run: Run) -> str:
+    r = run.recipe
+    payload = {
+        "model": resolve_model_path(r.model),
+        "revision": r.model.revision,
+        "data": r.data.model_dump(mode="json"),
+        "train": r.base_finetune.model_dump(mode="json"),
+        "seed": r.seed,
+        "labels": run.data.label_names,
+        "format": 1,
+    }
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def base_model(run: Run) -> tuple[torch.nn.Module, dict]:
+    """The task-tuned starting point: the recipe's model as is, or a cached fine-tune of it."""
+    r = run.recipe
+    if r.model.task_tuned:
+        return load_model(r.model, run.data.label_names, attention="eager"), {"cached": None}
+    cached = cache_root() / "finetuned" / _base_key(run)
+    if (cached / "model.safetensors").exists():
+        log.info("base fine-tune: cached at %s", cached)
+        return load_pruned(cached, attn_implementation="eager"), {"cached": str(cached)}
+    set_seed(r.seed)
+    model = load_model(r.model, run.data.label_names, attention="eager")
+    log.info("base fine-tune: %s epochs on %d examples", r.base_finetune.epochs, len(run.splits["train"]))
+    stats = train(model, run.splits["train"], run.tokenizer, r.base_finetune, run.accelerator, seed=r.seed, desc="base")
+    if run.main:
+        save_pruned(model, cached, run.tokenizer, metadata={"base_finetune": stats})
+    run.accelerator.wait_for_everyone()
+    return model, {"cached": str(cached), **stats}
+
+
+def _state_dir(run: Run, step: int) -> Path:
+    return run.out / "state" / f"step_{step:03d}"
+
+
+def save_step(run: Run, step: int, model: torch.nn.Module, alive: torch.Tensor, steps_log: list[dict]) -> None:
+    """Checkpoint one finished step atomically (weights, mask, log); `step.json` is the completion marker."""
+    if not run.main:
+        return
+    final = _state_dir(run, step)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent if final.parent.exists() else None))
+    state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
+    save_file(state, str(tmp / "model.safetensors"))
+    (tmp / "step.json").write_text(json.dumps({"step": step, "alive": alive.int().tolist(), "log": steps_log}))
+    final.parent.mkdir(parents=True, exist_ok=True)
+    if final.exists():
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+
+
+def load_last_step(run: Run, model: torch.nn.Module) -> tuple[int, torch.Tensor | None, list[dict]]:
+    """(next step index, alive mask, log) from the newest complete checkpoint, or (0, None, [])."""
+    root = run.out / "state"
+    done = sorted(p for p in root.glob("step_*") if (p / "step.json").exists()) if root.exists() else []
+    if not done:
+        return 0, None, []
+    last = done[-1]
+    meta = json.loads((last / "step.json").read_text())
+    model.load_state_dict(load_file(str(last / "model.safetensors")))
+    log.info("resuming after step %d from %s", meta["step"] + 1, last)
+    return meta["step"] + 1, torch.tensor(meta["alive"], dtype=torch.bool), meta["log"]
+
+
+def heads_per_layer(alive: torch.Tensor) -> list[int]:
+    return [int(x) for x in alive.sum(1)]
+
+
+def prune_loop(run: Run, model: torch.nn.Module) -> tuple[torch.Tensor, list[dict]]:
+    """Iterative pruning: score alive heads, remove the lowest, fine-tune with the mask, checkpoint."""
+    r, acc = run.recipe, run.accelerator
+    p = r.prune
+    full = torch.ones(num_layers(model), original_num_heads(model), dtype=torch.bool)
+    start, alive, steps_log = load_last_step(run, model)
+    alive = full if alive is None else alive
+    cumulative = schedule(full.numel(), p.target, p.steps)
+    score_batches = sample_batches(
+        run.splits["train"], run.tokenizer, p.score_examples, p.score_batch_size, seed=r.seed, accelerator=acc
+    )
+    for step in range(start, p.steps):
+        t0 = time.perf_counter()
+        set_seed(r.seed + 1000 * (step + 1))
+        n_remove = cumulative[step] - int((~alive).sum())
+        ctx = criteria.ScoreContext(
+            model=model,
+            alive=alive,
+            batches=score_batches,
+            accelerator=acc,
+            target_remove=n_remove,
+            train_batches=lambda: sample_batches(
+                run.splits["train"], run.tokenizer, 2048, p.score_batch_size, seed=r.seed + step, accelerator=acc
+            ),
+            seed=r.seed + step,
+        )
+        scores = criteria.score_heads(p.criterion.name, ctx, p.criterion.params)
+        scores = broadcast(scores.to(acc.device)).cpu() if acc.num_processes > 1 else scores
+        plan = select_heads(scores, alive, n_remove, p.scope, p.min_heads_per_layer)
+        alive = plan_to_mask(plan, alive)
+        gates = alive.float()
+        after_prune = evaluate(model, run.splits["validation"], run.tokenizer, acc, gates)
+        entry = {
+            "step": step + 1,
+            "removed": {str(k): v for k, v in plan.items()},
+            "heads_left": int(alive.sum()),
+            "heads_per_layer": heads_per_layer(alive),
+            "scores": [[None if s == float("-inf") else round(float(s), 6) for s in row] for row in scores],
+            "val_after_prune": after_prune,
+        }
+        if p.finetune is not None:
+            entry["finetune"] = train(
+                model, run.splits["train"], run.tokenizer, p.finetune, acc, gates, seed=r.seed + step, desc=f"step {step + 1}"
+            )
+            entry["val_after_finetune"] = evaluate(model, run.splits["validation"], run.tokenizer, acc, gates)
+        entry["seconds"] = time.perf_counter() - t0
+        steps_log.append(entry)
+        after = entry.get("val_after_finetune", after_prune)["accuracy"]
+        log.info(
+            "step %d/%d: %d heads left %s | val acc after prune %.4f, after fine-tune %.4f (%.0fs)",
+            step + 1, p.steps, entry["heads_left"], entry["heads_per_layer"], after_prune["accuracy"], after, entry["seconds"],
+        )
+        save_step(run, step, acc.unwrap_model(model), alive, steps_log)
+        acc.wait_for_everyone()
+    return alive, steps_log
+
+
+def prepare(recipe: Recipe, accelerator: Accelerator | None = None) -> Run:
+    """Load data and tokenizer and tokenise the three splits (no model weights yet)."""
+    accelerator = accelerator or Accelerator()
+    out = Path(recipe.output_dir)
+    _setup_logging(out, accelerator.is_main_process)
+    data = load_task_data(recipe.data)
+    tokenizer = load_tokenizer(recipe.model)
+    run = Run(recipe, out, accelerator, data, tokenizer)
+    for name in ("train", "validation", "test"):
+        run.splits[name] = tokenize(getattr(data, name), tokenizer, data.text_fields, recipe.data.max_length)
+    log.info(
+        "data: %s train / %s validation / %s test, labels %s",
+        len(data.train), len(data.validation), len(data.test), data.label_names,
+    )
+    return run
+
+
+def finalize(run: Run, model: torch.nn.Module, alive: torch.Tensor) -> tuple[torch.nn.Module, dict]:
+    """Physically remove the masked heads, prove the result equals the masked model, and save it."""
+    plan = mask_to_plan(alive)
+    pruned = pruned_copy(model, plan).eval()
+    batch = next(iter(sample_batches(run.splits["validation"], run.tokenizer, 64, 64, seed=0)))
+    from compressor.masking import gated
+    from compressor.train import model_inputs
+
+    with torch.inference_mode(), gated(model, alive.float()):
+        masked_logits = model(**model_inputs(batch)).logits
+    with torch.inference_mode():
+        diff = float((pruned(**model_inputs(batch)).logits - masked_logits).abs().max())
+    if diff > 1e-4:
+        raise RuntimeError(f"surgery: pruned model differs from the masked model by {diff:.2e} (> 1e-4)")
+    log.info("surgery: removed %d heads, masked vs pruned max |Δlogit| = %.2e", int((~alive).sum()), diff)
+    return pruned, {"plan": {str(k): v for k, v in plan.items()}, "masked_vs_pruned_max_abs_diff": diff}
+
+
+def _stats(model: torch.nn.Module, seq_len: int) -> dict:
+    return {"parameters": count_parameters(model), "encoder_flops_per_example": encoder_flops(model, seq_len)}
+
+
+def run_recipe(recipe: Recipe, force: bool = False, accelerator: Accelerator | None = None) -> dict:
+    """Execute the whole recipe; returns the report dict (also written to `<output_dir>/report.json`)."""
+    out = preflight(recipe, force)
+    accelerator = accelerator or Accelerator()
+    if force and accelerator.is_main_process and (out / DONE_FILE).exists():
+        shutil.rmtree(out)
+    accelerator.wait_for_everyone()
+    run = prepare(recipe, accelerator)
+    if run.main:
+        write_atomic(out / "recipe.resolved.yaml", dump_recipe(recipe))
+    t0 = time.perf_counter()
+    model, base_info = base_model(run)
+    model = model.to(accelerator.device)
+    original = {
+        "validation": evaluate(model, run.splits["validation"], run.tokenizer, accelerator),
+        "test": evaluate(model, run.splits["test"], run.tokenizer, accelerator),
+    }
+    log.info("original: val acc %.4f, test acc %.4f", original["validation"]["accuracy"], original["test"]["accuracy"])
+    original_model = pruned_copy(accelerator.unwrap_model(model).cpu(), {}) if run.main else None
+    alive, steps_log = prune_loop(run, model)
+    model = accelerator.unwrap_model(model).cpu()
+    if not run.main:
+        accelerator.wait_for_everyone()
+        return {}
+    pruned, surgery = finalize(run, model, alive)
+    final_test = evaluate(pruned, run.splits["test"], run.tokenizer)
+    log.info("pruned: test acc %.4f (original %.4f)", final_test["accuracy"], original["test"]["accuracy"])
+    seq = recipe.bench.seq_len
+    model_dir = save_pruned(
+        pruned,
+        out / "model",
+        run.tokenizer,
+        metadata={"recipe": recipe.name, "original_test_accuracy": original["test"]["accuracy"]},
+    )
+    report = {
+        "schema_version": REPORT_SCHEMA,
+        "name": recipe.name,
+        "status": "complete",
+        "model_source": recipe.model.source,
+        "data_source": recipe.data.source,
+        "labels": run.data.label_names,
+        "base_finetune": base_info,
+        "original": {**original, **_stats(original_model, seq)},
+        "steps": steps_log,
+        "pruned": {
+            "test": final_test,
+            "heads_left": int(alive.sum()),
+            "heads_total": alive.numel(),
+            "heads_per_layer": heads_per_layer(alive),
+            "model_dir": str(model_dir),
+            **surgery,
+            **_stats(pruned, seq),
+        },
+    }
+    report["pruned"]["flop_ratio"] = report["original"]["encoder_flops_per_example"] / max(
+        report["pruned"]["encoder_flops_per_example"], 1
+    )
+    from compressor import stages
+
+    stages.after_prune(run, original_model, pruned, model_dir, alive, steps_log, report)
+    report["seconds"] = time.perf_counter() - t0
+    from compressor.report import write_run_report
+
+    write_run_report(report, out)
+    write_atomic(out / DONE_FILE, json.dumps(report, indent=2, default=str))
+    log.info("done in %.0fs: %s", report["seconds"], out / "report.md")
+    accelerator.wait_for_everyone()
+    return report

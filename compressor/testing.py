@@ -1,0 +1,55 @@
+"""Tiny randomly initialised models of every supported architecture, for tests and CI benchmarks.
+
+Lives in the package (not tests/) so benchmarks and helper scripts can build the same models.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from transformers import (
+    AutoModelForSequenceClassification,
+    BertConfig,
+    DistilBertConfig,
+    ElectraConfig,
+    RobertaConfig,
+    XLMRobertaConfig,
+)
+
+ARCHS = ("bert", "roberta", "xlm-roberta", "electra", "distilbert")
+VOCAB = 120
+
+
+def tiny_config(arch: str = "bert", layers: int = 3, heads: int = 4, head_size: int = 8, num_labels: int = 2):
+    hidden = heads * head_size
+    common = {"vocab_size": VOCAB, "num_labels": num_labels}
+    if arch == "distilbert":
+        return DistilBertConfig(dim=hidden, n_layers=layers, n_heads=heads, hidden_dim=2 * hidden + 3, **common)
+    cls = {"bert": BertConfig, "roberta": RobertaConfig, "xlm-roberta": XLMRobertaConfig, "electra": ElectraConfig}[arch]
+    extra = {"embedding_size": hidden} if arch == "electra" else {}
+    if arch in ("roberta", "xlm-roberta"):
+        extra["pad_token_id"] = 1
+    return cls(
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        intermediate_size=2 * hidden + 3,
+        max_position_embeddings=64,
+        **extra,
+        **common,
+    )
+
+
+def tiny_model(arch: str = "bert", seed: int = 0, attention: str = "eager", **kwargs) -> nn.Module:
+    torch.manual_seed(seed)
+    config = tiny_config(arch, **kwargs)
+    return AutoModelForSequenceClassification.from_config(config, attn_implementation=attention).eval()
+
+
+def tiny_batch(batch: int = 3, seq: int = 9, seed: int = 0, labels: int = 2) -> dict[str, torch.Tensor]:
+    """Random ids (avoiding special ids 0-3) with some padding in the last row."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(4, VOCAB, (batch, seq), generator=g)
+    mask = torch.ones(batch, seq, dtype=torch.long)
+    mask[-1, seq // 2 :] = 0
+    return {"input_ids": ids, "attention_mask": mask, "labels": torch.randint(0, labels, (batch,), generator=g)}

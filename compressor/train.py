@@ -1,0 +1,175 @@
+"""Tokenisation, data loaders, the Accelerate fine-tuning loop and evaluation.
+
+Head masks are respected by running inside `masking.gated(...)`: a gated head gets zero gradient, so masked and
+physically pruned models stay numerically equivalent through fine-tuning.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import nullcontext
+
+import datasets
+import torch
+import torch.nn.functional as F
+from accelerate import Accelerator
+from torch import nn
+from torch.utils.data import DataLoader
+from tqdm.auto import tqdm
+from transformers import DataCollatorWithPadding, get_linear_schedule_with_warmup
+
+from compressor.masking import gated
+from compressor.recipe import TrainSpec
+
+MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+
+
+def tokenize(ds: datasets.Dataset, tokenizer, text_fields: Sequence[str], max_length: int) -> datasets.Dataset:
+    """Tokenise one split (single sentences or pairs), keeping only model inputs and `labels`."""
+
+    def encode(batch: dict) -> dict:
+        texts = [batch[f] for f in text_fields]
+        out = tokenizer(*texts, truncation=True, max_length=max_length)
+        out["labels"] = batch["label"]
+        return out
+
+    keep = [c for c in ds.column_names]
+    return ds.map(encode, batched=True, remove_columns=keep, desc="tokenize", load_from_cache_file=False)
+
+
+def loader(
+    ds: datasets.Dataset, tokenizer, batch_size: int, shuffle: bool = False, seed: int = 0
+) -> DataLoader:
+    """Dynamic-padding loader; shuffling uses its own seeded generator so runs are reproducible."""
+    generator = torch.Generator().manual_seed(seed) if shuffle else None
+    return DataLoader(
+        ds,
+        batch_size=batch_size,
+        shuffle=shuffle,
+        generator=generator,
+        collate_fn=DataCollatorWithPadding(tokenizer, return_tensors="pt"),
+    )
+
+
+def to_device(batch: dict, device: torch.device) -> dict:
+    return {k: v.to(device) for k, v in batch.items()}
+
+
+def model_inputs(batch: dict) -> dict:
+    return {k: v for k, v in batch.items() if k in MODEL_INPUTS}
+
+
+def _limited(dl: DataLoader, max_batches: int | None) -> Iterator[dict]:
+    for i, batch in enumerate(dl):
+        if max_batches is not None and i >= max_batches:
+            return
+        yield batch
+
+
+def train(
+    model: nn.Module,
+    train_ds: datasets.Dataset,
+    tokenizer,
+    spec: TrainSpec,
+    accelerator: Accelerator,
+    gates: torch.Tensor | None = None,
+    seed: int = 0,
+    desc: str = "fine-tune",
+) -> dict:
+    """Fine-tune `model` in place with AdamW + linear warm-up/decay; returns loss and timing.
+
+    `spec.epochs` may be fractional; `spec.max_examples` caps the examples seen per epoch (seeded subset).
+    """
+    if spec.max_examples is not None and len(train_ds) > spec.max_examples:
+        train_ds = train_ds.shuffle(seed=seed).select(range(spec.max_examples))
+    dl = loader(train_ds, tokenizer, spec.batch_size, shuffle=True, seed=seed)
+    per_epoch = math.ceil(len(dl) / accelerator.num_processes)
+    total = max(1, math.ceil(per_epoch * spec.epochs))
+    no_decay = ("bias", "LayerNorm.weight", "layer_norm.weight")
+    groups = [
+        {"params": [p for n, p in model.named_parameters() if not n.endswith(no_decay)], "weight_decay": spec.weight_decay},
+        {"params": [p for n, p in model.named_parameters() if n.endswith(no_decay)], "weight_decay": 0.0},
+    ]
+    optimizer = torch.optim.AdamW(groups, lr=spec.lr)
+    scheduler = get_linear_schedule_with_warmup(optimizer, int(spec.warmup_ratio * total), total)
+    wrapped, optimizer, dl, scheduler = accelerator.prepare(model, optimizer, dl, scheduler)
+    wrapped.train()
+    start, step, running = time.perf_counter(), 0, 0.0
+    bar = tqdm(total=total, desc=desc, disable=not accelerator.is_local_main_process, leave=False)
+    with gated(model, gates) if gates is not None else nullcontext():
+        while step < total:
+            for batch in dl:
+                loss = F.cross_entropy(wrapped(**model_inputs(batch)).logits, batch["labels"])
+                accelerator.backward(loss)
+                optimizer.step()
+                scheduler.step()
+                optimizer.zero_grad()
+                step += 1
+                running += loss.item()
+                bar.update(1)
+                bar.set_postfix(loss=f"{running / step:.4f}")
+                if step >= total:
+                    break
+    bar.close()
+    wrapped.eval()
+    model.eval()
+    accelerator.free_memory()
+    return {"steps": step, "train_loss": running / max(step, 1), "seconds": time.perf_counter() - start}
+
+
+@torch.inference_mode()
+def predict(
+    model: nn.Module,
+    eval_ds: datasets.Dataset,
+    tokenizer,
+    accelerator: Accelerator | None = None,
+    gates: torch.Tensor | None = None,
+    batch_size: int = 64,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(logits, labels) for the whole split; under several processes, gathered on every process in order."""
+    model.eval()
+    dl = loader(eval_ds, tokenizer, batch_size)
+    if accelerator is not None:
+        dl = accelerator.prepare_data_loader(dl)
+    device = next(model.parameters()).device
+    logits, labels = [], []
+    with gated(model, gates) if gates is not None else nullcontext():
+        for batch in dl:
+            batch = to_device(batch, device)
+            out = model(**model_inputs(batch)).logits
+            lab = batch["labels"]
+            if accelerator is not None:
+                out, lab = accelerator.gather_for_metrics((out, lab))
+            logits.append(out.float().cpu())
+            labels.append(lab.cpu())
+    return torch.cat(logits), torch.cat(labels)
+
+
+def evaluate(
+    model: nn.Module,
+    eval_ds: datasets.Dataset,
+    tokenizer,
+    accelerator: Accelerator | None = None,
+    gates: torch.Tensor | None = None,
+) -> dict:
+    """Accuracy and mean cross-entropy on a split (accuracy through the locally shipped `evaluate` module)."""
+    from compressor.metrics import load_metric
+
+    logits, labels = predict(model, eval_ds, tokenizer, accelerator, gates)
+    preds = logits.argmax(-1)
+    acc = load_metric("accuracy").compute(predictions=preds.tolist(), references=labels.tolist())["accuracy"]
+    return {"accuracy": float(acc), "loss": float(F.cross_entropy(logits, labels)), "n": int(labels.numel())}
+
+
+def sample_batches(
+    ds: datasets.Dataset, tokenizer, n: int, batch_size: int, seed: int, accelerator: Accelerator | None = None
+) -> list[dict]:
+    """A fixed, seeded sample of `n` examples as padded batches (each process gets its shard under DDP)."""
+    if len(ds) > n:
+        ds = ds.shuffle(seed=seed).select(range(n))
+    dl = loader(ds, tokenizer, batch_size)
+    if accelerator is not None and accelerator.num_processes > 1:
+        dl = accelerator.prepare_data_loader(dl)
+    return list(dl)
