@@ -1,0 +1,30 @@
+"""Accuracy as an `evaluate` metric module, shipped with compressor so nothing is fetched from the hub."""
+
+import datasets
+import evaluate
+
+_DESCRIPTION = "Accuracy: the proportion of predictions equal to the references."
+_CITATION = ""
+_KWARGS_DESCRIPTION = "predictions: list of int; references: list of int; normalize: bool; sample_weight: list of float"
+
+
+@evaluate.utils.file_utils.add_start_docstrings(_DESCRIPTION, _KWARGS_DESCRIPTION)
+class Accuracy(evaluate.Metric):
+    def _info(self) -> evaluate.MetricInfo:
+        return evaluate.MetricInfo(
+            description=_DESCRIPTION,
+            citation=_CITATION,
+            inputs_description=_KWARGS_DESCRIPTION,
+            features=datasets.Features(
+                {"predictions": datasets.Value("int32"), "references": datasets.Value("int32")}
+            ),
+        )
+
+    def _compute(self, predictions, references, normalize=True, sample_weight=None):
+        total = 0.0
+        weight_sum = 0.0
+        for i, (p, r) in enumerate(zip(predictions, references)):
+            w = 1.0 if sample_weight is None else float(sample_weight[i])
+            total += w * (p == r)
+            weight_sum += w
+        return {"accuracy": float(total / weight_sum if normalize else total)}

@@ -1,0 +1,97 @@
+"""Shared fixtures: a tiny BERT with a real tokenizer on disk, and a small learnable CSV dataset."""
+
+from __future__ import annotations
+
+import csv
+import os
+import random
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+POSITIVE = ["good", "great", "fine", "superb", "lovely", "fun"]
+NEGATIVE = ["bad", "awful", "dull", "poor", "boring", "weak"]
+FILLER = ["the", "movie", "film", "was", "plot", "acting", "a", "really", "quite", "story", "and", "but", ".", ","]
+
+
+def make_tokenizer_dir(path: Path) -> Path:
+    """A BERT word-piece tokenizer over the fixture vocabulary, saved like any hub tokenizer."""
+    from transformers import BertTokenizerFast
+
+    path.mkdir(parents=True, exist_ok=True)
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *POSITIVE, *NEGATIVE, *FILLER, "##s", "##ly"]
+    (path / "vocab.txt").write_text("\n".join(vocab) + "\n")
+    BertTokenizerFast(vocab_file=str(path / "vocab.txt")).save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> Path:
+    """A randomly initialised 3-layer × 4-head BERT classifier with tokenizer, as a local model directory."""
+    from compressor.testing import tiny_model
+
+    path = make_tokenizer_dir(tmp_path_factory.mktemp("tiny_bert"))
+    tiny_model("bert", layers=3, heads=4, head_size=8).save_pretrained(path)
+    return path
+
+
+def make_rows(n: int, seed: int = 0) -> list[dict]:
+    rng = random.Random(seed)
+    rows = []
+    for _ in range(n):
+        label = rng.randint(0, 1)
+        words = rng.sample(FILLER, 5) + [rng.choice(POSITIVE if label else NEGATIVE)]
+        rng.shuffle(words)
+        rows.append({"text": " ".join(words), "label": label})
+    return rows
+
+
+@pytest.fixture(scope="session")
+def tiny_csv(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("data") / "reviews.csv"
+    with path.open("w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=["text", "label"])
+        writer.writeheader()
+        writer.writerows(make_rows(300))
+    return path
+
+
+def tiny_recipe(model_dir: Path, data: Path, out: Path, **overrides) -> dict:
+    """A complete recipe dict for the tiny model; every stage runs in seconds."""
+    recipe = {
+        "name": "tiny",
+        "seed": 0,
+        "output_dir": str(out),
+        "model": {"source": str(model_dir), "task_tuned": False},
+        "data": {"source": str(data), "max_length": 16},
+        "base_finetune": {"epochs": 10, "lr": 3e-3, "batch_size": 16},
+        "prune": {
+            "criterion": {"name": "taylor"},
+            "target": 0.5,
+            "steps": 2,
+            "score_examples": 64,
+            "finetune": {"epochs": 1, "lr": 5e-4, "batch_size": 16, "max_examples": 96},
+        },
+        "export": {"enabled": False},
+        "bench": {"enabled": False},
+        "analysis": {"enabled": False},
+    }
+    for key, value in overrides.items():
+        section, _, field = key.partition(".")
+        if field:
+            recipe[section] = {**recipe.get(section, {}), field: value}
+        else:
+            recipe[section] = value
+    return recipe
+
+
+@pytest.fixture
+def cache_dir(tmp_path, monkeypatch) -> Path:
+    """Isolate the fine-tune cache per test."""
+    path = tmp_path / "cache"
+    monkeypatch.setenv("COMPRESSOR_CACHE", str(path))
+    return path

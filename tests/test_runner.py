@@ -1,0 +1,129 @@
+"""The spine end to end on a tiny BERT: run, outputs, caching, --force, resume after SIGKILL, accelerate."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from conftest import tiny_recipe
+from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+from compressor.checkpoint import load_pruned
+from compressor.errors import UserError
+from compressor.recipe import parse_recipe
+from compressor.runner import run_recipe
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _run(tmp_path: Path, model_dir: Path, data: Path, name: str = "out", **overrides) -> dict:
+    return run_recipe(parse_recipe(tiny_recipe(model_dir, data, tmp_path / name, **overrides)))
+
+
+def test_run_end_to_end(tmp_path, tiny_model_dir, tiny_csv, cache_dir) -> None:
+    report = _run(tmp_path, tiny_model_dir, tiny_csv)
+    out = tmp_path / "out"
+    for name in ("recipe.resolved.yaml", "report.json", "report.md", "run.log", "model/model.safetensors"):
+        assert (out / name).exists(), name
+    saved = json.loads((out / "report.json").read_text())
+    assert saved["status"] == "complete" and saved["schema_version"] == 1
+    assert report["original"]["test"]["accuracy"] >= 0.9  # the base fine-tune really learned the task
+    assert report["pruned"]["heads_left"] == 6 and report["pruned"]["heads_total"] == 12
+    assert [s["heads_left"] for s in report["steps"]] == [9, 6]
+    for step in report["steps"]:
+        assert {"val_after_prune", "val_after_finetune", "heads_per_layer", "seconds", "removed"} <= set(step)
+    assert report["pruned"]["masked_vs_pruned_max_abs_diff"] <= 1e-5
+    assert report["pruned"]["flop_ratio"] > 1.0
+    # The resolved recipe round-trips through the schema.
+    assert parse_recipe(yaml.safe_load((out / "recipe.resolved.yaml").read_text())).name == "tiny"
+
+
+def test_saved_model_loads_in_plain_transformers(tmp_path, tiny_model_dir, tiny_csv, cache_dir) -> None:
+    report = _run(tmp_path, tiny_model_dir, tiny_csv, **{"prune.min_heads_per_layer": 1})
+    model_dir = Path(report["pruned"]["model_dir"])
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    batch = tok(["the film was great fun", "a dull and boring plot"], padding=True, return_tensors="pt")
+    vanilla = AutoModelForSequenceClassification.from_pretrained(model_dir).eval()
+    ours = load_pruned(model_dir)
+    with torch.inference_mode():
+        assert torch.equal(vanilla(**batch).logits, ours(**batch).logits)
+    assert vanilla.config.pruned_heads  # original head ids recorded
+    assert sum(len(v) for v in vanilla.config.pruned_heads.values()) == 6
+
+
+def test_base_finetune_is_cached(tmp_path, tiny_model_dir, tiny_csv, cache_dir) -> None:
+    first = _run(tmp_path, tiny_model_dir, tiny_csv, name="a")
+    second = _run(tmp_path, tiny_model_dir, tiny_csv, name="b", prune={"criterion": {"name": "taylor"}, "target": 0.25,
+                  "steps": 1, "score_examples": 32, "finetune": None})
+    assert "steps" in first["base_finetune"]  # trained
+    assert "steps" not in second["base_finetune"]  # loaded from the cache
+    assert second["base_finetune"]["cached"] == first["base_finetune"]["cached"]
+    assert second["original"]["test"] == first["original"]["test"]
+
+
+def test_finished_run_needs_force(tmp_path, tiny_model_dir, tiny_csv, cache_dir) -> None:
+    _run(tmp_path, tiny_model_dir, tiny_csv)
+    before = (tmp_path / "out" / "report.json").read_text()
+    with pytest.raises(UserError, match="holds a finished run; pass --force"):
+        _run(tmp_path, tiny_model_dir, tiny_csv)
+    assert (tmp_path / "out" / "report.json").read_text() == before
+    recipe = parse_recipe(tiny_recipe(tiny_model_dir, tiny_csv, tmp_path / "out"))
+    assert run_recipe(recipe, force=True)["status"] == "complete"
+
+
+def _cli_env(cache: Path) -> dict:
+    return {**os.environ, "COMPRESSOR_CACHE": str(cache), "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+
+
+def test_resume_after_sigkill(tmp_path, tiny_model_dir, tiny_csv, cache_dir) -> None:
+    """Kill a real `compressor run` after its first checkpoint; rerunning finishes like an uninterrupted run."""
+    overrides = {"prune.steps": 3, "prune.finetune": {"epochs": 2, "lr": 5e-4, "batch_size": 8, "max_examples": 160}}
+    reference = _run(tmp_path, tiny_model_dir, tiny_csv, name="ref", **overrides)  # also fills the base cache
+    out = tmp_path / "killed"
+    recipe_path = tmp_path / "killed.yaml"
+    recipe_path.write_text(yaml.safe_dump(tiny_recipe(tiny_model_dir, tiny_csv, out, **overrides)))
+    cmd = [sys.executable, "-m", "compressor", "run", str(recipe_path)]
+    proc = subprocess.Popen(cmd, env=_cli_env(cache_dir), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    marker = out / "state" / "step_000" / "step.json"
+    deadline = time.time() + 180
+    while not marker.exists() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert marker.exists(), "the run never reached its first checkpoint"
+    assert not (out / "report.json").exists(), "killed too late: the run had already finished"
+    assert not (out / "model").exists()
+    done = subprocess.run(cmd, env=_cli_env(cache_dir), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "resuming after step" in (out / "run.log").read_text()
+    resumed = json.loads((out / "report.json").read_text())
+    assert resumed["pruned"]["plan"] == reference["pruned"]["plan"]
+    for a, b in zip(resumed["steps"], reference["steps"]):
+        assert a["removed"] == b["removed"]
+        assert a["val_after_finetune"] == pytest.approx(b["val_after_finetune"], abs=1e-6)
+    assert resumed["pruned"]["test"] == pytest.approx(reference["pruned"]["test"], abs=1e-6)
+
+
+def test_accelerate_launch_two_processes(tmp_path, tiny_model_dir, tiny_csv, cache_dir) -> None:
+    out = tmp_path / "ddp"
+    recipe_path = tmp_path / "ddp.yaml"
+    recipe_path.write_text(yaml.safe_dump(tiny_recipe(tiny_model_dir, tiny_csv, out)))
+    cmd = [
+        sys.executable, "-m", "accelerate.commands.launch", "--cpu", "--num_processes", "2", "--num_machines", "1",
+        "--mixed_precision", "no", "--dynamo_backend", "no", "-m", "compressor", "run", str(recipe_path),
+    ]
+    done = subprocess.run(cmd, env=_cli_env(cache_dir), capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads((out / "report.json").read_text())
+    assert report["status"] == "complete"
+    assert report["pruned"]["heads_left"] == 6
+    assert report["original"]["test"]["n"] == 30  # gathered over both processes without duplicates
+    assert done.stdout.count("report:") == 1  # only the main process reports
