@@ -1,15 +1,17 @@
 """Saving and loading pruned models.
 
 A saved directory is a normal transformers model directory (safetensors weights, `config.json` with
-`pruned_heads` in original head ids, tokenizer files) plus `compressor_plan.json`, the replayable plan.
-Plain `AutoModelForSequenceClassification.from_pretrained` rebuilds it through transformers' own `prune_heads`
-whenever no layer lost every head; `load_pruned` handles every case by rebuilding the original architecture from
-the config, replaying the plan with our surgery, and loading the weights strictly.
+`pruned_heads` in original head ids, tokenizer files) plus `compressor_plan.json`, the replayable plan, and a
+`README.md` model card when the original model is given. Plain `AutoModelForSequenceClassification.from_pretrained`
+rebuilds it through transformers' own `prune_heads` whenever no layer lost every head; `load_pruned` handles every
+case by rebuilding the original architecture from the config, replaying the plan with our surgery, and loading the
+weights strictly.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 import tempfile
 from pathlib import Path
@@ -19,15 +21,40 @@ from safetensors.torch import load_file
 from torch import nn
 from transformers import AutoConfig, AutoModelForSequenceClassification
 
+from compressor.cost import model_stats
 from compressor.layout import arch_spec, pruned_heads
 from compressor.surgery import empty_layers, prune_heads
 
+log = logging.getLogger(__name__)
+
 PLAN_FILE = "compressor_plan.json"
+CARD_FILE = "README.md"
 PLAN_FORMAT = 1
+WEIGHTS_FILE = "model.safetensors"
+WEIGHTS_INDEX = "model.safetensors.index.json"
 
 
-def save_pruned(model: nn.Module, out_dir: str | Path, tokenizer=None, metadata: dict | None = None) -> Path:
-    """Write `model` (and `tokenizer`) to `out_dir` atomically: a sibling temp dir, renamed when complete."""
+def save_pruned(
+    model: nn.Module,
+    out_dir: str | Path,
+    tokenizer=None,
+    metadata: dict | None = None,
+    original: nn.Module | None = None,
+    seq_len: int = 128,
+) -> Path:
+    """Write `model` (and `tokenizer`) to `out_dir` atomically: a sibling temp dir, renamed when complete.
+
+    With `original` (the unpruned model) a README.md model card with parameters, encoder FLOPs per example at
+    `seq_len` tokens and heads per layer before/after is written too, and the same numbers go into the plan file
+    under "stats". Unsupported architectures are refused before anything is written.
+    """
+    plan = {
+        "format": PLAN_FORMAT,
+        "model_type": model.config.model_type,
+        "pruned_heads": {str(k): v for k, v in pruned_heads(model).items()},
+        "empty_layers": empty_layers(model),
+        "metadata": metadata or {},
+    }
     out_dir = Path(out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
@@ -35,13 +62,8 @@ def save_pruned(model: nn.Module, out_dir: str | Path, tokenizer=None, metadata:
         model.save_pretrained(tmp, safe_serialization=True)
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
-        plan = {
-            "format": PLAN_FORMAT,
-            "model_type": model.config.model_type,
-            "pruned_heads": {str(k): v for k, v in pruned_heads(model).items()},
-            "empty_layers": empty_layers(model),
-            "metadata": metadata or {},
-        }
+        if original is not None:
+            plan["stats"] = write_model_card(tmp, original, model, seq_len, metadata)
         (tmp / PLAN_FILE).write_text(json.dumps(plan, indent=2))
         if out_dir.exists():
             shutil.rmtree(out_dir)
@@ -50,6 +72,78 @@ def save_pruned(model: nn.Module, out_dir: str | Path, tokenizer=None, metadata:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out_dir
+
+
+def _fmt(n: float) -> str:
+    for unit, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(n) >= scale:
+            return f"{n / scale:,.2f} {unit}"
+    return f"{n:,.0f}"
+
+
+def render_model_card(stats: dict, model_type: str, metadata: dict | None = None) -> str:
+    """Markdown model card for the numbers of `model_stats` (pure, so reports can embed it too)."""
+    before, after, t = stats["original"], stats["pruned"], stats["seq_len"]
+    removed = stats["heads_total"] - after["heads"]
+    rows = [
+        ("parameters", before["parameters"], after["parameters"]),
+        (f"encoder FLOPs per example (T={t})", before["encoder_flops_per_example"], after["encoder_flops_per_example"]),
+        ("attention heads", before["heads"], after["heads"]),
+    ]
+    lines = [
+        "---",
+        "library_name: transformers",
+        "pipeline_tag: text-classification",
+        "tags: [pruned, attention-head-pruning, compressor]",
+        "---",
+        "",
+        f"# {model_type} classifier with {removed} of {stats['heads_total']} attention heads removed",
+        "",
+        "Heads were removed physically (Q/K/V rows and output-projection columns sliced), not masked.",
+        "",
+        "## Cost per example",
+        "",
+        "| | original | pruned | original / pruned |",
+        "|---|---:|---:|---:|",
+        *(f"| {name} | {_fmt(a)} ({a:,}) | {_fmt(b)} ({b:,}) | {a / max(b, 1):.2f}× |" for name, a, b in rows),
+        "",
+        "Encoder FLOPs = 2 × multiply-accumulates of the transformer layers' matrix products (Q/K/V/O projections,",
+        "attention scores and weighted values, feed-forward) for one sequence of T tokens; embeddings, LayerNorm and",
+        "the classifier head are not counted. Measured speed-ups are in the run report.",
+        "",
+        "## Heads left per layer",
+        "",
+        "| layer | heads left | removed (original ids) |",
+        "|---:|---:|---|",
+    ]
+    for layer, (n_before, n_after) in enumerate(zip(before["heads_per_layer"], after["heads_per_layer"], strict=True)):
+        ids = stats["pruned_heads"].get(str(layer), [])
+        lines.append(f"| {layer} | {n_after} / {n_before} | {', '.join(map(str, ids)) or '—'} |")
+    lines += ["", "## Loading", "", "```python", "import compressor", "", 'model = compressor.load_pruned("<dir>")']
+    lines.append("```")
+    lines.append("")
+    if stats["empty_layers"]:
+        lines.append(
+            f"Layers {stats['empty_layers']} have no heads left (their attention reduces to the output bias), which "
+            "plain transformers cannot build: load with `compressor.load_pruned`."
+        )
+    else:
+        lines.append("No layer lost every head, so `AutoModelForSequenceClassification.from_pretrained` works too.")
+    if metadata:
+        lines += ["", "## Metadata", ""] + [f"- {k}: {v}" for k, v in metadata.items()]
+    return "\n".join(lines) + "\n"
+
+
+def write_model_card(
+    out_dir: str | Path, original: nn.Module, pruned: nn.Module, seq_len: int, metadata: dict | None = None
+) -> dict:
+    """Write README.md in `out_dir` stating parameters, encoder FLOPs per example and heads before/after.
+
+    Returns the `model_stats` dict the card was rendered from (for run reports).
+    """
+    stats = model_stats(original, pruned, seq_len)
+    (Path(out_dir) / CARD_FILE).write_text(render_model_card(stats, pruned.config.model_type, metadata))
+    return stats
 
 
 def read_plan(model_dir: str | Path) -> dict[int, list[int]]:
@@ -62,21 +156,51 @@ def read_plan(model_dir: str | Path) -> dict[int, list[int]]:
     return {int(k): v for k, v in (config.pruned_heads or {}).items()}
 
 
+def _read_weights(model_dir: Path) -> dict[str, torch.Tensor]:
+    """The state dict from `model.safetensors` or a sharded `model.safetensors.index.json`."""
+    if (model_dir / WEIGHTS_FILE).exists():
+        return load_file(str(model_dir / WEIGHTS_FILE))
+    if (model_dir / WEIGHTS_INDEX).exists():
+        shards = sorted(set(json.loads((model_dir / WEIGHTS_INDEX).read_text())["weight_map"].values()))
+        state: dict[str, torch.Tensor] = {}
+        for shard in shards:
+            state.update(load_file(str(model_dir / shard)))
+        return state
+    raise FileNotFoundError(f"{model_dir}: no {WEIGHTS_FILE} (expected a directory written by save_pruned)")
+
+
+def _build(config, attn_implementation: str, dtype: torch.dtype) -> nn.Module:
+    """The unpruned classifier for `config`; falls back to eager where SDPA is unsupported (ELECTRA in 4.57)."""
+    try:
+        return AutoModelForSequenceClassification.from_config(
+            config, attn_implementation=attn_implementation, dtype=dtype
+        )
+    except ValueError as err:
+        if attn_implementation != "sdpa" or "does not support" not in str(err):
+            raise
+        log.info("%s has no SDPA attention; loading with eager attention", config.model_type)
+        return AutoModelForSequenceClassification.from_config(config, attn_implementation="eager", dtype=dtype)
+
+
 def load_pruned(
     model_dir: str | Path, attn_implementation: str = "sdpa", dtype: torch.dtype = torch.float32
 ) -> nn.Module:
-    """Rebuild the original architecture from the saved config, replay the plan, load the weights strictly."""
+    """Rebuild the original architecture from the saved config, replay the plan, load the weights strictly.
+
+    Works for every plan, including layers that lost every head (which plain `from_pretrained` cannot build).
+    """
     model_dir = Path(model_dir)
     config = AutoConfig.from_pretrained(model_dir)
     arch_spec(config.model_type)
     plan = read_plan(model_dir)
+    state = _read_weights(model_dir)
     config.pruned_heads = {}
-    model = AutoModelForSequenceClassification.from_config(
-        config, attn_implementation=attn_implementation, dtype=dtype
-    )
+    model = _build(config, attn_implementation, dtype)
     prune_heads(model, plan)
-    state = load_file(str(model_dir / "model.safetensors"))
-    missing, unexpected = model.load_state_dict(state, strict=False)
+    try:
+        missing, unexpected = model.load_state_dict(state, strict=False)
+    except RuntimeError as err:
+        raise ValueError(f"{model_dir}: weight shapes do not match the replayed plan ({err})") from None
     missing = [k for k in missing if not k.endswith("position_ids")]
     if missing or unexpected:
         raise ValueError(

@@ -71,12 +71,22 @@ ARCHITECTURES: dict[str, ArchSpec] = {
 
 
 def arch_spec(model_or_type: nn.Module | str) -> ArchSpec:
-    """Return the spec for a model (or a `config.model_type`), refusing unsupported architectures by name."""
+    """Return the spec for a model (or a `config.model_type`), refusing unsupported architectures by name.
+
+    Refused: every model type not in `ARCHITECTURES` (ALBERT shares one layer's weights across depth, decoders
+    such as GPT-2 have fused/causal attention) and supported types configured as decoders (cross-attention).
+    """
     model_type = model_or_type if isinstance(model_or_type, str) else model_or_type.config.model_type
     if model_type not in ARCHITECTURES:
         raise UnsupportedArchitectureError(
             f"model: architecture '{model_type}' is not supported for head pruning; "
             f"expected one of {sorted(ARCHITECTURES)}"
+        )
+    config = None if isinstance(model_or_type, str) else model_or_type.config
+    if config is not None and (getattr(config, "is_decoder", False) or getattr(config, "add_cross_attention", False)):
+        raise UnsupportedArchitectureError(
+            f"model: architecture '{model_type}' configured as a decoder (is_decoder/add_cross_attention) is not "
+            "supported for head pruning; expected an encoder-only classifier"
         )
     return ARCHITECTURES[model_type]
 

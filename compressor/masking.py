@@ -36,7 +36,7 @@ def _gate_hook(gates: torch.Tensor, layer: int, heads: list[int], size: int):
     def hook(_module: nn.Module, args: tuple) -> tuple:
         x = args[0]
         g = gates[layer].index_select(0, index.to(gates.device)).to(x.dtype)
-        shaped = x.view(*x.shape[:-1], len(heads), size) * g[:, None]
+        shaped = x.reshape(*x.shape[:-1], len(heads), size) * g[:, None]
         return (shaped.reshape(x.shape), *args[1:])
 
     return hook
@@ -55,7 +55,7 @@ def gated(model: nn.Module, gates: torch.Tensor | None) -> Iterator[torch.Tensor
     if tuple(gates.shape) != expected:
         raise ValueError(f"gates: expected shape {expected}, got {tuple(gates.shape)}")
     spec, size, handles = arch_spec(model), head_size(model), []
-    for layer, (module, heads) in enumerate(zip(layers(model), present_heads(model))):
+    for layer, (module, heads) in enumerate(zip(layers(model), present_heads(model), strict=True)):
         if heads:
             proj = get_path(module, spec.out_proj)
             handles.append(proj.register_forward_pre_hook(_gate_hook(gates, layer, heads, size)))
@@ -104,7 +104,7 @@ class AttentionRecorder:
             )
         spec = arch_spec(model)
         handles = []
-        for layer, (module, heads) in enumerate(zip(layers(model), present_heads(model))):
+        for layer, (module, heads) in enumerate(zip(layers(model), present_heads(model), strict=True)):
             if heads:
                 drop = get_path(get_path(module, spec.self_attn), spec.probs_dropout)
                 handles.append(drop.register_forward_hook(self._hook(layer)))

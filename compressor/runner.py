@@ -53,14 +53,26 @@ def write_atomic(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+def _check_writable(out: Path) -> None:
+    """The output directory (or its nearest existing parent) must be a writable directory; nothing is created."""
+    probe = out
+    while not probe.exists():
+        probe = probe.parent
+    if not probe.is_dir():
+        raise UserError(f"output_dir: '{out}' is not usable ('{probe}' is a file); expected a writable directory")
+    try:
+        with tempfile.TemporaryFile(dir=probe):
+            pass
+    except OSError as err:
+        raise UserError(f"output_dir: '{out}' is not writable ({err.strerror}); expected a writable directory") from None
+
+
 def preflight(recipe: Recipe, force: bool) -> Path:
-    """Check, before any model loads, that the output directory is usable and the recipe fits the model."""
+    """Check, before any weights load or anything is written, that the run can start."""
     out = Path(recipe.output_dir)
     if (out / DONE_FILE).exists() and not force:
         raise UserError(f"output_dir: '{out}' holds a finished run; pass --force to overwrite it")
-    probe = out if out.exists() else next((p for p in out.parents if p.exists()), Path("."))
-    if not os.access(probe, os.W_OK):
-        raise UserError(f"output_dir: '{out}' is not writable; expected a writable directory")
+    _check_writable(out)
     config = load_config(recipe.model)
     layers = config.num_hidden_layers if hasattr(config, "num_hidden_layers") else config.n_layers
     heads = getattr(config, "num_attention_heads", None) or config.n_heads
@@ -225,13 +237,17 @@ def prune_loop(run: Run, model: torch.nn.Module) -> tuple[torch.Tensor, list[dic
     return alive, steps_log
 
 
-def prepare(recipe: Recipe, accelerator: Accelerator | None = None) -> Run:
-    """Load data and tokenizer and tokenise the three splits (no model weights yet)."""
+def prepare(recipe: Recipe, accelerator: Accelerator | None = None, force: bool = False) -> Run:
+    """Load and check data and tokenizer; only then clear a finished run (with `force`), start the log, tokenise."""
     accelerator = accelerator or Accelerator()
     out = Path(recipe.output_dir)
-    _setup_logging(out, accelerator.is_main_process)
     data = load_task_data(recipe.data)
+    check_labels(recipe, data)
     tokenizer = load_tokenizer(recipe.model)
+    if force and accelerator.is_main_process and (out / DONE_FILE).exists():
+        shutil.rmtree(out)
+    accelerator.wait_for_everyone()
+    _setup_logging(out, accelerator.is_main_process)
     run = Run(recipe, out, accelerator, data, tokenizer)
     for name in ("train", "validation", "test"):
         run.splits[name] = tokenize(getattr(data, name), tokenizer, data.text_fields, recipe.data.max_length)
@@ -240,6 +256,25 @@ def prepare(recipe: Recipe, accelerator: Accelerator | None = None) -> Run:
         len(data.train), len(data.validation), len(data.test), data.label_names,
     )
     return run
+
+
+def check_labels(recipe: Recipe, data: TaskData) -> None:
+    """A task-tuned model must have the dataset's label set (count, and names when the model has real ones)."""
+    if not recipe.model.task_tuned:
+        return
+    config = load_config(recipe.model)
+    if config.num_labels != data.num_labels:
+        raise UserError(
+            f"data.label_field: dataset labels {data.label_names[:6]} ({data.num_labels}) do not match the "
+            f"task-tuned model's {config.num_labels} labels; expected the model's label set"
+        )
+    names = [config.id2label[i] for i in range(config.num_labels)]
+    generic = all(n.startswith("LABEL_") for n in names) or all(n.isdigit() for n in data.label_names)
+    if not generic and [n.lower() for n in names] != [n.lower() for n in data.label_names]:
+        raise UserError(
+            f"data.label_field: dataset labels {data.label_names} are not the model's labels {names}; "
+            "expected the same names in the same order"
+        )
 
 
 def finalize(run: Run, model: torch.nn.Module, alive: torch.Tensor) -> tuple[torch.nn.Module, dict]:
@@ -267,11 +302,8 @@ def _stats(model: torch.nn.Module, seq_len: int) -> dict:
 def run_recipe(recipe: Recipe, force: bool = False, accelerator: Accelerator | None = None) -> dict:
     """Execute the whole recipe; returns the report dict (also written to `<output_dir>/report.json`)."""
     out = preflight(recipe, force)
-    accelerator = accelerator or Accelerator()
-    if force and accelerator.is_main_process and (out / DONE_FILE).exists():
-        shutil.rmtree(out)
-    accelerator.wait_for_everyone()
-    run = prepare(recipe, accelerator)
+    run = prepare(recipe, accelerator or Accelerator(), force)
+    accelerator = run.accelerator
     if run.main:
         write_atomic(out / "recipe.resolved.yaml", dump_recipe(recipe))
     t0 = time.perf_counter()

@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import copy
 import warnings
+from collections.abc import Iterable, Mapping
 
 import torch
 from torch import nn
 
+from compressor.errors import UserError
 from compressor.layout import (
     arch_spec,
     get_path,
@@ -26,6 +28,10 @@ from compressor.layout import (
 )
 
 Plan = dict[int, list[int]]
+
+
+class PlanError(UserError, ValueError):
+    """A prune plan names a layer or head that does not exist (raised before the model is touched)."""
 
 
 def _no_input_linear(bias: nn.Parameter) -> nn.Linear:
@@ -54,9 +60,15 @@ class EmptyAttention(nn.Module):
             self.out_lin = _no_input_linear(block.out_lin.bias)
 
     def forward(self, hidden_states: torch.Tensor | None = None, *args, output_attentions: bool = False, **kwargs):
+        """Same call signature and return tuple as the replaced block (BERT: hidden_states; DistilBERT: query=).
+
+        Only shape-based tensor ops, no data-dependent Python branches, so tracing / ONNX export sees a constant
+        graph: BERT-like `LayerNorm(dropout(b_O) + x)`, DistilBERT `b_O` broadcast to x (the layer adds x and
+        normalises). With `output_attentions` the attention map has zero heads: [batch, 0, T, T].
+        """
         x = hidden_states if hidden_states is not None else kwargs["query"]
         if self.returns_normed:
-            out = self.output.LayerNorm(self.output.dropout(self.output.dense.bias) + x)
+            out = self.output.LayerNorm(self.output.dropout(self.output.dense.bias.expand_as(x)) + x)
         else:
             out = self.out_lin.bias.expand_as(x)
         if output_attentions:
@@ -85,25 +97,51 @@ def _slice_linear(linear: nn.Linear, index: torch.Tensor, dim: int) -> nn.Linear
     return new
 
 
-def validate_plan(model: nn.Module, plan: Plan) -> Plan:
-    """Normalise keys to int and check indices; raises ValueError naming the offending entry."""
+def _as_int(value: object, what: str) -> int:
+    """`value` as an int, refusing bools, floats with a fraction and non-numeric strings."""
+    if isinstance(value, bool):
+        raise PlanError(f"plan: {what} {value!r} is not an integer index")
+    try:
+        number = int(value)  # type: ignore[call-overload]
+    except (TypeError, ValueError):
+        raise PlanError(f"plan: {what} {value!r} is not an integer index") from None
+    if isinstance(value, float) and number != value:
+        raise PlanError(f"plan: {what} {value!r} is not an integer index")
+    return number
+
+
+def validate_plan(model: nn.Module, plan: Mapping[int | str, Iterable[int]]) -> Plan:
+    """Normalise a plan to `{int layer: sorted unique int heads}` and check every index against the *original*
+    architecture (config), so a plan that is valid for the unpruned model stays valid after any pruning round.
+
+    Raises `PlanError` (a ValueError) naming the offending layer/head and the expected range; nothing is modified.
+    """
+    if not isinstance(plan, Mapping):
+        raise PlanError(f"plan: expected a mapping {{layer: [head ids]}}, got {type(plan).__name__}")
     n_layers, n_heads = len(layers(model)), original_num_heads(model)
     out: Plan = {}
-    for layer, heads in plan.items():
-        layer = int(layer)
+    for key, heads in plan.items():
+        layer = _as_int(key, "layer")
         if not 0 <= layer < n_layers:
-            raise ValueError(f"plan: layer {layer} out of range; expected 0..{n_layers - 1}")
-        bad = [h for h in heads if not 0 <= int(h) < n_heads]
+            raise PlanError(f"plan: layer {layer} out of range; expected 0..{n_layers - 1}")
+        if layer in out:
+            raise PlanError(f"plan: layer {layer} appears twice (as {key!r})")
+        if isinstance(heads, (str, bytes)) or not isinstance(heads, Iterable):
+            raise PlanError(f"plan: layer {layer} expected a list of head ids, got {heads!r}")
+        ids = [_as_int(h, f"layer {layer} head") for h in heads]
+        bad = [h for h in ids if not 0 <= h < n_heads]
         if bad:
-            raise ValueError(f"plan: layer {layer} heads {bad} out of range; expected 0..{n_heads - 1}")
-        out[layer] = sorted({int(h) for h in heads})
+            raise PlanError(f"plan: layer {layer} heads {bad} out of range; expected 0..{n_heads - 1}")
+        out[layer] = sorted(set(ids))
     return out
 
 
 def prune_heads(model: nn.Module, plan: Plan) -> nn.Module:
     """Remove the heads in `plan` (original ids) from `model` in place and record them in `config.pruned_heads`.
 
-    Heads already removed are ignored, so replaying a cumulative plan is idempotent.
+    Heads already removed are ignored, so replaying a cumulative plan is idempotent. Unsupported architectures
+    (`UnsupportedArchitectureError`, naming the model type) and bad plans (`PlanError`) are refused before any
+    module is touched.
     """
     spec = arch_spec(model)
     plan = validate_plan(model, plan)

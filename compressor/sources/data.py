@@ -16,6 +16,9 @@ import datasets
 
 from compressor.recipe import DataSpec, RecipeError
 
+# Our own progress bars cover training; per-split "Generating/Filter/Map" bars only clutter stderr.
+datasets.disable_progress_bars()
+
 BUILTIN_RT = "builtin:rotten_tomatoes"
 _LOCAL_SUFFIXES = {".csv": "csv", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
 
@@ -74,6 +77,9 @@ def _local(path: Path, seed: int) -> datasets.DatasetDict:
         files = {f.stem: f for f in sorted(path.iterdir()) if f.suffix in _LOCAL_SUFFIXES}
         if not files:
             raise RecipeError(f"data.source: directory '{path}' has no <split>.csv/.jsonl/.json/.parquet files")
+        for split, file in files.items():
+            if _has_no_rows(file):
+                raise RecipeError(f"data.splits: split '{split}' ({file.name}) is empty; expected at least one row")
         kinds = {_LOCAL_SUFFIXES[f.suffix] for f in files.values()}
         if len(kinds) > 1:
             raise RecipeError(f"data.source: directory '{path}' mixes file formats {sorted(kinds)}; expected one")
@@ -84,6 +90,15 @@ def _local(path: Path, seed: int) -> datasets.DatasetDict:
     first = whole.train_test_split(test_size=0.2, seed=seed)
     rest = first["test"].train_test_split(test_size=0.5, seed=seed)
     return datasets.DatasetDict(train=first["train"], validation=rest["train"], test=rest["test"])
+
+
+def _has_no_rows(file: Path) -> bool:
+    """True for a CSV with at most a header, or a JSON/JSONL file with no content (parquet is trusted)."""
+    if file.suffix == ".parquet":
+        return False
+    with file.open(encoding="utf-8", errors="replace") as fh:
+        lines = [line for _, line in zip(range(3), fh) if line.strip()]
+    return len(lines) <= (1 if file.suffix == ".csv" else 0)
 
 
 def _raw(spec: DataSpec) -> datasets.DatasetDict:

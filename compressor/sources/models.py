@@ -68,7 +68,8 @@ def load_model(
 ) -> nn.Module:
     """A sequence classifier for `label_names`.
 
-    Task-tuned models must already have as many labels as the data; base models get a fresh classifier head.
+    Base models get a fresh classifier head; task-tuned ones keep theirs (the runner checks the label set first).
+    Weights load from safetensors only (no pickle); remote code only when the recipe enables it.
     """
     config = load_config(spec)
     source = resolve_model_path(spec)
@@ -76,7 +77,11 @@ def load_model(
         model = load_pruned(source, attn_implementation=attention)
     elif spec.task_tuned:
         model = AutoModelForSequenceClassification.from_pretrained(
-            source, revision=spec.revision, trust_remote_code=spec.trust_remote_code, attn_implementation=attention
+            source,
+            revision=spec.revision,
+            trust_remote_code=spec.trust_remote_code,
+            attn_implementation=attention,
+            use_safetensors=True,
         )
     else:
         n = len(label_names) if label_names else config.num_labels
@@ -90,11 +95,7 @@ def load_model(
             attn_implementation=attention,
             num_labels=n,
             ignore_mismatched_sizes=True,
+            use_safetensors=True,
             **kwargs,
-        )
-    if label_names and model.config.num_labels != len(label_names):
-        raise RecipeError(
-            f"data.label_field: dataset has {len(label_names)} labels {label_names[:5]} but the task-tuned model "
-            f"has {model.config.num_labels}; expected the same label set"
         )
     return model
