@@ -1,0 +1,54 @@
+"""The real MiniLM-L6 on a small slice of Rotten Tomatoes, every stage on (slow: `make test-slow`)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+from compressor.recipe import parse_recipe
+from compressor.runner import run_recipe
+
+
+@pytest.mark.slow
+def test_minilm_small_slice_all_stages(tmp_path, cache_dir) -> None:
+    torch.set_num_threads(2)
+    recipe = parse_recipe(
+        {
+            "name": "minilm_slice",
+            "output_dir": str(tmp_path / "out"),
+            "data": {"max_length": 48, "max_train_examples": 400, "max_eval_examples": 128},
+            "base_finetune": {"epochs": 1, "lr": 1e-4, "batch_size": 32},
+            "prune": {
+                "criterion": {"name": "taylor"},
+                "target": 0.5,
+                "steps": 2,
+                "score_examples": 64,
+                "finetune": {"epochs": 1, "lr": 5e-5, "max_examples": 128},
+            },
+            "bench": {"batch_sizes": [1, 32], "seq_len": 32, "rounds": 2, "warmup": 1, "min_time_s": 0.1},
+            "analysis": {"examples": 24},
+        }
+    )
+    report = run_recipe(recipe)
+    assert report["pruned"]["heads_left"] == 36
+    assert report["original"]["test"]["n"] == 128
+    assert report["pruned"]["masked_vs_pruned_max_abs_diff"] <= 1e-4
+    for variant in ("fp32", "optimized", "int8"):
+        assert variant in report["export"]
+    assert report["export"]["fp32"]["max_abs_diff"] <= 1e-4
+    saved = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert saved["status"] == "complete"
+    model_dir = tmp_path / "out" / "model"
+    if all(report["pruned"]["heads_per_layer"]):  # plain transformers can rebuild it
+        model = AutoModelForSequenceClassification.from_pretrained(model_dir).eval()
+        tok = AutoTokenizer.from_pretrained(model_dir)
+        batch = tok(["a gorgeous, witty film", "tedious and overlong"], padding=True, return_tensors="pt")
+        from compressor.checkpoint import load_pruned
+
+        with torch.inference_mode():
+            assert torch.allclose(model(**batch).logits, load_pruned(model_dir)(**batch).logits, atol=1e-6)
+    assert (tmp_path / "out" / "analysis").is_dir()
+    assert (tmp_path / "out" / "bench").is_dir()
