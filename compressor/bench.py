@@ -188,15 +188,23 @@ def peak_rss_delta(fn: Callable[[], object]) -> int | None:
     return max(0, peak - before) * 1024
 
 
-def time_call(fn: Callable[[], object], min_time_s: float) -> tuple[float, int]:
-    """Seconds per call of `fn`, repeating it until at least `min_time_s` has passed; returns (seconds, calls)."""
-    calls, start = 0, time.perf_counter()
+def time_call(fn: Callable[[], object], min_time_s: float, min_calls: int = 3) -> tuple[float, int]:
+    """Median seconds per call of `fn`, called until `min_time_s` has passed and at least `min_calls` times.
+
+    Returns (seconds, calls).
+
+    The median of single calls, not the mean, so a call preempted by another process on a shared machine does not
+    shift the measurement.
+    """
+    times: list[float] = []
+    start = time.perf_counter()
     while True:
+        t0 = time.perf_counter()
         fn()
-        calls += 1
-        elapsed = time.perf_counter() - start
-        if elapsed >= min_time_s:
-            return elapsed / calls, calls
+        t1 = time.perf_counter()
+        times.append(t1 - t0)
+        if t1 - start >= min_time_s and len(times) >= min_calls:
+            return float(np.median(times)), len(times)
 
 
 def _spread(values: Sequence[float]) -> dict:
@@ -222,12 +230,14 @@ def measure_throughput(
     min_time_s: float = 0.5,
     threads: int | None = None,
     seed: int = 0,
+    min_calls: int = 3,
 ) -> dict:
     """Interleaved timing of every candidate at every batch size.
 
-    Per round, per batch size, every candidate runs (order rotated each round) for at least `min_time_s`; the
-    seconds per batch of each round are kept. Returns {"setup": ..., "results": {name: {str(batch): {...}}}} with
-    per-round seconds, median/IQR/min/max of ms per batch and examples/s, and the peak-RSS growth while running.
+    Per round, per batch size, every candidate runs (order rotated each round) for at least `min_time_s` and
+    `min_calls` calls; the median seconds per batch of each round are kept.
+    Returns {"setup": ..., "results": {name: {str(batch): {...}}}} with per-round seconds, median/IQR/min/max of
+    ms per batch and examples/s, and the peak-RSS growth while running.
     """
     _check_names(candidates)
     if any(b < 1 for b in batch_sizes) or not batch_sizes:
@@ -245,7 +255,7 @@ def measure_throughput(
         rotated = order[r % len(order) :] + order[: r % len(order)]
         for b in batch_sizes:
             for c in rotated:
-                seconds, _ = time_call(lambda c=c, b=b: c.predict(inputs[b]), min_time_s)
+                seconds, _ = time_call(lambda c=c, b=b: c.predict(inputs[b]), min_time_s, min_calls)
                 per_round[c.name][b].append(seconds)
     results = {}
     for c in candidates:
@@ -266,6 +276,7 @@ def measure_throughput(
         "rounds": rounds,
         "warmup": warmup,
         "min_time_s": min_time_s,
+        "min_calls": min_calls,
         "torch_threads": used_threads,
         "candidate_threads": {c.name: (c.threads if c.kind == "onnx" else used_threads) for c in candidates},
         "seed": seed,
@@ -554,8 +565,8 @@ def render_bench_md(result: dict) -> str:
         "",
         f"Reference: `{ref}`. Sequence length {setup['seq_len']} (synthetic ids, no padding); batch sizes "
         f"{setup['batch_sizes']}; {setup['rounds']} interleaved rounds of ≥ {setup['min_time_s']} s after "
-        f"{setup['warmup']} warm-up calls; PyTorch threads {setup['torch_threads']}; ONNX Runtime threads "
-        f"{ {k: v for k, v in setup['candidate_threads'].items()} }.",
+        f"{setup['warmup']} warm-up calls; PyTorch threads {setup['torch_threads']}; threads per variant "
+        f"{setup['candidate_threads']}.",
         f"Machine: {m['processor']}, {m['cpu_count']} CPUs, load average at the end {m['load_average']}; "
         f"torch {m['torch']}, onnxruntime {m['onnxruntime']}. Absolute times depend on the machine and its load; "
         "compare ratios.",

@@ -74,11 +74,12 @@ def save_pruned(
     return out_dir
 
 
-def _fmt(n: float) -> str:
-    for unit, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
-        if abs(n) >= scale:
-            return f"{n / scale:,.2f} {unit}"
-    return f"{n:,.0f}"
+def _fmt(n: int) -> str:
+    """`22.71 M (22,713,986)` for counts of 10,000 and more, the plain number otherwise."""
+    if abs(n) < 10_000:
+        return f"{n:,}"
+    unit, scale = next((u, k) for u, k in (("G", 1e9), ("M", 1e6), ("k", 1e3)) if abs(n) >= k)
+    return f"{n / scale:,.2f} {unit} ({n:,})"
 
 
 def render_model_card(stats: dict, model_type: str, metadata: dict | None = None) -> str:
@@ -105,7 +106,7 @@ def render_model_card(stats: dict, model_type: str, metadata: dict | None = None
         "",
         "| | original | pruned | original / pruned |",
         "|---|---:|---:|---:|",
-        *(f"| {name} | {_fmt(a)} ({a:,}) | {_fmt(b)} ({b:,}) | {a / max(b, 1):.2f}× |" for name, a, b in rows),
+        *(f"| {name} | {_fmt(a)} | {_fmt(b)} | {a / max(b, 1):.2f}× |" for name, a, b in rows),
         "",
         "Encoder FLOPs = 2 × multiply-accumulates of the transformer layers' matrix products (Q/K/V/O projections,",
         "attention scores and weighted values, feed-forward) for one sequence of T tokens; embeddings, LayerNorm and",
@@ -124,8 +125,8 @@ def render_model_card(stats: dict, model_type: str, metadata: dict | None = None
     lines.append("")
     if stats["empty_layers"]:
         lines.append(
-            f"Layers {stats['empty_layers']} have no heads left (their attention reduces to the output bias), which "
-            "plain transformers cannot build: load with `compressor.load_pruned`."
+            f"Layer(s) {', '.join(map(str, stats['empty_layers']))} have no heads left (attention reduces to the "
+            "output bias), which plain transformers cannot build: load with `compressor.load_pruned`."
         )
     else:
         lines.append("No layer lost every head, so `AutoModelForSequenceClassification.from_pretrained` works too.")

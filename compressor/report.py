@@ -47,7 +47,13 @@ def render(report: dict) -> str:
         *_steps_table(report["steps"]),
     ]
     if "export" in report:
-        lines += ["", "## ONNX export", "", "| variant | size (MB) | max abs Δlogit vs PyTorch | agreement |", "|---|---:|---:|---:|"]
+        lines += [
+            "",
+            "## ONNX export",
+            "",
+            "| variant | size (MB) | max abs Δlogit vs PyTorch | agreement |",
+            "|---|---:|---:|---:|",
+        ]
         for name, info in report["export"].items():
             lines.append(
                 f"| {name} | {info['size_bytes'] / 1e6:.1f} | {info['max_abs_diff']:.2e} | {_pct(info['agreement'])} |"

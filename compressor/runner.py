@@ -16,6 +16,7 @@ import shutil
 import tempfile
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -25,7 +26,7 @@ from safetensors.torch import load_file, save_file
 
 from compressor import criteria
 from compressor.checkpoint import load_pruned, save_pruned
-from compressor.cost import count_parameters, encoder_flops
+from compressor.cost import model_stats
 from compressor.errors import UserError
 from compressor.layout import num_layers, original_num_heads
 from compressor.recipe import Recipe, dump_recipe
@@ -33,7 +34,7 @@ from compressor.selection import check_feasible, mask_to_plan, plan_to_mask, sch
 from compressor.sources import TaskData, load_model, load_task_data, load_tokenizer, resolve_model_path
 from compressor.sources.models import load_config
 from compressor.surgery import pruned_copy
-from compressor.train import evaluate, predict, sample_batches, tokenize, train
+from compressor.train import evaluate, sample_batches, tokenize, train
 
 log = logging.getLogger("compressor")
 REPORT_SCHEMA = 1
@@ -64,7 +65,9 @@ def _check_writable(out: Path) -> None:
         with tempfile.TemporaryFile(dir=probe):
             pass
     except OSError as err:
-        raise UserError(f"output_dir: '{out}' is not writable ({err.strerror}); expected a writable directory") from None
+        raise UserError(
+            f"output_dir: '{out}' is not writable ({err.strerror}); expected a writable directory"
+        ) from None
 
 
 def preflight(recipe: Recipe, force: bool) -> Path:
@@ -201,8 +204,8 @@ def prune_loop(run: Run, model: torch.nn.Module) -> tuple[torch.Tensor, list[dic
             batches=score_batches,
             accelerator=acc,
             target_remove=n_remove,
-            train_batches=lambda: sample_batches(
-                run.splits["train"], run.tokenizer, 2048, p.score_batch_size, seed=r.seed + step, accelerator=acc
+            train_batches=partial(
+                sample_batches, run.splits["train"], run.tokenizer, 2048, p.score_batch_size, r.seed + step, acc
             ),
             seed=r.seed + step,
         )
@@ -222,7 +225,14 @@ def prune_loop(run: Run, model: torch.nn.Module) -> tuple[torch.Tensor, list[dic
         }
         if p.finetune is not None:
             entry["finetune"] = train(
-                model, run.splits["train"], run.tokenizer, p.finetune, acc, gates, seed=r.seed + step, desc=f"step {step + 1}"
+                model,
+                run.splits["train"],
+                run.tokenizer,
+                p.finetune,
+                acc,
+                gates,
+                seed=r.seed + step,
+                desc=f"step {step + 1}",
             )
             entry["val_after_finetune"] = evaluate(model, run.splits["validation"], run.tokenizer, acc, gates)
         entry["seconds"] = time.perf_counter() - t0
@@ -230,7 +240,13 @@ def prune_loop(run: Run, model: torch.nn.Module) -> tuple[torch.Tensor, list[dic
         after = entry.get("val_after_finetune", after_prune)["accuracy"]
         log.info(
             "step %d/%d: %d heads left %s | val acc after prune %.4f, after fine-tune %.4f (%.0fs)",
-            step + 1, p.steps, entry["heads_left"], entry["heads_per_layer"], after_prune["accuracy"], after, entry["seconds"],
+            step + 1,
+            p.steps,
+            entry["heads_left"],
+            entry["heads_per_layer"],
+            after_prune["accuracy"],
+            after,
+            entry["seconds"],
         )
         save_step(run, step, acc.unwrap_model(model), alive, steps_log)
         acc.wait_for_everyone()
@@ -253,7 +269,10 @@ def prepare(recipe: Recipe, accelerator: Accelerator | None = None, force: bool 
         run.splits[name] = tokenize(getattr(data, name), tokenizer, data.text_fields, recipe.data.max_length)
     log.info(
         "data: %s train / %s validation / %s test, labels %s",
-        len(data.train), len(data.validation), len(data.test), data.label_names,
+        len(data.train),
+        len(data.validation),
+        len(data.test),
+        data.label_names,
     )
     return run
 
@@ -295,10 +314,6 @@ def finalize(run: Run, model: torch.nn.Module, alive: torch.Tensor) -> tuple[tor
     return pruned, {"plan": {str(k): v for k, v in plan.items()}, "masked_vs_pruned_max_abs_diff": diff}
 
 
-def _stats(model: torch.nn.Module, seq_len: int) -> dict:
-    return {"parameters": count_parameters(model), "encoder_flops_per_example": encoder_flops(model, seq_len)}
-
-
 def run_recipe(recipe: Recipe, force: bool = False, accelerator: Accelerator | None = None) -> dict:
     """Execute the whole recipe; returns the report dict (also written to `<output_dir>/report.json`)."""
     out = preflight(recipe, force)
@@ -328,8 +343,15 @@ def run_recipe(recipe: Recipe, force: bool = False, accelerator: Accelerator | N
         pruned,
         out / "model",
         run.tokenizer,
-        metadata={"recipe": recipe.name, "original_test_accuracy": original["test"]["accuracy"]},
+        metadata={
+            "recipe": recipe.name,
+            "original_test_accuracy": original["test"]["accuracy"],
+            "pruned_test_accuracy": final_test["accuracy"],
+        },
+        original=original_model,
+        seq_len=seq,
     )
+    stats = model_stats(original_model, pruned, seq)
     report = {
         "schema_version": REPORT_SCHEMA,
         "name": recipe.name,
@@ -338,7 +360,7 @@ def run_recipe(recipe: Recipe, force: bool = False, accelerator: Accelerator | N
         "data_source": recipe.data.source,
         "labels": run.data.label_names,
         "base_finetune": base_info,
-        "original": {**original, **_stats(original_model, seq)},
+        "original": {**original, **stats["original"]},
         "steps": steps_log,
         "pruned": {
             "test": final_test,
@@ -347,12 +369,12 @@ def run_recipe(recipe: Recipe, force: bool = False, accelerator: Accelerator | N
             "heads_per_layer": heads_per_layer(alive),
             "model_dir": str(model_dir),
             **surgery,
-            **_stats(pruned, seq),
+            **stats["pruned"],
+            "flop_ratio": stats["flop_ratio"],
+            "parameter_ratio": stats["parameter_ratio"],
+            "empty_layers": stats["empty_layers"],
         },
     }
-    report["pruned"]["flop_ratio"] = report["original"]["encoder_flops_per_example"] / max(
-        report["pruned"]["encoder_flops_per_example"], 1
-    )
     from compressor import stages
 
     stages.after_prune(run, original_model, pruned, model_dir, alive, steps_log, report)

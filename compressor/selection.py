@@ -28,7 +28,8 @@ def check_feasible(layers: int, heads: int, target: float, min_per_layer: int) -
     if total - goal < min_per_layer * layers:
         raise RecipeError(
             f"prune.min_heads_per_layer: keeping {min_per_layer} heads in each of {layers} layers needs "
-            f"{min_per_layer * layers} heads but target {target} leaves {total - goal}; expected ≤ {(total - goal) // layers}"
+            f"{min_per_layer * layers} heads but target {target} leaves {total - goal}; "
+            f"expected ≤ {(total - goal) // layers}"
         )
 
 
@@ -70,7 +71,7 @@ def _per_layer_quotas(alive: list[int], n_remove: int, min_per_layer: int) -> li
     room = [max(0, a - min_per_layer) for a in alive]
     total_alive = sum(alive)
     exact = [n_remove * a / total_alive for a in alive]
-    quotas = [min(int(e), r) for e, r in zip(exact, room)]
+    quotas = [min(int(e), r) for e, r in zip(exact, room, strict=True)]
     order = sorted(range(len(alive)), key=lambda i: (-(exact[i] - int(exact[i])), i))
     while sum(quotas) < n_remove:
         progressed = False

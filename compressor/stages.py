@@ -26,7 +26,10 @@ def export_stage(run, model_dir: Path) -> dict:
     for name, info in result.items():
         log.info(
             "export %s: %.1f MB, max |Δlogit| vs PyTorch %.2e, agreement %.4f",
-            name, info["size_bytes"] / 1e6, info["max_abs_diff"], info["agreement"],
+            name,
+            info["size_bytes"] / 1e6,
+            info["max_abs_diff"],
+            info["agreement"],
         )
     return result
 
@@ -65,13 +68,19 @@ def analysis_stage(run, original: torch.nn.Module, steps_log: list[dict]) -> dic
 
     spec = run.recipe.analysis
     fields = run.data.text_fields
-    texts = [" ".join(row[f] for f in fields) for row in run.data.test.select(range(min(spec.examples, len(run.data.test))))]
+    texts = [
+        " ".join(row[f] for f in fields) for row in run.data.test.select(range(min(spec.examples, len(run.data.test))))
+    ]
     train_texts = [" ".join(row[f] for f in fields) for row in run.data.train]
-    first_scores = {
-        run.recipe.prune.criterion.name: torch.tensor(
-            [[float("nan") if s is None else s for s in row] for row in steps_log[0]["scores"]]
-        )
-    } if steps_log else None
+    first_scores = (
+        {
+            run.recipe.prune.criterion.name: torch.tensor(
+                [[float("nan") if s is None else s for s in row] for row in steps_log[0]["scores"]]
+            )
+        }
+        if steps_log
+        else None
+    )
     result = analysis.analyze_heads(
         original, run.tokenizer, texts, train_texts, max_length=run.recipe.data.max_length, scores=first_scores
     )

@@ -25,7 +25,9 @@ def tiny_config(arch: str = "bert", layers: int = 3, heads: int = 4, head_size: 
     common = {"vocab_size": VOCAB, "num_labels": num_labels}
     if arch == "distilbert":
         return DistilBertConfig(dim=hidden, n_layers=layers, n_heads=heads, hidden_dim=2 * hidden + 3, **common)
-    cls = {"bert": BertConfig, "roberta": RobertaConfig, "xlm-roberta": XLMRobertaConfig, "electra": ElectraConfig}[arch]
+    cls = {"bert": BertConfig, "roberta": RobertaConfig, "xlm-roberta": XLMRobertaConfig, "electra": ElectraConfig}[
+        arch
+    ]
     extra = {"embedding_size": hidden} if arch == "electra" else {}
     if arch in ("roberta", "xlm-roberta"):
         extra["pad_token_id"] = 1

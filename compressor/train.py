@@ -39,9 +39,7 @@ def tokenize(ds: datasets.Dataset, tokenizer, text_fields: Sequence[str], max_le
     return ds.map(encode, batched=True, remove_columns=keep, desc="tokenize", load_from_cache_file=False)
 
 
-def loader(
-    ds: datasets.Dataset, tokenizer, batch_size: int, shuffle: bool = False, seed: int = 0
-) -> DataLoader:
+def loader(ds: datasets.Dataset, tokenizer, batch_size: int, shuffle: bool = False, seed: int = 0) -> DataLoader:
     """Dynamic-padding loader; shuffling uses its own seeded generator so runs are reproducible."""
     generator = torch.Generator().manual_seed(seed) if shuffle else None
     return DataLoader(
@@ -89,7 +87,10 @@ def train(
     total = max(1, math.ceil(per_epoch * spec.epochs))
     no_decay = ("bias", "LayerNorm.weight", "layer_norm.weight")
     groups = [
-        {"params": [p for n, p in model.named_parameters() if not n.endswith(no_decay)], "weight_decay": spec.weight_decay},
+        {
+            "params": [p for n, p in model.named_parameters() if not n.endswith(no_decay)],
+            "weight_decay": spec.weight_decay,
+        },
         {"params": [p for n, p in model.named_parameters() if n.endswith(no_decay)], "weight_decay": 0.0},
     ]
     optimizer = torch.optim.AdamW(groups, lr=spec.lr)

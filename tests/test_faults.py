@@ -25,7 +25,9 @@ def world(tmp_path_factory, tiny_model_dir, tiny_csv) -> dict[str, Path]:
     albert = root / "albert"
     from transformers import AlbertConfig
 
-    AlbertConfig(hidden_size=32, num_attention_heads=4, intermediate_size=37, num_hidden_layers=2).save_pretrained(albert)
+    AlbertConfig(hidden_size=32, num_attention_heads=4, intermediate_size=37, num_hidden_layers=2).save_pretrained(
+        albert
+    )
     tuned = root / "tuned_2_labels"
     model = tiny_model("bert", num_labels=2)
     model.config.id2label = {0: "negative", 1: "positive"}
@@ -48,8 +50,14 @@ def world(tmp_path_factory, tiny_model_dir, tiny_csv) -> dict[str, Path]:
     a_file = root / "a_file"
     a_file.write_text("x")
     return {
-        "model": tiny_model_dir, "data": tiny_csv, "not_model": not_model, "albert": albert, "tuned": tuned,
-        "three": three, "empty_split": empty_split, "a_file": a_file,
+        "model": tiny_model_dir,
+        "data": tiny_csv,
+        "not_model": not_model,
+        "albert": albert,
+        "tuned": tuned,
+        "three": three,
+        "empty_split": empty_split,
+        "a_file": a_file,
     }
 
 
@@ -73,7 +81,11 @@ CASES = [
         lambda w: {"model": {"source": str(w["tuned"]), "task_tuned": True}, "data.source": str(w["three"])},
         "do not match the task-tuned model's 2 labels",
     ),
-    ("empty split", lambda w: {"data.source": str(w["empty_split"])}, "data.splits: split 'validation' (validation.csv) is empty"),
+    (
+        "empty split",
+        lambda w: {"data.source": str(w["empty_split"])},
+        "data.splits: split 'validation' (validation.csv) is empty",
+    ),
     ("data missing", lambda w: {"data.source": str(w["a_file"]) + ".csv"}, "data.source: path"),
     ("batch size", lambda w: {"base_finetune": {"batch_size": 0}}, "base_finetune.batch_size"),
     ("bench batch", lambda w: {"bench": {"batch_sizes": [-1]}}, "bench.batch_sizes"),

@@ -30,7 +30,10 @@ BAD = [
     ({"prune": {"target": -0.2}}, "prune.target"),
     ({"prune": {"steps": 0}}, "prune.steps"),
     ({"prune": {"criterion": {"name": "nonsense"}}}, "unknown criterion 'nonsense'"),
-    ({"prune": {"criterion": {"name": "taylor", "params": {"normalise": "layer"}}}}, "params.normalise: unknown parameter"),
+    (
+        {"prune": {"criterion": {"name": "taylor", "params": {"normalise": "layer"}}}},
+        "params.normalise: unknown parameter",
+    ),
     ({"prune": {"criterion": {"name": "taylor", "params": {"label_free": "yes"}}}}, "params.label_free: expected bool"),
     ({"base_finetune": {"batch_size": 0}}, "base_finetune.batch_size"),
     ({"bench": {"batch_sizes": [8, 0]}}, "bench.batch_sizes"),

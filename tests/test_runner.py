@@ -61,8 +61,13 @@ def test_saved_model_loads_in_plain_transformers(tmp_path, tiny_model_dir, tiny_
 
 def test_base_finetune_is_cached(tmp_path, tiny_model_dir, tiny_csv, cache_dir) -> None:
     first = _run(tmp_path, tiny_model_dir, tiny_csv, name="a")
-    second = _run(tmp_path, tiny_model_dir, tiny_csv, name="b", prune={"criterion": {"name": "taylor"}, "target": 0.25,
-                  "steps": 1, "score_examples": 32, "finetune": None})
+    second = _run(
+        tmp_path,
+        tiny_model_dir,
+        tiny_csv,
+        name="b",
+        prune={"criterion": {"name": "taylor"}, "target": 0.25, "steps": 1, "score_examples": 32, "finetune": None},
+    )
     assert "steps" in first["base_finetune"]  # trained
     assert "steps" not in second["base_finetune"]  # loaded from the cache
     assert second["base_finetune"]["cached"] == first["base_finetune"]["cached"]
@@ -106,7 +111,7 @@ def test_resume_after_sigkill(tmp_path, tiny_model_dir, tiny_csv, cache_dir) -> 
     assert "resuming after step" in (out / "run.log").read_text()
     resumed = json.loads((out / "report.json").read_text())
     assert resumed["pruned"]["plan"] == reference["pruned"]["plan"]
-    for a, b in zip(resumed["steps"], reference["steps"]):
+    for a, b in zip(resumed["steps"], reference["steps"], strict=True):
         assert a["removed"] == b["removed"]
         assert a["val_after_finetune"] == pytest.approx(b["val_after_finetune"], abs=1e-6)
     assert resumed["pruned"]["test"] == pytest.approx(reference["pruned"]["test"], abs=1e-6)
@@ -117,8 +122,22 @@ def test_accelerate_launch_two_processes(tmp_path, tiny_model_dir, tiny_csv, cac
     recipe_path = tmp_path / "ddp.yaml"
     recipe_path.write_text(yaml.safe_dump(tiny_recipe(tiny_model_dir, tiny_csv, out)))
     cmd = [
-        sys.executable, "-m", "accelerate.commands.launch", "--cpu", "--num_processes", "2", "--num_machines", "1",
-        "--mixed_precision", "no", "--dynamo_backend", "no", "-m", "compressor", "run", str(recipe_path),
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--cpu",
+        "--num_processes",
+        "2",
+        "--num_machines",
+        "1",
+        "--mixed_precision",
+        "no",
+        "--dynamo_backend",
+        "no",
+        "-m",
+        "compressor",
+        "run",
+        str(recipe_path),
     ]
     done = subprocess.run(cmd, env=_cli_env(cache_dir), capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]

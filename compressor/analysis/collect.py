@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from compressor.errors import UserError
-from compressor.layout import num_layers, original_num_heads, present_heads, presence_mask
+from compressor.layout import num_layers, original_num_heads, presence_mask, present_heads
 
 MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 

@@ -86,9 +86,7 @@ def check_params(name: str, params: dict[str, Any]) -> None:
         if default is not inspect.Parameter.empty and default is not None:
             expected = (int, float) if isinstance(default, float) else type(default)
             if isinstance(value, bool) != isinstance(default, bool) or not isinstance(value, expected):
-                raise ValueError(
-                    f"prune.criterion.params.{key}: expected {type(default).__name__}, got {value!r}"
-                )
+                raise ValueError(f"prune.criterion.params.{key}: expected {type(default).__name__}, got {value!r}")
 
 
 def score_heads(name: str, ctx: ScoreContext, params: dict[str, Any] | None = None) -> torch.Tensor:
@@ -97,5 +95,7 @@ def score_heads(name: str, ctx: ScoreContext, params: dict[str, Any] | None = No
     check_params(name, params)
     scores = get(name)(ctx, **params).detach().float().cpu()
     if tuple(scores.shape) != tuple(ctx.alive.shape):
-        raise RuntimeError(f"criterion '{name}' returned shape {tuple(scores.shape)}, expected {tuple(ctx.alive.shape)}")
+        raise RuntimeError(
+            f"criterion '{name}' returned shape {tuple(scores.shape)}, expected {tuple(ctx.alive.shape)}"
+        )
     return scores.masked_fill(~ctx.alive.cpu(), float("-inf"))

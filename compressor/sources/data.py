@@ -97,7 +97,7 @@ def _has_no_rows(file: Path) -> bool:
     if file.suffix == ".parquet":
         return False
     with file.open(encoding="utf-8", errors="replace") as fh:
-        lines = [line for _, line in zip(range(3), fh) if line.strip()]
+        lines = [line for _, line in zip(range(3), fh, strict=False) if line.strip()]
     return len(lines) <= (1 if file.suffix == ".csv" else 0)
 
 
@@ -114,10 +114,14 @@ def _raw(spec: DataSpec) -> datasets.DatasetDict:
     try:
         return datasets.load_dataset(spec.source, spec.config)
     except Exception as err:  # hub errors come in many types; report them as one line
-        raise RecipeError(f"data.source: could not load dataset '{spec.source}' ({type(err).__name__}: {err})") from None
+        raise RecipeError(
+            f"data.source: could not load dataset '{spec.source}' ({type(err).__name__}: {err})"
+        ) from None
 
 
-def _labels(ds: datasets.DatasetDict, field: str, split_names: dict[str, str]) -> tuple[datasets.DatasetDict, list[str]]:
+def _labels(
+    ds: datasets.DatasetDict, field: str, split_names: dict[str, str]
+) -> tuple[datasets.DatasetDict, list[str]]:
     """Integer `label` column and label names (ClassLabel names, sorted strings, or 0..max for integers)."""
     first = ds[split_names["train"]]
     feature = first.features[field]
@@ -150,9 +154,7 @@ def load_task_data(spec: DataSpec) -> TaskData:
         split = spec.splits["train"]
         if field not in raw[split].column_names:
             which = "label_field" if field == spec.label_field else "text_fields"
-            raise RecipeError(
-                f"data.{which}: field '{field}' not in dataset; available {raw[split].column_names}"
-            )
+            raise RecipeError(f"data.{which}: field '{field}' not in dataset; available {raw[split].column_names}")
     raw, names = _labels(raw, spec.label_field, spec.splits)
     keep = [*spec.text_fields, "label"]
     out = {}

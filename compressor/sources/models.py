@@ -45,11 +45,11 @@ def load_config(spec: ModelSpec):
     """The model's config (no weights); refuses unsupported architectures by name."""
     source = resolve_model_path(spec)
     try:
-        config = AutoConfig.from_pretrained(
-            source, revision=spec.revision, trust_remote_code=spec.trust_remote_code
-        )
+        config = AutoConfig.from_pretrained(source, revision=spec.revision, trust_remote_code=spec.trust_remote_code)
     except Exception as err:
-        raise RecipeError(f"model.source: cannot read a model config from '{spec.source}' ({type(err).__name__})") from None
+        raise RecipeError(
+            f"model.source: cannot read a model config from '{spec.source}' ({type(err).__name__})"
+        ) from None
     try:
         arch_spec(config.model_type)
     except UnsupportedArchitectureError as err:
@@ -63,9 +63,7 @@ def load_tokenizer(spec: ModelSpec):
     )
 
 
-def load_model(
-    spec: ModelSpec, label_names: list[str] | None = None, attention: str = "sdpa"
-) -> nn.Module:
+def load_model(spec: ModelSpec, label_names: list[str] | None = None, attention: str = "sdpa") -> nn.Module:
     """A sequence classifier for `label_names`.
 
     Base models get a fresh classifier head; task-tuned ones keep theirs (the runner checks the label set first).

@@ -15,15 +15,13 @@ class Accuracy(evaluate.Metric):
             description=_DESCRIPTION,
             citation=_CITATION,
             inputs_description=_KWARGS_DESCRIPTION,
-            features=datasets.Features(
-                {"predictions": datasets.Value("int32"), "references": datasets.Value("int32")}
-            ),
+            features=datasets.Features({"predictions": datasets.Value("int32"), "references": datasets.Value("int32")}),
         )
 
     def _compute(self, predictions, references, normalize=True, sample_weight=None):
         total = 0.0
         weight_sum = 0.0
-        for i, (p, r) in enumerate(zip(predictions, references)):
+        for i, (p, r) in enumerate(zip(predictions, references, strict=True)):
             w = 1.0 if sample_weight is None else float(sample_weight[i])
             total += w * (p == r)
             weight_sum += w

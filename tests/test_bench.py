@@ -1,0 +1,413 @@
+"""Benchmark: statistics, interleaving, quality comparison, reports, shipped metrics and the `bench` command."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+import yaml
+from scipy import stats
+from typer.testing import CliRunner
+
+from compressor import bench
+from compressor.cost import encoder_flops
+from compressor.errors import UserError
+from compressor.recipe import BenchSpec
+from compressor.surgery import pruned_copy
+from compressor.testing import tiny_batch, tiny_model
+
+PLAN = {0: [0, 1], 1: [2], 2: [0, 1, 3]}
+FAST = {"rounds": 2, "warmup": 1, "min_time_s": 0.005}
+
+
+@pytest.fixture(scope="module")
+def models():
+    original = tiny_model("bert", layers=3, heads=4, head_size=8)
+    return original, pruned_copy(original, PLAN).eval()
+
+
+@pytest.fixture(scope="module")
+def batches():
+    return [tiny_batch(8, 12, seed=i) for i in range(6)]
+
+
+def fake(name: str, log: list[str] | None = None, logits: np.ndarray | None = None, **kwargs) -> bench.Candidate:
+    """A candidate whose predict records its calls and returns fixed logits per example (row i → logits[i % n])."""
+    table = np.array([[1.0, 0.0]]) if logits is None else logits
+
+    def predict(batch):
+        if log is not None:
+            log.append(name)
+        n = batch["input_ids"].shape[0]
+        return table[np.arange(n) % len(table)]
+
+    return bench.Candidate(name, predict, kwargs.pop("size_bytes", 100), kwargs.pop("flops", None), "pytorch", **kwargs)
+
+
+# ------------------------------------------------------------------------------------------------ statistics
+
+
+@pytest.mark.parametrize("k,n", [(0, 10), (7, 10), (850, 1000), (1000, 1000)])
+def test_wilson_interval_matches_formula(k, n):
+    z = stats.norm.ppf(0.975)
+    p = k / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z / (1 + z * z / n) * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+    low, high = bench.wilson_interval(k, n)
+    assert low == pytest.approx(max(0.0, centre - half), abs=1e-9)
+    assert high == pytest.approx(min(1.0, centre + half), abs=1e-9)
+
+
+def test_wilson_interval_on_1000_rows_is_about_plus_minus_two_standard_errors():
+    low, high = bench.wilson_interval(850, 1000)
+    se = math.sqrt(0.85 * 0.15 / 1000)
+    assert (high - low) / 2 == pytest.approx(1.96 * se, rel=0.03)
+
+
+def test_mcnemar_exact_counts_discordant_pairs_only():
+    cand = np.array([True] * 10 + [False] * 2 + [True] * 50 + [False] * 38)
+    ref = np.array([False] * 10 + [True] * 2 + [True] * 50 + [False] * 38)
+    out = bench.mcnemar_exact(cand, ref)
+    assert (out["candidate_only_correct"], out["reference_only_correct"]) == (10, 2)
+    assert out["p_value"] == pytest.approx(2 * stats.binom.cdf(2, 12, 0.5))
+    assert out["p_value"] < 0.05
+    assert bench.mcnemar_exact(ref, ref)["p_value"] == 1.0
+
+
+def test_paired_difference_interval_is_centred_on_the_difference():
+    low, high = bench.paired_difference_interval(better=30, worse=10, n=1000)
+    assert (low + high) / 2 == pytest.approx(0.02)
+    assert low > 0 and high < 0.04
+    assert bench.paired_difference_interval(0, 0, 100) == (0.0, 0.0)
+
+
+# ------------------------------------------------------------------------------------------------ throughput
+
+
+def test_rounds_are_interleaved_and_rotated():
+    log: list[str] = []
+    cands = [fake(n, log) for n in ("a", "b", "c")]
+    out = bench.measure_throughput(cands, [1, 2], seq_len=8, rounds=3, warmup=1, min_time_s=0.0, min_calls=1)
+    timed = log[len(cands) * 2 :]  # after one warm-up call per candidate per batch size
+    # min_time_s=0, min_calls=1 → exactly one call per measurement: round r visits batch 1 then 2, each in rotated order
+    expected = []
+    for r in range(3):
+        order = ["a", "b", "c"][r:] + ["a", "b", "c"][:r]
+        expected += order + order
+    assert timed == expected
+    row = out["results"]["b"]["2"]
+    assert len(row["seconds_per_round"]) == 3
+    assert row["examples_per_s"]["median"] == pytest.approx(2 / np.median(row["seconds_per_round"]))
+    assert out["setup"]["rounds"] == 3 and out["setup"]["batch_sizes"] == [1, 2]
+
+
+def test_synthetic_batches_have_exact_length_and_no_padding():
+    seen = []
+    cand = fake("a")
+    original = cand.predict
+    cand.predict = lambda b: (seen.append(b), original(b))[1]
+    bench.measure_throughput([cand], [3], seq_len=17, rounds=1, warmup=1, min_time_s=0.0)
+    assert all(b["input_ids"].shape == (3, 17) and bool(b["attention_mask"].all()) for b in seen)
+
+
+def test_paired_speedups_are_per_round_ratios():
+    throughput = {
+        "results": {
+            "ref": {"4": {"seconds_per_round": [1.0, 2.0, 4.0]}},
+            "fast": {"4": {"seconds_per_round": [0.5, 1.0, 2.0]}},
+        }
+    }
+    out = bench.paired_speedups(throughput, "ref")
+    # the machine slowed 4× over the rounds, but each round's ratio is exactly 2
+    assert out["fast"]["4"]["per_round"] == [2.0, 2.0, 2.0]
+    assert out["fast"]["4"]["median"] == 2.0 and out["ref"]["4"]["median"] == 1.0
+    with pytest.raises(UserError, match="reference 'nope'"):
+        bench.paired_speedups(throughput, "nope")
+
+
+def test_threads_are_set_and_recorded(models):
+    before = torch.get_num_threads()
+    try:
+        out = bench.measure_throughput(
+            [bench.pytorch_candidate("o", models[0], 8)], [1], 8, rounds=1, warmup=0, min_time_s=0.0, threads=1
+        )
+        assert torch.get_num_threads() == 1
+        assert out["setup"]["torch_threads"] == 1 and out["setup"]["candidate_threads"] == {"o": 1}
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_peak_rss_delta_sees_native_allocations():
+    size = 64 * 2**20
+    delta = bench.peak_rss_delta(lambda: np.ones(size // 8).sum())
+    if delta is None:
+        pytest.skip("no /proc/self/clear_refs on this platform")
+    assert delta >= 0.8 * size
+
+
+@pytest.mark.parametrize("bad", [[], [0, 8]])
+def test_bad_batch_sizes_are_refused(bad):
+    with pytest.raises(UserError, match="bench.batch_sizes"):
+        bench.measure_throughput([fake("a")], bad, 8)
+
+
+def test_duplicate_candidate_names_are_refused():
+    with pytest.raises(UserError, match="unique"):
+        bench.measure_throughput([fake("a"), fake("a")], [1], 8)
+
+
+# ------------------------------------------------------------------------------------------------ candidates, quality
+
+
+def test_pytorch_candidate_reports_flops_heads_and_size(models, tmp_path):
+    from compressor.checkpoint import save_pruned
+
+    original, pruned = models
+    cand = bench.pytorch_candidate("p", pruned, 16)
+    assert cand.flops_per_example == encoder_flops(pruned, 16) < encoder_flops(original, 16)
+    assert cand.heads_per_layer == [2, 3, 1]
+    assert cand.size_bytes == sum(p.numel() * 4 for p in pruned.parameters())
+    saved = save_pruned(pruned, tmp_path / "m")
+    on_disk = bench.pytorch_candidate("p", pruned, 16, saved)
+    assert on_disk.size_bytes == (saved / "model.safetensors").stat().st_size
+
+
+def test_pytorch_candidate_drops_inputs_the_model_does_not_take():
+    model = tiny_model("distilbert", layers=2, heads=4)
+    batch = bench.synthetic_batch(2, 9, vocab_size=100, seed=0)  # has token_type_ids, which DistilBERT refuses
+    logits = bench.pytorch_candidate("d", model, 9).predict(batch)
+    assert logits.shape == (2, 2)
+
+
+def test_quality_pruned_equals_masked_original(models, batches):
+    from compressor.masking import gated
+    from compressor.selection import plan_to_mask
+
+    original, pruned = models
+    gates = plan_to_mask(PLAN, torch.ones(3, 4, dtype=torch.bool)).float()
+
+    def masked(batch):
+        with torch.inference_mode(), gated(original, gates):
+            return original(**batch).logits.numpy()
+
+    cands = [bench.Candidate("masked", masked, 1, None, "pytorch"), bench.pytorch_candidate("pruned", pruned, 12)]
+    out = bench.measure_quality(cands, batches, reference="masked")
+    row = out["results"]["pruned"]
+    assert out["n"] == 48 and row["agreement"] == 1.0 and row["max_abs_logit_diff"] < 1e-4
+    assert row["mcnemar"]["p_value"] == 1.0 and row["accuracy_delta"] == 0.0
+
+
+def test_quality_statistics_match_hand_counts(batches):
+    labels = np.concatenate([b["labels"].numpy() for b in batches])
+    always0 = fake("zero", logits=np.array([[1.0, 0.0]]))
+    always1 = fake("one", logits=np.array([[0.0, 1.0]]))
+    out = bench.measure_quality([always0, always1], batches, reference="zero")
+    ones = int(labels.sum())
+    n = len(labels)
+    row = out["results"]["one"]
+    assert row["accuracy"] == pytest.approx(ones / n)
+    assert row["accuracy_ci95"] == pytest.approx(list(bench.wilson_interval(ones, n)))
+    assert row["agreement"] == 0.0
+    assert row["mcnemar"]["candidate_only_correct"] == ones
+    assert row["mcnemar"]["reference_only_correct"] == n - ones
+    assert row["accuracy_delta"] == pytest.approx((2 * ones - n) / n)
+
+
+def test_quality_without_labels_reports_agreement_only(batches):
+    unlabeled = [{k: v for k, v in b.items() if k != "labels"} for b in batches]
+    out = bench.measure_quality([fake("a"), fake("b")], unlabeled, reference="a")
+    assert out["has_labels"] is False
+    assert out["results"]["b"] == {"n": 48, "agreement": 1.0, "max_abs_logit_diff": 0.0}
+
+
+def test_quality_reference_must_exist(batches):
+    with pytest.raises(UserError, match="reference 'x' is not among"):
+        bench.measure_quality([fake("a")], batches, reference="x")
+
+
+def _ort_candidate(model, path) -> bench.Candidate:
+    """A hand-exported ONNX model (legacy exporter) as a candidate, independent of compressor.export."""
+    import onnxruntime as ort
+
+    args = (torch.ones(2, 8, dtype=torch.long), torch.ones(2, 8, dtype=torch.long))
+    axes = {"input_ids": {0: "b", 1: "s"}, "attention_mask": {0: "b", 1: "s"}, "logits": {0: "b"}}
+    with pytest.warns(DeprecationWarning):
+        torch.onnx.export(
+            model, args, str(path), input_names=["input_ids", "attention_mask"], output_names=["logits"],
+            dynamic_axes=axes, dynamo=False,
+        )  # fmt: skip
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = 1
+    session = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+
+    def predict(batch):
+        feed = {k: batch[k].numpy() for k in ("input_ids", "attention_mask")}
+        return session.run(["logits"], feed)[0]
+
+    return bench.Candidate("onnx-fp32", predict, path.stat().st_size, None, "onnx", threads=1)
+
+
+def test_onnx_candidate_agrees_with_pytorch(models, batches, tmp_path):
+    _, pruned = models
+    cands = [bench.pytorch_candidate("pytorch", pruned, 12), _ort_candidate(pruned, tmp_path / "m.onnx")]
+    row = bench.measure_quality(cands, batches, reference="pytorch")["results"]["onnx-fp32"]
+    assert row["agreement"] == 1.0 and row["max_abs_logit_diff"] < 1e-4
+
+
+def test_onnx_candidate_through_export_module(models, tmp_path):
+    export = pytest.importorskip("compressor.export")
+    if not hasattr(export, "OnnxClassifier") or not hasattr(export, "export_onnx"):
+        pytest.skip("compressor.export has no OnnxClassifier/export_onnx yet")
+    from compressor.checkpoint import save_pruned
+
+    _, pruned = models
+    model_dir = save_pruned(pruned, tmp_path / "model")
+    batch = tiny_batch(4, 12)
+    exported = export.export_onnx(model_dir, tmp_path / "onnx", ["fp32"], [batch])
+    cand = bench.onnx_candidate("onnx-fp32", exported["fp32"]["dir"], threads=1)
+    with torch.inference_mode():
+        expected = pruned(**{k: batch[k] for k in ("input_ids", "attention_mask", "token_type_ids")}).logits.numpy()
+    assert np.abs(cand.predict(batch) - expected).max() < 1e-4
+    assert cand.kind == "onnx" and cand.size_bytes > 0
+
+
+def test_onnx_candidate_missing_dir(tmp_path):
+    pytest.importorskip("compressor.export")
+    with pytest.raises((FileNotFoundError, UserError)):
+        bench.onnx_candidate("x", tmp_path / "absent", 1)
+
+
+# ------------------------------------------------------------------------------------------------ bench + report
+
+
+def test_bench_writes_report_json_md_and_plots(models, batches, tmp_path):
+    original, pruned = models
+    cands = [bench.pytorch_candidate("pytorch-original", original, 12), bench.pytorch_candidate("pruned", pruned, 12)]
+    spec = BenchSpec(batch_sizes=[1, 4], seq_len=12, threads=1, **FAST)
+    result = bench.bench(cands, batches, spec, tmp_path / "out")
+    files = {p.name for p in (tmp_path / "out").iterdir()}
+    assert {"report.json", "report.md", "throughput_vs_batch.png", "accuracy_vs_speedup.png"} <= files
+    assert "heads_per_layer.png" in files
+    for png in (tmp_path / "out").glob("*.png"):
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    saved = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert saved["schema_version"] == bench.SCHEMA_VERSION
+    s = saved["summary"]["pruned"]
+    assert s["flop_ideal_speedup"] == pytest.approx(encoder_flops(original, 12) / encoder_flops(pruned, 12))
+    assert s["heads_per_layer"] == [2, 3, 1] and s["headline_batch"] == 4
+    assert s["headline_speedup"] == result["speedups"]["pruned"]["4"]["median"]
+    assert saved["quality"]["results"]["pruned"]["agreement"] == 1.0
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert "| pruned |" in md and "### Batch 4" in md and "McNemar" in md and "FLOP-ideal" in md
+    assert bench.render_bench_md(saved) == md  # the markdown is a pure function of the saved JSON
+
+
+def test_bench_without_quality_data(models, tmp_path):
+    original, _ = models
+    spec = BenchSpec(batch_sizes=[2], seq_len=8, **FAST)
+    result = bench.bench([bench.pytorch_candidate("pytorch-original", original, 8)], None, spec, tmp_path)
+    assert result["quality"] is None
+    assert "quality was not measured" in (tmp_path / "report.md").read_text()
+
+
+# ------------------------------------------------------------------------------------------------ shipped metrics
+
+
+def test_shipped_metrics_load_offline():
+    from compressor.metrics import load_metric
+
+    assert os.environ["HF_HUB_OFFLINE"] == "1"  # set by conftest: any hub access would raise
+    acc = load_metric("accuracy").compute(predictions=[0, 1, 1, 0], references=[0, 1, 0, 0])["accuracy"]
+    f1 = load_metric("f1").compute(predictions=[0, 1, 1, 0], references=[0, 1, 0, 0])["f1"]
+    assert acc == 0.75 and f1 == pytest.approx(2 / 3)
+
+
+@pytest.mark.slow
+def test_shipped_metrics_load_offline_in_a_fresh_process(tmp_path):
+    """A new process with an empty HF cache: nothing can come from an earlier download."""
+    code = (
+        "from compressor.metrics import load_metric;"
+        "print(load_metric('accuracy').compute(predictions=[0,1,1,0], references=[0,1,0,0])['accuracy'],"
+        "load_metric('f1').compute(predictions=[0,1,1,0], references=[0,1,0,0])['f1'],"
+        "load_metric('f1').compute(predictions=[0,1,2,2], references=[0,1,2,1], average='macro')['f1'])"
+    )
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    acc, f1_binary, f1_macro = map(float, out.stdout.split())
+    assert acc == 0.75
+    assert f1_binary == pytest.approx(2 / 3)
+    assert f1_macro == pytest.approx((1 + 2 / 3 + 2 / 3) / 3)  # per class: P/R = 1/1, 1/.5, .5/1
+
+
+def test_unknown_metric_is_named():
+    from compressor.metrics import load_metric
+
+    with pytest.raises(ValueError, match="unknown metric 'bleu'"):
+        load_metric("bleu")
+
+
+# ------------------------------------------------------------------------------------------------ command line
+
+
+@pytest.fixture(scope="module")
+def saved_pair(tmp_path_factory, tiny_model_dir):
+    from transformers import AutoTokenizer
+
+    from compressor.checkpoint import load_pruned, save_pruned
+
+    original = load_pruned(tiny_model_dir, attn_implementation="eager")
+    pruned_dir = tmp_path_factory.mktemp("pair") / "pruned"
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    save_pruned(pruned_copy(original, {0: [0, 1], 2: [3]}), pruned_dir, tokenizer, original=original, seq_len=16)
+    return tiny_model_dir, pruned_dir
+
+
+def _cli(*args: str):
+    from compressor.cli import app
+
+    return CliRunner().invoke(app, ["bench", *args])
+
+
+def test_cli_bench_end_to_end(saved_pair, tiny_csv, tmp_path):
+    original, pruned = saved_pair
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(yaml.safe_dump({"data": {"source": str(tiny_csv), "max_length": 16}, "bench": FAST}))
+    out = tmp_path / "bench"
+    res = _cli(
+        "--original", str(original), "--pruned", str(pruned), "--recipe", str(recipe), "--out", str(out),
+        "--batch-sizes", "1,4", "--seq-len", "16", "--threads", "1",
+    )  # fmt: skip
+    assert res.exit_code == 0, res.output
+    assert "pytorch-pruned: accuracy" in res.output and "FLOP-ideal" in res.output
+    report = json.loads((out / "report.json").read_text())
+    assert report["setup"]["batch_sizes"] == [1, 4] and report["setup"]["torch_threads"] == 1
+    assert report["summary"]["pytorch-pruned"]["heads_per_layer"] == [2, 4, 3]
+    assert report["quality"]["n"] > 0 and report["quality"]["has_labels"]
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--batch-sizes", "1,x"], "--batch-sizes: expected comma-separated positive integers"),
+        (["--batch-sizes", "0,4"], "--batch-sizes"),
+        (["--seq-len", "4"], "bench.seq_len"),
+        (["--threads", "0"], "bench.threads"),
+    ],
+)
+def test_cli_bad_options_are_one_line_errors(saved_pair, tmp_path, args, message):
+    original, pruned = saved_pair
+    res = _cli("--original", str(original), "--pruned", str(pruned), "--out", str(tmp_path), "--no-quality", *args)
+    assert res.exit_code == 2
+    assert message in res.output and len(res.output.strip().splitlines()) == 1
+
+
+def test_cli_missing_model_dir(saved_pair, tmp_path):
+    _, pruned = saved_pair
+    res = _cli("--original", str(tmp_path / "nope"), "--pruned", str(pruned), "--out", str(tmp_path))
+    assert res.exit_code == 2 and "--original: directory" in res.output
