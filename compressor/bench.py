@@ -6,8 +6,9 @@ and heads per layer. PyTorch models and ONNX variants become candidates through 
 
 Design choices, and why:
 - Throughput rounds are *interleaved*: every round visits every batch size and, inside it, every candidate in a
-  rotating order, so slow drift of a shared machine (other jobs, thermal state) hits all variants alike. Speed-ups
-  are computed per round (paired) and summarised by their median and inter-quartile range.
+  rotating order, so slow drift of a shared machine (other jobs, thermal state) hits all variants alike. Within a
+  round a variant's time is its fastest of several calls (other processes only ever add time); across rounds
+  times and speed-ups (computed per round, paired) are summarised by median, inter-quartile range and min–max.
 - Inputs are synthetic token ids of exactly `seq_len` with an all-ones attention mask: timing must not depend on how
   a particular batch happens to be padded.
 - Quality uses the same tokenised batches for every candidate; accuracy gets a 95% Wilson interval and each
@@ -189,12 +190,11 @@ def peak_rss_delta(fn: Callable[[], object]) -> int | None:
 
 
 def time_call(fn: Callable[[], object], min_time_s: float, min_calls: int = 3) -> tuple[float, int]:
-    """Median seconds per call of `fn`, called until `min_time_s` has passed and at least `min_calls` times.
+    """Fastest seconds per call of `fn`, called until `min_time_s` has passed and at least `min_calls` times.
 
+    The minimum, as `timeit` recommends: on a shared machine other processes only ever add time to a call, so the
+    fastest call is the best estimate of the cost of the code itself. Spread comes from the rounds instead.
     Returns (seconds, calls).
-
-    The median of single calls, not the mean, so a call preempted by another process on a shared machine does not
-    shift the measurement.
     """
     times: list[float] = []
     start = time.perf_counter()
@@ -204,7 +204,7 @@ def time_call(fn: Callable[[], object], min_time_s: float, min_calls: int = 3) -
         t1 = time.perf_counter()
         times.append(t1 - t0)
         if t1 - start >= min_time_s and len(times) >= min_calls:
-            return float(np.median(times)), len(times)
+            return min(times), len(times)
 
 
 def _spread(values: Sequence[float]) -> dict:
@@ -235,7 +235,7 @@ def measure_throughput(
     """Interleaved timing of every candidate at every batch size.
 
     Per round, per batch size, every candidate runs (order rotated each round) for at least `min_time_s` and
-    `min_calls` calls; the median seconds per batch of each round are kept.
+    `min_calls` calls; the fastest call's seconds of each round are kept (medians are taken over rounds).
     Returns {"setup": ..., "results": {name: {str(batch): {...}}}} with per-round seconds, median/IQR/min/max of
     ms per batch and examples/s, and the peak-RSS growth while running.
     """
@@ -564,7 +564,8 @@ def render_bench_md(result: dict) -> str:
         "# Benchmark",
         "",
         f"Reference: `{ref}`. Sequence length {setup['seq_len']} (synthetic ids, no padding); batch sizes "
-        f"{setup['batch_sizes']}; {setup['rounds']} interleaved rounds of ≥ {setup['min_time_s']} s after "
+        f"{setup['batch_sizes']}; {setup['rounds']} interleaved rounds (each the fastest call of ≥ "
+        f"{setup.get('min_calls', 1)} calls and ≥ {setup['min_time_s']} s) after "
         f"{setup['warmup']} warm-up calls; PyTorch threads {setup['torch_threads']}; threads per variant "
         f"{setup['candidate_threads']}.",
         f"Machine: {m['processor']}, {m['cpu_count']} CPUs, load average at the end {m['load_average']}; "

@@ -23,6 +23,39 @@ def _steps_table(steps: list[dict]) -> list[str]:
     return lines
 
 
+def _bench_table(bench: dict) -> list[str]:
+    """One row per candidate: quality with its 95% CI and the paired test, speed-up vs the FLOP ideal."""
+    lines = [
+        "| variant | accuracy (%) [95% CI] | agreement (%) | McNemar p | speed-up (batch) | FLOP-ideal |",
+        "|---|---|---:|---:|---:|---:|",
+    ]
+    for name, row in bench.get("summary", {}).items():
+        ci = row.get("accuracy_ci95") or [None, None]
+        acc = f"{_pct(row.get('accuracy'))} [{_pct(ci[0])}, {_pct(ci[1])}]" if row.get("accuracy") is not None else "–"
+        p, speed, ideal = row.get("mcnemar_p"), row.get("headline_speedup"), row.get("flop_ideal_speedup")
+        p_text = "–" if p is None else f"{p:.3g}"
+        speed_text = "–" if speed is None else f"{speed:.2f}× ({row.get('headline_batch')})"
+        ideal_text = "–" if ideal is None else f"{ideal:.2f}×"
+        lines.append(f"| {name} | {acc} | {_pct(row.get('agreement'))} | {p_text} | {speed_text} | {ideal_text} |")
+    return lines
+
+
+def _roles_table(analysis: dict) -> list[str]:
+    """Share of role-carrying heads among the kept and the removed heads after each step (Voita Fig. 8)."""
+    steps = analysis.get("pruning_steps", [])
+    if not steps:
+        return ["(no pruning steps)"]
+    roles = list(steps[0].get("roles", {}))
+    lines = ["| step | kept / removed | " + " | ".join(roles) + " |", "|---:|---|" + "---:|" * len(roles)]
+    for entry in steps:
+        r = entry["roles"]
+        kept = " | ".join(f"{r[x]['kept']} ({_pct(r[x]['kept_share'])}%)" for x in roles)
+        removed = " | ".join(f"{r[x]['removed']} ({_pct(r[x]['removed_share'])}%)" for x in roles)
+        lines.append(f"| {entry['step']} | kept {entry['heads_kept']} | {kept} |")
+        lines.append(f"| {entry['step']} | removed {entry['heads_removed']} | {removed} |")
+    return lines
+
+
 def render(report: dict) -> str:
     o, p = report["original"], report["pruned"]
     lines = [
@@ -59,14 +92,11 @@ def render(report: dict) -> str:
                 f"| {name} | {info['size_bytes'] / 1e6:.1f} | {info['max_abs_diff']:.2e} | {_pct(info['agreement'])} |"
             )
     if "bench" in report:
-        lines += ["", "## Benchmark", "", "Full tables and plots: [bench/report.md](bench/report.md)."]
+        lines += ["", "## Benchmark", "", *_bench_table(report["bench"])]
+        lines += ["", "Full tables and plots (all batch sizes, spread, memory): [bench/report.md](bench/report.md)."]
     if "analysis" in report:
-        lines += ["", "## Head roles", "", "Details and figures: [analysis/analysis.md](analysis/analysis.md).", ""]
-        lines += ["| step | role | kept | removed |", "|---:|---|---|---|"]
-        for entry in report["analysis"].get("pruning_steps", []):
-            for role, row in entry.items():
-                if isinstance(row, dict) and "kept" in row:
-                    lines.append(f"| {entry['step']} | {role} | {row['kept']} | {row['removed']} |")
+        lines += ["", "## Head roles of kept vs removed heads", "", *_roles_table(report["analysis"])]
+        lines += ["", "Details and figures: [analysis/analysis.md](analysis/analysis.md)."]
     lines += ["", f"Total time: {report.get('seconds', 0):.0f} s.", ""]
     return "\n".join(lines)
 

@@ -41,12 +41,20 @@ def bench_stage(run, original: torch.nn.Module, pruned: torch.nn.Module, model_d
     spec = run.recipe.bench
     seq = spec.seq_len
     fast_original = _as_sdpa(original)
-    candidates = [
-        bench.pytorch_candidate("pytorch-original", fast_original, seq),
-        bench.pytorch_candidate("pytorch-pruned", load_pruned(model_dir, attn_implementation="sdpa"), seq, model_dir),
-    ]
+    pruned_candidate = bench.pytorch_candidate(
+        "pytorch-pruned", load_pruned(model_dir, attn_implementation="sdpa"), seq, model_dir
+    )
+    candidates = [bench.pytorch_candidate("pytorch-original", fast_original, seq), pruned_candidate]
     for name, info in exported.items():
-        candidates.append(bench.onnx_candidate(f"onnx-{name}", info["dir"], spec.threads))
+        candidates.append(
+            bench.onnx_candidate(
+                f"onnx-{name}",
+                info["dir"],
+                spec.threads,
+                flops_per_example=pruned_candidate.flops_per_example,
+                heads_per_layer=pruned_candidate.heads_per_layer,
+            )
+        )
     n = spec.eval_examples or len(run.splits["test"])
     batches = sample_batches(run.splits["test"], run.tokenizer, n, 32, seed=0)
     return bench.bench(candidates, batches, spec, run.out / "bench", reference="pytorch-original")

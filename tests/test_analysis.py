@@ -331,3 +331,30 @@ def test_cli_analyze_model_dir_and_bad_target(tiny_model_dir, tiny_csv, tmp_path
     bad = runner.invoke(app, ["analyze", str(tmp_path / "missing")])
     assert bad.exit_code == 2
     assert "does not exist" in bad.output and len(bad.output.strip().splitlines()) == 1
+
+
+def test_cli_analyze_recipe_without_finished_run_uses_recipe_model(tiny_model_dir, tiny_csv, tmp_path):
+    import yaml
+    from conftest import tiny_recipe
+
+    from compressor.cli import app
+
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(yaml.safe_dump(tiny_recipe(tiny_model_dir, tiny_csv, tmp_path / "run")))
+    res = CliRunner().invoke(
+        app, ["analyze", str(recipe), "--examples", "4", "--no-syntax", "--criteria", "", "--max-length", "16"]
+    )
+    assert res.exit_code == 0, res.output
+    result = json.loads((tmp_path / "run" / "analysis_original" / "analysis.json").read_text())
+    assert result["examples"] == 4 and result["relations"] == [] and result["counts"]["analysed_heads"] == 12
+
+
+@pytest.mark.parametrize("arch", ["bert", "roberta", "distilbert"])
+def test_sdpa_models_give_the_same_maps_as_eager(arch, tiny):
+    from compressor.testing import tiny_model
+
+    _, tok = tiny
+    eager = analyze_heads(tiny_model(arch, attention="eager"), tok, SENTENCES, SENTENCES, max_length=32, syntax=False)
+    sdpa = analyze_heads(tiny_model(arch, attention="sdpa"), tok, SENTENCES, SENTENCES, max_length=32, syntax=False)
+    assert eager["maps"]["confidence"] == sdpa["maps"]["confidence"]
+    assert eager["maps"]["confidence"][0][0] is not None

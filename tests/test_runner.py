@@ -146,3 +146,28 @@ def test_accelerate_launch_two_processes(tmp_path, tiny_model_dir, tiny_csv, cac
     assert report["pruned"]["heads_left"] == 6
     assert report["original"]["test"]["n"] == 30  # gathered over both processes without duplicates
     assert done.stdout.count("report:") == 1  # only the main process reports
+
+
+def test_run_all_stages(tmp_path, tiny_model_dir, tiny_csv, cache_dir) -> None:
+    """Export, benchmark and analysis run as part of `run` and land in the report."""
+    report = _run(
+        tmp_path,
+        tiny_model_dir,
+        tiny_csv,
+        export={"variants": ["fp32", "int8"]},
+        bench={"batch_sizes": [1, 4], "seq_len": 16, "rounds": 2, "warmup": 1, "min_time_s": 0.01},
+        analysis={"examples": 12},
+    )
+    out = tmp_path / "out"
+    assert set(report["export"]) == {"fp32", "int8"}
+    assert report["export"]["fp32"]["max_abs_diff"] <= 1e-4
+    summary = report["bench"]["summary"]
+    assert {"pytorch-original", "pytorch-pruned", "onnx-fp32", "onnx-int8"} <= set(summary)
+    assert summary["onnx-fp32"]["agreement"] == 1.0
+    assert [s["step"] for s in report["analysis"]["pruning_steps"]] == [1, 2]
+    assert report["analysis"]["pruning_steps"][-1]["heads_removed"] == 6
+    md = (out / "report.md").read_text()
+    for section in ("## ONNX export", "## Benchmark", "## Head roles of kept vs removed heads"):
+        assert section in md
+    for path in ("onnx/fp32/model.onnx", "bench/report.md", "analysis/analysis.json", "model/README.md"):
+        assert (out / path).exists(), path

@@ -11,6 +11,7 @@ from __future__ import annotations
 import unicodedata
 import warnings
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -114,6 +115,21 @@ def _batch_inputs(examples: list[Example], model: nn.Module, pad_id: int) -> dic
     return {k: v.to(device) for k, v in inputs.items()}
 
 
+@contextmanager
+def _quiet() -> Iterator[None]:
+    """Silence transformers' "falling back to the manual attention implementation" notice for one forward."""
+    from transformers.utils import logging as hf_logging
+
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        hf_logging.set_verbosity(level)
+
+
 @torch.inference_mode()
 def attention_maps(
     model: nn.Module, examples: list[Example], batch_size: int, pad_id: int = 0
@@ -128,8 +144,7 @@ def attention_maps(
     heads = present_heads(model)
     for start in range(0, len(examples), batch_size):
         chunk = examples[start : start + batch_size]
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
+        with _quiet():
             out = model(**_batch_inputs(chunk, model, pad_id), output_attentions=True)
         width = max(e.n for e in chunk)
         full = torch.zeros(len(chunk), n_layers, n_heads, width, width)

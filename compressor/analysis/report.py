@@ -218,6 +218,9 @@ def write_analysis(result: dict, out_dir: str | Path) -> list[Path]:
     paths.append(plots.heatmaps({k: v for k, v in maps.items() if k.startswith("sieve_bias_")}, out / "sieve.png", 2))
     paths.append(plots.role_grid(result["roles"], result["present"], out / "roles.png"))
     paths.append(plots.js_clustering(result["js"], out / "js_clustering.png"))
+    stale = out / "pruning_roles.png"
+    if not result.get("pruning_steps") and stale.exists():
+        stale.unlink()  # left by an earlier analysis with pruning steps; the new markdown does not reference it
     if result.get("pruning_steps"):
         paths.append(
             plots.pruning_roles(result["pruning_steps"], [*SPECIALISED, "delimiter"], out / "pruning_roles.png")

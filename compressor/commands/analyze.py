@@ -17,9 +17,10 @@ def _inputs(target: Path, data: str | None):
         recipe = load_recipe(target)
         run_dir = Path(recipe.output_dir)
         final = run_dir / "model"
-        model = ModelSpec(source=str(final), task_tuned=True) if (final / "config.json").is_file() else recipe.model
         spec = DataSpec(source=data) if data else recipe.data
-        return model, spec, run_dir / "analysis"
+        if (final / "config.json").is_file():  # a finished run: analyse the pruned model it shipped
+            return ModelSpec(source=str(final), task_tuned=True), spec, run_dir / "analysis_pruned"
+        return recipe.model, spec, run_dir / "analysis_original"
     if target.is_dir():
         if not (target / "config.json").is_file():
             raise UserError(f"target: directory '{target}' has no config.json; expected a model directory or a recipe")
@@ -60,7 +61,9 @@ def _criterion_scores(names: list[str], model, tokenizer, task, max_length: int,
 def analyze(
     target: Path = typer.Argument(..., help="a recipe YAML (its finished run's model if present) or a model directory"),
     examples: int = typer.Option(256, "--examples", min=1, help="evaluation sentences to analyse (test split)"),
-    out: Path = typer.Option(None, "--out", help="output directory (default: <run>/analysis or ./<model>_analysis)"),
+    out: Path = typer.Option(
+        None, "--out", help="output directory (default: <run>/analysis_pruned|_original or ./<model>_analysis)"
+    ),
     data: str = typer.Option(
         None, "--data", help="dataset source (default: the recipe's, else builtin Rotten Tomatoes)"
     ),

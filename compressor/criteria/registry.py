@@ -9,6 +9,7 @@ recipe's `params` against the signature, so a typo fails at `compressor validate
 from __future__ import annotations
 
 import inspect
+import typing
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -87,6 +88,18 @@ def check_params(name: str, params: dict[str, Any]) -> None:
             expected = (int, float) if isinstance(default, float) else type(default)
             if isinstance(value, bool) != isinstance(default, bool) or not isinstance(value, expected):
                 raise ValueError(f"prune.criterion.params.{key}: expected {type(default).__name__}, got {value!r}")
+        choices = _literal_choices(get(name), key)
+        if choices is not None and value not in choices:
+            raise ValueError(f"prune.criterion.params.{key}: expected one of {list(choices)}, got {value!r}")
+
+
+def _literal_choices(fn: Criterion, param: str) -> tuple | None:
+    """The allowed values when `param` is annotated `Literal[...]` (so a misspelt mode fails at validate time)."""
+    try:
+        hint = typing.get_type_hints(fn).get(param)
+    except (NameError, TypeError):
+        return None
+    return typing.get_args(hint) if typing.get_origin(hint) is typing.Literal else None
 
 
 def score_heads(name: str, ctx: ScoreContext, params: dict[str, Any] | None = None) -> torch.Tensor:
@@ -99,3 +112,11 @@ def score_heads(name: str, ctx: ScoreContext, params: dict[str, Any] | None = No
             f"criterion '{name}' returned shape {tuple(scores.shape)}, expected {tuple(ctx.alive.shape)}"
         )
     return scores.masked_fill(~ctx.alive.cpu(), float("-inf"))
+
+
+def mean_over_processes(total: torch.Tensor, count: int, accelerator: Any) -> torch.Tensor:
+    """`total / count` with both summed over processes first (a no-op without a multi-process accelerator)."""
+    if accelerator is not None and accelerator.num_processes > 1:
+        total = accelerator.reduce(total, reduction="sum")
+        count = int(accelerator.reduce(torch.tensor(count, device=total.device), reduction="sum"))
+    return total / max(count, 1)

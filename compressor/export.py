@@ -1,0 +1,415 @@
+"""ONNX export of a saved (pruned) model: fp32, ORT graph-optimised and dynamic-int8 variants, each checked.
+
+`export_onnx` rebuilds the model with `load_pruned` (plain `from_pretrained` cannot build a layer with no heads) and
+hands the in-memory model to optimum's exporter, so the traced graph has the actual pruned shapes: uneven head
+counts per layer and `EmptyAttention` layers. The fp32 graph must reproduce PyTorch's logits on real batches within
+`atol` (the parity gate) before any variant is built; a failure raises `ExportParityError` and writes nothing.
+
+Layout of `out_dir` (each variant directory loads with `ORTModelForSequenceClassification.from_pretrained` and a
+bare `onnxruntime.InferenceSession`; tokenizer files and `config.json` sit beside every graph)::
+
+    out_dir/fp32/model.onnx        torch → ONNX, dynamic batch and sequence axes
+    out_dir/optimized/model.onnx   onnxruntime.transformers optimizer (fused Attention with per-layer head counts)
+    out_dir/int8/model.onnx        dynamic int8 quantisation of the optimised graph (else of fp32)
+    out_dir/export.json            what `export_onnx` returned
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import tempfile
+import warnings
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from compressor.errors import UserError
+
+log = logging.getLogger(__name__)
+
+VARIANTS = ("fp32", "optimized", "int8")
+ONNX_FILE = "model.onnx"
+MANIFEST = "export.json"
+INPUT_NAMES = ("input_ids", "attention_mask", "token_type_ids")
+ATTENTION_OPS = ("Attention", "MultiHeadAttention", "QAttention")
+# Files of a saved model directory that are not copied next to the graphs (weights, the PyTorch model card).
+_NOT_COPIED = ("*.safetensors", "*.bin", "*.safetensors.index.json", "README.md", "config.json")
+
+
+class ExportParityError(UserError):
+    """The exported graph does not reproduce PyTorch's logits within the tolerance (nothing was written)."""
+
+
+# ------------------------------------------------------------------------------------------------------ inference
+
+
+def _as_int64(value) -> np.ndarray:
+    if isinstance(value, torch.Tensor):
+        value = value.detach().cpu().numpy()
+    return np.asarray(value, dtype=np.int64)
+
+
+def onnx_file(variant_dir: str | Path) -> Path:
+    """The graph of a variant directory (`model.onnx`, else its only `.onnx` file); a file path is returned as is."""
+    path = Path(variant_dir)
+    if path.is_file():
+        return path
+    if not path.is_dir():
+        raise FileNotFoundError(f"onnx: variant directory '{path}' not found")
+    if (path / ONNX_FILE).is_file():
+        return path / ONNX_FILE
+    found = sorted(path.glob("*.onnx"))
+    if len(found) != 1:
+        raise UserError(f"onnx: expected one .onnx file in '{path}', found {len(found)}")
+    return found[0]
+
+
+def graph_size(file: str | Path) -> int:
+    """Bytes of an ONNX graph plus any external-data files beside it."""
+    file = Path(file)
+    extra = sum(p.stat().st_size for p in file.parent.glob(f"{file.name}_data*") if p.is_file())
+    return file.stat().st_size + extra
+
+
+class OnnxClassifier:
+    """A CPU `onnxruntime.InferenceSession` over one exported variant, called like a model: batch → logits.
+
+    Only the inputs the graph declares are fed (as int64); a graph input missing from the batch is an error except
+    `token_type_ids`, which is zeros, as PyTorch defaults it. `threads` fixes the intra-op thread count (ONNX Runtime
+    reads it once, when the session is created).
+    """
+
+    def __init__(self, variant_dir: str | Path, threads: int | None = None):
+        import onnxruntime as ort
+
+        self.path = onnx_file(variant_dir)
+        options = ort.SessionOptions()
+        if threads:
+            options.intra_op_num_threads = int(threads)
+            options.inter_op_num_threads = 1
+        options.log_severity_level = 3
+        self.session = ort.InferenceSession(str(self.path), options, providers=["CPUExecutionProvider"])
+        self.input_names = tuple(i.name for i in self.session.get_inputs())
+        self.output_name = self.session.get_outputs()[0].name
+        self.size_bytes = graph_size(self.path)
+
+    def feed(self, batch: Mapping) -> dict[str, np.ndarray]:
+        """The session inputs for `batch` (numpy int64), filling `token_type_ids` with zeros when absent."""
+        feed = {}
+        for name in self.input_names:
+            if name in batch:
+                feed[name] = _as_int64(batch[name])
+            elif name == "token_type_ids" and "input_ids" in batch:
+                feed[name] = np.zeros_like(_as_int64(batch["input_ids"]))
+            else:
+                raise UserError(f"onnx: the graph '{self.path}' needs input '{name}', which the batch lacks")
+        return feed
+
+    def __call__(self, batch: Mapping) -> np.ndarray:
+        return self.session.run([self.output_name], self.feed(batch))[0]
+
+
+def torch_logits(model: nn.Module, batch: Mapping) -> np.ndarray:
+    """PyTorch logits for the model inputs of `batch` (labels and other keys dropped)."""
+    inputs = {k: v for k, v in batch.items() if k in INPUT_NAMES}
+    with torch.inference_mode():
+        return model(**inputs).logits.float().cpu().numpy()
+
+
+def evaluate_variant(predict: Callable[[Mapping], np.ndarray], batches: Iterable[Mapping]) -> dict:
+    """Logits, predictions and (when batches carry `labels`) accuracy of `predict` over `batches`."""
+    logits, labels = [], []
+    for batch in batches:
+        logits.append(np.asarray(predict(batch), dtype=np.float32))
+        if "labels" in batch:
+            labels.append(_as_int64(batch["labels"]).reshape(-1))
+    out = np.concatenate(logits) if logits else np.zeros((0, 0), np.float32)
+    predictions = out.argmax(-1) if out.size else np.zeros(0, np.int64)
+    accuracy = float((predictions == np.concatenate(labels)).mean()) if labels and len(predictions) else None
+    return {"logits": out, "predictions": predictions, "accuracy": accuracy, "examples": int(len(predictions))}
+
+
+def compare(candidate: dict, reference: dict) -> dict:
+    """Max |Δlogit| and argmax agreement of an `evaluate_variant` result against the PyTorch one."""
+    diff = float(np.abs(candidate["logits"] - reference["logits"]).max()) if reference["examples"] else 0.0
+    agreement = float((candidate["predictions"] == reference["predictions"]).mean()) if reference["examples"] else 1.0
+    return {
+        "max_abs_diff": diff,
+        "agreement": agreement,
+        "check_accuracy": candidate["accuracy"],
+        "pytorch_check_accuracy": reference["accuracy"],
+        "check_examples": reference["examples"],
+    }
+
+
+# ------------------------------------------------------------------------------------------------------ variants
+
+
+def check_variants(variants: Sequence[str] | str) -> list[str]:
+    """Requested variants in canonical order; unknown names (or none) are a one-line error naming the field."""
+    names = [variants] if isinstance(variants, str) else list(variants)
+    unknown = [v for v in names if v not in VARIANTS]
+    if unknown or not names:
+        got = ", ".join(map(repr, unknown)) if unknown else "none"
+        raise UserError(f"export.variants: unknown variant {got}; expected some of {', '.join(VARIANTS)}")
+    return [v for v in VARIANTS if v in names]
+
+
+def _copy_side_files(model_dir: Path, dest: Path) -> None:
+    """Tokenizer files (and the replayable plan) from the saved model directory, beside the graph."""
+    for path in model_dir.iterdir():
+        if path.is_file() and not any(path.match(p) for p in _NOT_COPIED):
+            shutil.copy2(path, dest / path.name)
+
+
+def export_fp32(model: nn.Module, dest: Path, opset: int | None = None) -> Path:
+    """Trace the in-memory model with optimum (dynamic batch/sequence axes); writes model.onnx and config.json.
+
+    The model object is exported as built (pruned shapes, `EmptyAttention` layers), never re-loaded from a path.
+    """
+    from optimum.exporters.onnx import onnx_export_from_model
+
+    dest.mkdir(parents=True, exist_ok=True)
+    with warnings.catch_warnings():  # tracer warnings about constant masks; the parity gate checks the real graph
+        warnings.simplefilter("ignore", torch.jit.TracerWarning)
+        onnx_export_from_model(model, dest, task="text-classification", opset=opset, do_validation=False)
+    file = dest / ONNX_FILE
+    if not file.is_file():
+        raise RuntimeError(f"export: optimum wrote no {ONNX_FILE} in '{dest}'")
+    return file
+
+
+# ORT's transformer tools put their own folder on sys.path, so their loggers are named by bare module name.
+_ORT_LOGGER_PREFIXES = ("onnxruntime", "fusion_", "onnx_model", "optimizer", "quant", "onnx_utils", "shape_infer")
+
+
+@contextmanager
+def _quiet_ort():
+    """Silence ONNX Runtime's tool loggers below ERROR while they run.
+
+    The attention fusion warns once per pruned layer that the input hidden size differs from the Q/K/V width, which
+    is exactly the uneven-heads case it handles (heads are read from each layer's own shapes).
+    """
+    names = [n for n in list(logging.root.manager.loggerDict) if n.startswith(_ORT_LOGGER_PREFIXES)]
+    loggers = [logging.getLogger(n) for n in names]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.ERROR)
+    logging.root.addFilter(_drop_ort_root_records)  # the quantiser logs through the root logger itself
+    try:
+        yield
+    finally:
+        logging.root.removeFilter(_drop_ort_root_records)
+        for lg, level in zip(loggers, levels, strict=True):
+            lg.setLevel(level)
+
+
+def _drop_ort_root_records(record: logging.LogRecord) -> bool:
+    return record.levelno >= logging.ERROR or "onnxruntime" not in record.pathname
+
+
+def optimize_graph(src: Path, dest: Path, fuse_attention: bool = True) -> dict:
+    """ORT transformer optimizer on `src` (model_type "bert"), written to `dest`; returns fused-op statistics.
+
+    num_heads=0 / hidden_size=0 make the attention fusion read each layer's head count from its own Q/K/V shapes,
+    which is what a pruned model with uneven heads needs. `fuse_attention=False` keeps every other fusion.
+    """
+    from onnxruntime.transformers.fusion_options import FusionOptions
+    from onnxruntime.transformers.optimizer import optimize_model
+
+    options = FusionOptions("bert")
+    options.enable_attention = fuse_attention
+    with _quiet_ort():
+        optimized = optimize_model(
+            str(src), model_type="bert", num_heads=0, hidden_size=0, optimization_options=options, use_gpu=False
+        )
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        optimized.save_model_to_file(str(dest))
+        fused = optimized.get_fused_operator_statistics()
+    return {"fused_ops": {k: int(v) for k, v in fused.items() if v}}
+
+
+def quantize_graph(src: Path, dest: Path) -> None:
+    """Dynamic int8 quantisation (int8 weights, activations quantised per batch at run time) of `src`.
+
+    `DefaultTensorType` lets the quantiser handle outputs of contrib ops (fused Attention, SkipLayerNorm) whose
+    types ONNX shape inference cannot infer.
+    """
+    import onnx
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with _quiet_ort():
+        quantize_dynamic(
+            str(src),
+            str(dest),
+            weight_type=QuantType.QInt8,
+            extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
+        )
+
+
+def attention_nodes(file: Path) -> dict[str, list[int]]:
+    """`{op_type: [num_heads of each node]}` of the fused attention nodes in a graph (empty when none fused)."""
+    import onnx
+
+    graph = onnx.load(str(file), load_external_data=False).graph
+    found: dict[str, list[int]] = {}
+    for node in graph.node:
+        if node.op_type in ATTENTION_OPS:
+            heads = next((a.i for a in node.attribute if a.name == "num_heads"), 0)
+            found.setdefault(node.op_type, []).append(int(heads))
+    return found
+
+
+# ------------------------------------------------------------------------------------------------------ export
+
+
+def _prepare_out_dir(out_dir: Path) -> None:
+    """Refuse to replace a directory that is not a previous export (we delete what we replace)."""
+    if not out_dir.exists():
+        return
+    if not out_dir.is_dir():
+        raise FileExistsError(f"export: output '{out_dir}' exists and is not a directory")
+    foreign = [p.name for p in out_dir.iterdir() if p.name not in (*VARIANTS, MANIFEST)]
+    if foreign:
+        raise FileExistsError(
+            f"export: output directory '{out_dir}' holds {foreign[:3]}; expected a new directory or a previous export"
+        )
+
+
+def _variant_entry(name: str, file: Path, stats: dict, extra: dict, out_dir: Path) -> dict:
+    """One result row, with paths as they will be after the temp directory is renamed to `out_dir`."""
+    nodes = attention_nodes(file)
+    return {
+        "dir": str(out_dir / name),
+        "file": str(out_dir / name / file.name),
+        "size_bytes": graph_size(file),
+        **stats,
+        "fused_attention_nodes": sum(len(v) for v in nodes.values()),
+        "attention_heads_per_node": [h for v in nodes.values() for h in v],
+        **extra,
+    }
+
+
+def _check(file: Path, batches: Sequence[Mapping], reference: dict) -> dict:
+    return compare(evaluate_variant(OnnxClassifier(file), batches), reference)
+
+
+def _gate(name: str, stats: dict, atol: float) -> None:
+    if not stats["max_abs_diff"] <= atol:  # `not <=` also catches NaN
+        raise ExportParityError(
+            f"export: {name} ONNX logits differ from PyTorch by {stats['max_abs_diff']:.3g} > atol {atol:g} on "
+            f"{stats['check_examples']} examples (prediction agreement {stats['agreement']:.4f}); no variant written"
+        )
+
+
+def _build_optimized(fp32: Path, dest: Path, batches, reference: dict, atol: float, attention_layers: int):
+    """Optimised graph with fused attention, falling back to the unfused optimised graph when fusion breaks parity.
+
+    Returns (parity stats, extra result fields); raises `ExportParityError` when even the unfused graph fails.
+    """
+    info = optimize_graph(fp32, dest / ONNX_FILE, fuse_attention=True)
+    stats = _check(dest / ONNX_FILE, batches, reference)
+    fused = sum(len(v) for v in attention_nodes(dest / ONNX_FILE).values())
+    if attention_layers == 0:
+        fusion = "n/a (no layer has heads left)"
+    else:
+        fusion = "full" if fused == attention_layers else ("partial" if fused else "none")
+    if not stats["max_abs_diff"] <= atol:
+        log.warning(
+            "export: fused attention breaks parity (%.3g > %g); keeping the optimised graph without attention fusion",
+            stats["max_abs_diff"],
+            atol,
+        )
+        fusion = f"unfused (fused attention differed by {stats['max_abs_diff']:.3g})"
+        info = optimize_graph(fp32, dest / ONNX_FILE, fuse_attention=False)
+        stats = _check(dest / ONNX_FILE, batches, reference)
+        _gate("optimized", stats, atol)
+    return stats, {**info, "attention_fusion": fusion, "attention_layers": attention_layers}
+
+
+def export_onnx(
+    model_dir: str | Path,
+    out_dir: str | Path,
+    variants: Sequence[str],
+    check_batches: Sequence[Mapping[str, torch.Tensor]],
+    atol: float = 1e-4,
+    opset: int | None = None,
+) -> dict[str, dict]:
+    """Export a saved (pruned) model to ONNX variants under `out_dir`, each checked against PyTorch.
+
+    fp32 is always exported (it is the parity gate and the source of the others). Its max |Δlogit| against the
+    PyTorch model on `check_batches` (dicts with input_ids, attention_mask, maybe token_type_ids and labels) must be
+    ≤ `atol`, and so must the optimised graph's; otherwise `ExportParityError` is raised and `out_dir` is left as it
+    was. int8 has no gate: its max |Δlogit| and prediction agreement are reported. Everything is built in a sibling
+    temp directory renamed to `out_dir` when complete (a previous export there is replaced).
+
+    Returns `{variant: {"dir", "file", "size_bytes", "max_abs_diff", "agreement", "check_accuracy",
+    "pytorch_check_accuracy", "check_examples", "fused_attention_nodes", "attention_heads_per_node", ...}}`;
+    "optimized" adds "attention_fusion" ("full", "partial", "none" or "unfused (...)") and "fused_ops".
+    """
+    from compressor.checkpoint import load_pruned
+    from compressor.layout import present_heads
+
+    names = check_variants(variants)
+    if not check_batches:
+        raise UserError("export: no check batches given; expected real evaluation batches for the parity gate")
+    model_dir, out_dir = Path(model_dir), Path(out_dir)
+    _prepare_out_dir(out_dir)
+    model = load_pruned(model_dir, attn_implementation="sdpa")  # SDPA traces to a pattern ORT fuses (DistilBERT too)
+    reference = evaluate_variant(lambda b: torch_logits(model, b), check_batches)
+    attention_layers = sum(1 for heads in present_heads(model) if heads)
+
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+    try:
+        results = _build_all(
+            model, model_dir, tmp, out_dir, names, check_batches, reference, atol, opset, attention_layers
+        )
+        (tmp / MANIFEST).write_text(json.dumps(results, indent=2))
+        tmp.chmod(0o755)  # mkdtemp makes it private; an export directory is meant to be shared
+        if out_dir.exists():
+            shutil.rmtree(out_dir)
+        tmp.rename(out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return results
+
+
+def _build_all(model, model_dir, tmp, out_dir, names, batches, reference, atol, opset, attention_layers) -> dict:
+    """fp32 (gated), then the requested optimised / int8 variants, each in its own directory under `tmp`."""
+    fp32 = export_fp32(model, tmp / "fp32", opset)
+    _copy_side_files(model_dir, tmp / "fp32")
+    stats = _check(fp32, batches, reference)
+    _gate("fp32", stats, atol)
+    results = {"fp32": _variant_entry("fp32", fp32, stats, {}, out_dir)}
+    source = fp32
+    if "optimized" in names:
+        dest = _sibling_dir(tmp, "optimized", tmp / "fp32")
+        stats, extra = _build_optimized(fp32, dest, batches, reference, atol, attention_layers)
+        results["optimized"] = _variant_entry("optimized", dest / ONNX_FILE, stats, extra, out_dir)
+        source = dest / ONNX_FILE
+    if "int8" in names:
+        dest = _sibling_dir(tmp, "int8", tmp / "fp32")
+        quantize_graph(source, dest / ONNX_FILE)
+        stats = _check(dest / ONNX_FILE, batches, reference)
+        extra = {"quantized_from": source.parent.name, "weights": "int8, dynamic, per-tensor"}
+        results["int8"] = _variant_entry("int8", dest / ONNX_FILE, stats, extra, out_dir)
+    return results
+
+
+def _sibling_dir(tmp: Path, name: str, fp32_dir: Path) -> Path:
+    """A variant directory with the same config and tokenizer files as the fp32 one."""
+    dest = tmp / name
+    dest.mkdir(parents=True, exist_ok=True)
+    for path in fp32_dir.iterdir():
+        if path.is_file() and path.suffix != ".onnx" and not path.name.endswith("_data"):
+            shutil.copy2(path, dest / path.name)
+    return dest

@@ -1,0 +1,250 @@
+"""ONNX export: parity gate, dynamic axes, loaders, optimised/int8 variants, failure paths and the CLI."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+import torch
+import yaml
+from conftest import make_tokenizer_dir, tiny_recipe
+from typer.testing import CliRunner
+
+from compressor import export as ex
+from compressor.checkpoint import load_pruned, save_pruned
+from compressor.cli import app
+from compressor.errors import UserError
+from compressor.layout import present_heads
+from compressor.surgery import prune_heads
+from compressor.testing import tiny_batch, tiny_model
+
+LAYERS, HEADS = 3, 4
+# Uneven heads per layer and layer 1 with no heads left.
+UNEVEN_EMPTY = {0: [1, 3], 1: [0, 1, 2, 3], 2: [0]}
+CHECK = [tiny_batch(batch=4, seq=11, seed=s) for s in range(3)]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def saved_model(root: Path, arch: str, plan: dict) -> Path:
+    """A tiny pruned classifier saved with a tokenizer, as the pipeline writes it."""
+    from transformers import AutoTokenizer
+
+    model = prune_heads(tiny_model(arch, layers=LAYERS, heads=HEADS), plan)
+    tokenizer = AutoTokenizer.from_pretrained(make_tokenizer_dir(root / "tok"))
+    return save_pruned(model, root / f"{arch}-model", tokenizer)
+
+
+@pytest.fixture(scope="module", params=["bert", "distilbert", "roberta"])
+def exported(request, tmp_path_factory):
+    """(model dir, out dir, result) of a full export of a tiny model with uneven heads and an empty layer."""
+    root = tmp_path_factory.mktemp(f"export-{request.param}")
+    model_dir = saved_model(root, request.param, UNEVEN_EMPTY)
+    result = ex.export_onnx(model_dir, root / "onnx", ["int8", "fp32", "optimized"], CHECK)
+    return model_dir, root / "onnx", result
+
+
+def reference_logits(model_dir: Path, batch: dict) -> np.ndarray:
+    return ex.torch_logits(load_pruned(model_dir), batch)
+
+
+def test_fp32_passes_gate_and_layout(exported):
+    model_dir, out, result = exported
+    assert list(result) == ["fp32", "optimized", "int8"]
+    fp32 = result["fp32"]
+    assert fp32["max_abs_diff"] <= 1e-4 and fp32["agreement"] == 1.0
+    assert fp32["check_examples"] == sum(len(b["input_ids"]) for b in CHECK)
+    for name in ex.VARIANTS:
+        files = {p.name for p in (out / name).iterdir()}
+        assert {"model.onnx", "config.json", "tokenizer.json", "vocab.txt", "compressor_plan.json"} <= files
+        assert result[name]["size_bytes"] == (out / name / "model.onnx").stat().st_size
+    assert json.loads((out / ex.MANIFEST).read_text()) == json.loads(json.dumps(result))
+    assert not [p for p in out.parent.iterdir() if p.name.startswith(".onnx.")], "temp dir left behind"
+
+
+@pytest.mark.parametrize("shape", [(1, 5), (7, 23)])
+def test_dynamic_axes_every_variant(exported, shape):
+    """Batch and sequence sizes unlike both the export sample and the check batches."""
+    model_dir, out, _ = exported
+    batch = tiny_batch(*shape, seed=9)
+    expected = reference_logits(model_dir, batch)
+    for name, tol in (("fp32", 1e-4), ("optimized", 1e-4), ("int8", 0.1)):
+        got = ex.OnnxClassifier(out / name, threads=1)(batch)
+        assert got.shape == expected.shape == (shape[0], 2)
+        assert np.abs(got - expected).max() <= tol, name
+
+
+def test_optimized_fuses_attention_with_per_layer_heads(exported):
+    model_dir, _, result = exported
+    opt = result["optimized"]
+    heads_left = [len(h) for h in present_heads(load_pruned(model_dir)) if h]
+    assert opt["max_abs_diff"] <= 1e-4 and opt["agreement"] == 1.0
+    assert opt["attention_fusion"] == "full" and opt["attention_layers"] == len(heads_left) == 2
+    assert opt["fused_attention_nodes"] == 2
+    assert sorted(opt["attention_heads_per_node"]) == sorted(heads_left)
+    assert result["fp32"]["fused_attention_nodes"] == 0
+
+
+def test_int8_quantizes_optimized_graph_and_agrees(exported):
+    _, out, result = exported
+    int8 = result["int8"]
+    assert int8["quantized_from"] == "optimized"
+    assert int8["size_bytes"] < 0.6 * result["fp32"]["size_bytes"]
+    assert int8["agreement"] >= 0.75 and 0 < int8["max_abs_diff"] < 0.1
+    ops = {node.op_type for node in __import__("onnx").load(str(out / "int8" / "model.onnx")).graph.node}
+    assert {"QAttention", "MatMulInteger"} <= ops
+
+
+def test_bare_inference_session_loads_each_variant(exported):
+    _, out, result = exported
+    batch = {k: v.numpy() for k, v in CHECK[0].items() if k != "labels"}
+    for name in ex.VARIANTS:
+        session = ort.InferenceSession(result[name]["file"], providers=["CPUExecutionProvider"])
+        feed = {i.name: batch.get(i.name, np.zeros_like(batch["input_ids"])) for i in session.get_inputs()}
+        assert session.run(None, feed)[0].shape == (4, 2)
+
+
+def test_optimum_ort_model_loads_fp32_dir(exported):
+    from optimum.onnxruntime import ORTModelForSequenceClassification
+    from transformers import AutoTokenizer
+
+    model_dir, out, _ = exported
+    ort_model = ORTModelForSequenceClassification.from_pretrained(out / "fp32")
+    AutoTokenizer.from_pretrained(out / "fp32")
+    batch = {k: v for k, v in CHECK[1].items() if k != "labels"}
+    got = ort_model(**batch).logits
+    got = got.numpy() if isinstance(got, torch.Tensor) else np.asarray(got)
+    assert np.abs(got - reference_logits(model_dir, batch)).max() <= 1e-4
+
+
+@pytest.mark.parametrize("arch", ["bert", "distilbert"])
+def test_every_layer_pruned_exports(tmp_path, arch):
+    model_dir = saved_model(tmp_path, arch, {layer: list(range(HEADS)) for layer in range(LAYERS)})
+    result = ex.export_onnx(model_dir, tmp_path / "onnx", ["fp32", "optimized"], CHECK[:1])
+    assert result["fp32"]["max_abs_diff"] <= 1e-4 and result["optimized"]["max_abs_diff"] <= 1e-4
+    assert result["optimized"]["fused_attention_nodes"] == 0
+
+
+def test_fp32_only(tmp_path):
+    model_dir = saved_model(tmp_path, "bert", {0: [2]})
+    result = ex.export_onnx(model_dir, tmp_path / "onnx", ["fp32"], CHECK[:1])
+    assert list(result) == ["fp32"]
+    assert sorted(p.name for p in (tmp_path / "onnx").iterdir()) == ["export.json", "fp32"]
+
+
+def test_int8_without_optimized_quantizes_fp32(tmp_path):
+    model_dir = saved_model(tmp_path, "bert", {0: [2]})
+    result = ex.export_onnx(model_dir, tmp_path / "onnx", ["int8"], CHECK[:1])
+    assert list(result) == ["fp32", "int8"] and result["int8"]["quantized_from"] == "fp32"
+
+
+def test_parity_failure_raises_and_writes_nothing(tmp_path, monkeypatch):
+    model_dir = saved_model(tmp_path, "bert", UNEVEN_EMPTY)
+    real = ex.torch_logits
+    monkeypatch.setattr(ex, "torch_logits", lambda model, batch: real(model, batch) + 1e-3)
+    with pytest.raises(ex.ExportParityError, match=r"fp32 ONNX logits differ from PyTorch by 0.001 > atol 0.0001"):
+        ex.export_onnx(model_dir, tmp_path / "onnx", list(ex.VARIANTS), CHECK)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bert-model", "tok"]
+    assert isinstance(ex.ExportParityError("x"), RuntimeError)
+
+
+def test_parity_failure_keeps_previous_export(tmp_path, monkeypatch):
+    model_dir = saved_model(tmp_path, "bert", {0: [1]})
+    ex.export_onnx(model_dir, tmp_path / "onnx", ["fp32"], CHECK[:1])
+    before = (tmp_path / "onnx" / "fp32" / "model.onnx").read_bytes()
+    monkeypatch.setattr(ex, "torch_logits", lambda model, batch: np.full((len(batch["input_ids"]), 2), np.nan))
+    with pytest.raises(ex.ExportParityError, match="differ from PyTorch by nan"):
+        ex.export_onnx(model_dir, tmp_path / "onnx", ["fp32", "int8"], CHECK[:1])
+    assert (tmp_path / "onnx" / "fp32" / "model.onnx").read_bytes() == before
+    assert not (tmp_path / "onnx" / "int8").exists()
+
+
+def test_fused_attention_mismatch_falls_back_to_unfused(tmp_path, monkeypatch):
+    """If fusion broke parity, the optimised variant is still built, without attention fusion, and says so."""
+    model_dir = saved_model(tmp_path, "bert", UNEVEN_EMPTY)
+    real_check = ex._check
+
+    def check(file, batches, reference):
+        stats = real_check(file, batches, reference)
+        if ex.attention_nodes(file).get("Attention"):
+            stats["max_abs_diff"] = 1.0  # pretend the fused graph is wrong
+        return stats
+
+    monkeypatch.setattr(ex, "_check", check)
+    result = ex.export_onnx(model_dir, tmp_path / "onnx", ["fp32", "optimized"], CHECK[:1])
+    opt = result["optimized"]
+    assert opt["attention_fusion"].startswith("unfused") and opt["fused_attention_nodes"] == 0
+    assert opt["max_abs_diff"] <= 1e-4
+    assert ex.attention_nodes(Path(opt["file"])) == {}
+
+
+@pytest.mark.parametrize("variants", [["fp32", "fp16"], [], "onnx"])
+def test_unknown_variant_is_one_line_error(tmp_path, variants):
+    with pytest.raises(UserError, match=r"export.variants: unknown variant .*; expected some of fp32, optimized, int8"):
+        ex.export_onnx(tmp_path / "missing", tmp_path / "onnx", variants, CHECK)
+    assert not (tmp_path / "onnx").exists()
+
+
+def test_refuses_to_replace_foreign_directory(tmp_path):
+    model_dir = saved_model(tmp_path, "bert", {})
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "notes.txt").write_text("mine")
+    with pytest.raises(FileExistsError, match="holds \\['notes.txt'\\]"):
+        ex.export_onnx(model_dir, tmp_path / "out", ["fp32"], CHECK[:1])
+    assert (tmp_path / "out" / "notes.txt").read_text() == "mine"
+
+
+def test_classifier_feeds_declared_inputs_only(exported):
+    model_dir, out, _ = exported
+    clf = ex.OnnxClassifier(out / "fp32")
+    batch = CHECK[2]
+    no_types = {"input_ids": batch["input_ids"].tolist(), "attention_mask": batch["attention_mask"], "extra": 1}
+    assert np.abs(clf(no_types) - reference_logits(model_dir, batch)).max() <= 1e-4
+    assert clf.size_bytes == (out / "fp32" / "model.onnx").stat().st_size
+    with pytest.raises(UserError, match="needs input 'input_ids', which the batch lacks"):
+        clf({"attention_mask": batch["attention_mask"]})
+
+
+def test_evaluate_variant_accuracy():
+    batches = [{"labels": torch.tensor([1, 0])}, {"labels": torch.tensor([1])}]
+    logits = iter([np.array([[0.0, 1.0], [0.0, 1.0]]), np.array([[0.0, 2.0]])])
+    result = ex.evaluate_variant(lambda b: next(logits), batches)
+    assert result["accuracy"] == pytest.approx(2 / 3) and result["predictions"].tolist() == [1, 1, 1]
+
+
+def test_cli_export(tmp_path, tiny_csv):
+    model_dir = saved_model(tmp_path, "bert", UNEVEN_EMPTY)
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(yaml.safe_dump(tiny_recipe(model_dir, tiny_csv, tmp_path / "run")))
+    args = ["export", str(model_dir), str(tmp_path / "onnx"), "--variants", "fp32,int8", "--recipe", str(recipe)]
+    result = CliRunner().invoke(app, [*args, "--check-examples", "20"])
+    assert result.exit_code == 0, result.output
+    assert "fp32: " in result.output and "int8: " in result.output and "on 20 examples" in result.output
+    assert sorted(json.loads((tmp_path / "onnx" / "export.json").read_text())) == ["fp32", "int8"]
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--variants", "fp32,fp16"], "--variants: expected comma-separated names from fp32, optimized, int8"),
+        (["--atol", "0"], "--atol: expected a positive tolerance"),
+    ],
+)
+def test_cli_bad_options_exit_2(tmp_path, extra, message):
+    result = CliRunner().invoke(app, ["export", str(tmp_path), str(tmp_path / "onnx"), *extra])
+    assert result.exit_code == 2
+    assert message in result.output and len(result.output.strip().splitlines()) == 1
+
+
+def test_cli_missing_model_dir(tmp_path):
+    result = CliRunner().invoke(app, ["export", str(tmp_path / "nope"), str(tmp_path / "onnx")])
+    assert result.exit_code == 2 and "MODEL_DIR: directory" in result.output
