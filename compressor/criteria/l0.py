@@ -11,8 +11,12 @@ Choices (see heads.md):
 - `mode='target'`: aims at exactly the heads the caller will keep (alive − `ctx.target_remove`) with a Lagrangian
   controller on the expected L0 (CoFiPruning): `xent + λ1·v + λ2·v²`, v = (E[L0] − keep)/alive, the λ's trained
   by gradient *ascent*; the target is ramped linearly from "all open" over the first half of training.
-The score is log α (dead heads −inf): heads whose deterministic gate `clamp(σ(log α)(ζ−γ)+γ, 0, 1)` is 0 rank
-lowest, and partial targets rank by log α. Diagnostics land in `ctx.extras['l0']`.
+The score is log α (dead heads −inf), and a head is pruned by ranking: Voita's deterministic gate
+`clamp(σ(log α)(ζ−γ)+γ, 0, 1)` is monotone in log α, so its zeros are the lowest log α's. How many to prune: in
+fixed mode the heads whose deterministic gate is 0 (`extras['l0']['open']` counts the rest); in target mode, as
+CoFiPruning's `deterministic_z`, round(E[L0]) heads stay open (`open_by_rank`): the controller drives E[L0] to the
+target, while the gates themselves need not all saturate (a budget met by twelve half-open gates is still a
+budget met). Either way the caller removes its `target_remove` lowest scores. Diagnostics: `ctx.extras['l0']`.
 """
 
 from __future__ import annotations
@@ -133,6 +137,12 @@ def l0(
             if mode == "target":
                 ascent.step()
     final = log_alpha.detach()
-    opened = int(((deterministic_gates(final) > 0) & alive).sum())
-    ctx.extras["l0"] = {"open": opened, "target_open": keep if mode == "target" else None, "alive": n_alive}
+    expected = float((open_probability(final) * alive).sum())
+    ctx.extras["l0"] = {
+        "open": int(((deterministic_gates(final) > 0) & alive).sum()),
+        "expected_open": expected,
+        "open_by_rank": round(expected),
+        "target_open": keep if mode == "target" else None,
+        "alive": n_alive,
+    }
     return final.masked_fill(~alive, float("-inf")).cpu()

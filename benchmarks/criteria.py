@@ -1,0 +1,201 @@
+"""Pruning curves without fine-tuning: accuracy vs fraction of heads removed, one curve per criterion.
+
+On the default task (fine-tuned MiniLM-L6 on Rotten Tomatoes, `.cache/finetuned/minilm-rt`): remove 10% of all
+heads at a time (0 → 90%), re-scoring the surviving heads at every step (heads are gated off, not cut out), and
+measure validation accuracy after each step. `random` is averaged over several seeds. Also records each
+criterion's scoring cost in seconds per 100 scoring examples (wall time on a shared CPU: noisy).
+
+    .venv/bin/python benchmarks/criteria.py                      # every criterion, ~15 min on 1 CPU thread
+    .venv/bin/python benchmarks/criteria.py --criteria taylor random --eval-examples 200
+
+Writes benchmarks/results/criteria.json (merged per criterion, so runs can be split) and criteria.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import torch  # noqa: E402
+from transformers import AutoTokenizer  # noqa: E402
+
+from compressor import criteria  # noqa: E402
+from compressor.checkpoint import load_pruned  # noqa: E402
+from compressor.masking import gated  # noqa: E402
+from compressor.recipe import DataSpec  # noqa: E402
+from compressor.selection import plan_to_mask, select_heads  # noqa: E402
+from compressor.sources import load_task_data  # noqa: E402
+from compressor.train import loader, model_inputs, sample_batches, tokenize  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results"
+FRACTIONS = [round(0.1 * k, 1) for k in range(10)]
+# Per-criterion settings for the curve: the recipe defaults, except where a default would blow the time budget.
+SETTINGS: dict[str, dict] = {
+    "taylor": {},
+    "attribution": {"examples": 32, "batch_size": 4},
+    "confidence": {},
+    "entropy": {},
+    "magnitude": {},
+    "ablation": {"examples": 64},
+    "l0": {"steps": 60},
+    "random": {},
+}
+
+
+def accuracy(model: torch.nn.Module, batches: list[dict], alive: torch.Tensor) -> float:
+    correct = total = 0
+    with torch.no_grad(), gated(model, alive.float()):
+        for batch in batches:
+            preds = model(**model_inputs(batch)).logits.argmax(-1)
+            correct += int((preds == batch["labels"]).sum())
+            total += batch["labels"].numel()
+    return correct / total
+
+
+def examples_used(name: str, params: dict, score_examples: int, train_batch: int) -> int:
+    """How many examples one scoring call processes (for cost per 100 examples)."""
+    if name == "attribution":
+        return min(params.get("examples", 200), score_examples)
+    if name == "ablation":
+        return min(params.get("examples", 128), score_examples)
+    if name == "l0":
+        return params.get("steps", 300) * train_batch
+    return score_examples
+
+
+def curve(model, name: str, params: dict, data: dict, seed: int = 0) -> dict:
+    """Accuracy after removing each 10% of heads (scores recomputed each step), plus scoring seconds per step."""
+    total = data["alive"].numel()
+    alive = data["alive"].clone()
+    accs, seconds = [accuracy(model, data["eval"], alive)], []
+    for fraction in FRACTIONS[1:]:
+        n_remove = round(fraction * total) - int((~alive).sum())
+        ctx = criteria.ScoreContext(
+            model=model,
+            alive=alive,
+            batches=data["score"],
+            target_remove=n_remove,
+            train_batches=lambda: data["train"],
+            seed=seed,
+        )
+        start = time.perf_counter()
+        scores = criteria.score_heads(name, ctx, params)
+        seconds.append(time.perf_counter() - start)
+        alive = plan_to_mask(select_heads(scores, alive, n_remove, "global", 0), alive)
+        accs.append(accuracy(model, data["eval"], alive))
+        print(f"  {name:11s} seed {seed} removed {fraction:.0%}: acc {accs[-1]:.4f} ({seconds[-1]:.1f}s)", flush=True)
+    return {"accuracy": accs, "score_seconds": seconds}
+
+
+def load(args: argparse.Namespace) -> tuple[torch.nn.Module, dict]:
+    model = load_pruned(args.model, attn_implementation="eager").eval()
+    tokenizer = AutoTokenizer.from_pretrained(args.model)
+    task = load_task_data(DataSpec())
+    fields = task.text_fields
+
+    def encoded(split, n: int, seed: int):
+        ds = split.shuffle(seed=seed).select(range(min(n, len(split))))
+        return tokenize(ds, tokenizer, fields, args.max_length)
+
+    eval_ds = encoded(task.validation, args.eval_examples, 0)
+    train_ds = tokenize(task.train, tokenizer, fields, args.max_length)
+    alive = torch.ones(model.config.num_hidden_layers, model.config.num_attention_heads, dtype=torch.bool)
+    data = {
+        "eval": list(loader(eval_ds, tokenizer, 64)),
+        "score": sample_batches(train_ds, tokenizer, args.score_examples, 32, seed=1),
+        "train": sample_batches(train_ds, tokenizer, args.train_examples, args.train_batch, seed=2),
+        "alive": alive,
+    }
+    return model, data
+
+
+def plot(results: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for name, entry in sorted(results["criteria"].items()):
+        style = {"linestyle": "--", "color": "black"} if name == "random" else {"marker": "o", "markersize": 3}
+        ax.plot([100 * f for f in FRACTIONS], entry["accuracy"], label=name, **style)
+    ax.axhline(results["majority_class"], color="grey", linewidth=0.8, linestyle=":", label="majority class")
+    ax.set_xlabel("% of heads removed (no fine-tuning, scores recomputed every 10%)")
+    ax.set_ylabel(f"validation accuracy ({results['eval_examples']} examples)")
+    ax.set_title("MiniLM-L6 on Rotten Tomatoes: head-pruning curves")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", default=str(ROOT / ".cache" / "finetuned" / "minilm-rt"))
+    parser.add_argument("--criteria", nargs="*", default=list(SETTINGS))
+    parser.add_argument("--random-seeds", type=int, default=3)
+    parser.add_argument("--eval-examples", type=int, default=500)
+    parser.add_argument("--score-examples", type=int, default=256)
+    parser.add_argument("--train-examples", type=int, default=512, help="pool the l0 gates train on")
+    parser.add_argument("--train-batch", type=int, default=16)
+    parser.add_argument("--max-length", type=int, default=64)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--out", default=str(RESULTS / "criteria.json"))
+    args = parser.parse_args(argv)
+    if not Path(args.model).exists():
+        print(f"--model: {args.model} does not exist; expected the fine-tuned MiniLM directory", file=sys.stderr)
+        return 2
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    out = Path(args.out)
+    model, data = load(args)
+    labels = torch.cat([b["labels"] for b in data["eval"]])
+    previous = json.loads(out.read_text()) if out.exists() else {}
+    results = {
+        "model": args.model,
+        "eval_examples": int(labels.numel()),
+        "score_examples": args.score_examples,
+        "max_length": args.max_length,
+        "threads": args.threads,
+        "fractions": FRACTIONS,
+        "majority_class": float(labels.bincount().max() / labels.numel()),
+        "criteria": previous.get("criteria", {}),
+    }
+    for name in args.criteria:
+        params = SETTINGS.get(name, {})
+        seeds = range(args.random_seeds) if name == "random" else [0]
+        runs = [curve(model, name, params, data, seed) for seed in seeds]
+        per_step = [s for run in runs for s in run["score_seconds"]]
+        used = examples_used(name, params, args.score_examples, args.train_batch)
+        entry = {
+            "params": params,
+            "accuracy": [statistics.mean(r["accuracy"][i] for r in runs) for i in range(len(FRACTIONS))],
+            "seconds_per_100_examples": round(100 * statistics.mean(per_step) / used, 4),
+            "examples_per_scoring": used,
+            "score_seconds": [round(s, 3) for s in per_step],
+        }
+        if len(runs) > 1:
+            entry["runs"] = [r["accuracy"] for r in runs]
+            entry["accuracy_std"] = [statistics.stdev(r["accuracy"][i] for r in runs) for i in range(len(FRACTIONS))]
+        results["criteria"][name] = entry
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(results, indent=2))
+        print(f"{name}: {[round(a, 3) for a in entry['accuracy']]}  cost {entry['seconds_per_100_examples']}s/100")
+    plot(results, out.with_suffix(".png"))
+    summary = {n: {"50%": e["accuracy"][5], "70%": e["accuracy"][7]} for n, e in results["criteria"].items()}
+    print(json.dumps(summary, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
