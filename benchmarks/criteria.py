@@ -42,12 +42,12 @@ FRACTIONS = [round(0.1 * k, 1) for k in range(10)]
 # Per-criterion settings for the curve: the recipe defaults, except where a default would blow the time budget.
 SETTINGS: dict[str, dict] = {
     "taylor": {},
-    "attribution": {"examples": 32, "batch_size": 4},
+    "attribution": {"examples": 16, "batch_size": 4},
     "confidence": {},
     "entropy": {},
     "magnitude": {},
-    "ablation": {"examples": 64},
-    "l0": {"steps": 60},
+    "ablation": {"examples": 32},
+    "l0": {"steps": 150},
     "random": {},
 }
 
@@ -144,10 +144,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", default=str(ROOT / ".cache" / "finetuned" / "minilm-rt"))
     parser.add_argument("--criteria", nargs="*", default=list(SETTINGS))
     parser.add_argument("--random-seeds", type=int, default=3)
-    parser.add_argument("--eval-examples", type=int, default=500)
+    parser.add_argument("--eval-examples", type=int, default=400)
     parser.add_argument("--score-examples", type=int, default=256)
     parser.add_argument("--train-examples", type=int, default=512, help="pool the l0 gates train on")
-    parser.add_argument("--train-batch", type=int, default=16)
+    parser.add_argument("--train-batch", type=int, default=8)
     parser.add_argument("--max-length", type=int, default=64)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", default=str(RESULTS / "criteria.json"))

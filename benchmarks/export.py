@@ -72,6 +72,7 @@ def onnx_rows(candidates, quality: dict, speed: dict, exports: dict, original_ac
             f"examples_per_s_b{b}": speed["throughput"][c.name][b]["examples_per_s"]["median"],
             f"speedup_vs_pytorch_original_b{b}": s["headline_speedup"],
             "speedup_iqr": s["speedup_iqr"][b],
+            "flop_ideal_speedup": s["flop_ideal_speedup"],
         }
         export_key = c.name.removeprefix("onnx-")
         if export_key in exports:
@@ -133,9 +134,13 @@ def main() -> None:
         bench.pytorch_candidate("pytorch-original", original, args.seq_len, args.original),
         bench.pytorch_candidate("pytorch-pruned", pruned, args.seq_len, pruned_dir),
     ]
-    for which in ("pruned", "original"):
+    for which, source in (("pruned", candidates[1]), ("original", candidates[0])):
         for name, info in exports[which].items():
-            candidates.append(bench.onnx_candidate(f"onnx-{which}-{name}", info["dir"], args.threads))
+            candidates.append(
+                bench.onnx_candidate(
+                    f"onnx-{which}-{name}", info["dir"], args.threads, source.flops_per_example, source.heads_per_layer
+                )
+            )
     test = tokenize(data.test, tokenizer, data.text_fields, 128)
     batches = sample_batches(test, tokenizer, args.test_examples or len(test), 32, seed=0)
     quality = bench.measure_quality(candidates, batches, reference="pytorch-pruned")

@@ -74,11 +74,14 @@ def planted() -> torch.nn.Module:
     with torch.enable_grad(), gated(model, gates):
         for _ in range(4):
             for batch in data:
-                loss = F.cross_entropy(model(**{k: v for k, v in batch.items() if k != "labels"}).logits, batch["labels"])
+                loss = F.cross_entropy(
+                    model(**{k: v for k, v in batch.items() if k != "labels"}).logits, batch["labels"]
+                )
                 opt.zero_grad()
                 loss.backward()
                 opt.step()
     model.eval()
+    model.zero_grad(set_to_none=True)
     for layer, head in USELESS:
         weight = model.bert.encoder.layer[layer].attention.output.dense.weight
         assert weight[:, head * SIZE : (head + 1) * SIZE].abs().max() == 0
@@ -95,7 +98,12 @@ def test_planted_model_learned_the_task() -> None:
     batches = synthetic_batches(128, 32, seed=3)
     with torch.no_grad():
         correct = sum(
-            int((planted()(input_ids=b["input_ids"], attention_mask=b["attention_mask"]).logits.argmax(-1) == b["labels"]).sum())
+            int(
+                (
+                    planted()(input_ids=b["input_ids"], attention_mask=b["attention_mask"]).logits.argmax(-1)
+                    == b["labels"]
+                ).sum()
+            )
             for b in batches
         )
     assert correct / 128 > 0.75, correct

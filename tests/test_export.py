@@ -113,17 +113,19 @@ def test_bare_inference_session_loads_each_variant(exported):
         assert session.run(None, feed)[0].shape == (4, 2)
 
 
-def test_optimum_ort_model_loads_fp32_dir(exported):
+def test_optimum_ort_model_loads_every_variant_dir(exported):
     from optimum.onnxruntime import ORTModelForSequenceClassification
     from transformers import AutoTokenizer
 
     model_dir, out, _ = exported
-    ort_model = ORTModelForSequenceClassification.from_pretrained(out / "fp32")
-    AutoTokenizer.from_pretrained(out / "fp32")
     batch = {k: v for k, v in CHECK[1].items() if k != "labels"}
-    got = ort_model(**batch).logits
-    got = got.numpy() if isinstance(got, torch.Tensor) else np.asarray(got)
-    assert np.abs(got - reference_logits(model_dir, batch)).max() <= 1e-4
+    expected = reference_logits(model_dir, batch)
+    for name, tol in (("fp32", 1e-4), ("optimized", 1e-4), ("int8", 0.1)):
+        ort_model = ORTModelForSequenceClassification.from_pretrained(out / name)
+        AutoTokenizer.from_pretrained(out / name)
+        got = ort_model(**batch).logits
+        got = got.numpy() if isinstance(got, torch.Tensor) else np.asarray(got)
+        assert np.abs(got - expected).max() <= tol, name
 
 
 @pytest.mark.parametrize("arch", ["bert", "distilbert"])

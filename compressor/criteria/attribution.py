@@ -95,7 +95,12 @@ def _examples(ctx: ScoreContext, limit: int, chunk: int) -> Iterator[dict[str, t
 
 
 def layer_attribution(
-    model: nn.Module, inputs: dict[str, torch.Tensor], layer: int, hidden: torch.Tensor, target: torch.Tensor, steps: int
+    model: nn.Module,
+    inputs: dict[str, torch.Tensor],
+    layer: int,
+    hidden: torch.Tensor,
+    target: torch.Tensor,
+    steps: int,
 ) -> torch.Tensor:
     """Attr(A) for one layer: [B, present heads, T, T], with `steps` α's batched (runs inside the caller's gates)."""
     batch = target.shape[0]

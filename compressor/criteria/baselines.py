@@ -85,9 +85,7 @@ def _metric(ctx: ScoreContext, gates: torch.Tensor, metric: str, batches: list[d
 
 
 @register("ablation")
-def ablation(
-    ctx: ScoreContext, *, metric: Literal["loss", "accuracy"] = "loss", examples: int = 128
-) -> torch.Tensor:
+def ablation(ctx: ScoreContext, *, metric: Literal["loss", "accuracy"] = "loss", examples: int = 128) -> torch.Tensor:
     """[layers, heads]: how much worse the model gets when that head alone is masked (the expensive oracle).
 
     Score = loss(head masked) − loss(current model) for `metric='loss'` (the default: smooth, so few ties), or
