@@ -36,6 +36,7 @@ import torch
 from scipy import stats
 from torch import nn
 
+from compressor import atomic
 from compressor.errors import UserError
 
 SCHEMA_VERSION = 1
@@ -670,15 +671,13 @@ def write_bench_report(result: dict, out_dir: str | Path) -> list[Path]:
     import matplotlib
 
     matplotlib.use("Agg")
-    from compressor.runner import write_atomic
-
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     payload = {k: v for k, v in result.items() if k != "files"}
     payload["schema_version"] = SCHEMA_VERSION
     paths = [out / "report.json", out / "report.md"]
-    write_atomic(paths[0], json.dumps(payload, indent=2, default=str))
-    write_atomic(paths[1], render_bench_md(payload))
+    atomic.write_text(paths[0], json.dumps(payload, indent=2, default=str))
+    atomic.write_text(paths[1], render_bench_md(payload))
     paths.append(_plot_throughput(payload, out / "throughput_vs_batch.png"))
     paths.append(_plot_accuracy_speedup(payload, out / "accuracy_vs_speedup.png"))
     paths.append(_plot_heads(payload, out / "heads_per_layer.png"))

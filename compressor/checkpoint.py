@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import json
 import logging
-import shutil
-import tempfile
 from pathlib import Path
 
 import torch
@@ -21,6 +19,7 @@ from safetensors.torch import load_file
 from torch import nn
 from transformers import AutoConfig, AutoModelForSequenceClassification
 
+from compressor import atomic
 from compressor.cost import model_stats
 from compressor.layout import arch_spec, pruned_heads
 from compressor.surgery import empty_layers, prune_heads
@@ -55,23 +54,14 @@ def save_pruned(
         "empty_layers": empty_layers(model),
         "metadata": metadata or {},
     }
-    out_dir = Path(out_dir)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
-    try:
+    with atomic.directory(out_dir) as tmp:
         model.save_pretrained(tmp, safe_serialization=True)
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
         if original is not None:
             plan["stats"] = write_model_card(tmp, original, model, seq_len, metadata)
         (tmp / PLAN_FILE).write_text(json.dumps(plan, indent=2))
-        if out_dir.exists():
-            shutil.rmtree(out_dir)
-        tmp.rename(out_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return out_dir
+    return Path(out_dir)
 
 
 def _fmt(n: int) -> str:

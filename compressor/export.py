@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import logging
 import shutil
-import tempfile
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import contextmanager
@@ -29,6 +28,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from compressor import atomic
 from compressor.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -370,20 +370,11 @@ def export_onnx(
     reference = evaluate_variant(lambda b: torch_logits(model, b), check_batches)
     attention_layers = sum(1 for heads in present_heads(model) if heads)
 
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
-    try:
+    with atomic.directory(out_dir) as tmp:
         results = _build_all(
             model, model_dir, tmp, out_dir, names, check_batches, reference, atol, opset, attention_layers
         )
         (tmp / MANIFEST).write_text(json.dumps(results, indent=2))
-        tmp.chmod(0o755)  # mkdtemp makes it private; an export directory is meant to be shared
-        if out_dir.exists():
-            shutil.rmtree(out_dir)
-        tmp.rename(out_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return results
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from compressor import atomic
+
 
 def _pct(x: float | None) -> str:
     return "–" if x is None else f"{100 * x:.2f}"
@@ -102,8 +104,6 @@ def render(report: dict) -> str:
 
 
 def write_run_report(report: dict, out: Path) -> Path:
-    from compressor.runner import write_atomic
-
     path = Path(out) / "report.md"
-    write_atomic(path, render(report))
+    atomic.write_text(path, render(report))
     return path

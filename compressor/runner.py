@@ -24,7 +24,7 @@ from accelerate import Accelerator
 from accelerate.utils import broadcast, set_seed
 from safetensors.torch import load_file, save_file
 
-from compressor import criteria
+from compressor import atomic, criteria
 from compressor.checkpoint import load_pruned, save_pruned
 from compressor.cost import model_stats
 from compressor.errors import UserError
@@ -43,15 +43,6 @@ DONE_FILE = "report.json"  # written last and atomically: its presence means the
 
 def cache_root() -> Path:
     return Path(os.environ.get("COMPRESSOR_CACHE", Path.home() / ".cache" / "compressor"))
-
-
-def write_atomic(path: Path, text: str) -> None:
-    """Write a file via a temp file in the same directory and a rename, so readers never see half of it."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    with os.fdopen(fd, "w") as fh:
-        fh.write(text)
-    os.replace(tmp, path)
 
 
 def _check_writable(out: Path) -> None:
@@ -155,15 +146,10 @@ def save_step(run: Run, step: int, model: torch.nn.Module, alive: torch.Tensor, 
     """Checkpoint one finished step atomically (weights, mask, log); `step.json` is the completion marker."""
     if not run.main:
         return
-    final = _state_dir(run, step)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent if final.parent.exists() else None))
     state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
-    save_file(state, str(tmp / "model.safetensors"))
-    (tmp / "step.json").write_text(json.dumps({"step": step, "alive": alive.int().tolist(), "log": steps_log}))
-    final.parent.mkdir(parents=True, exist_ok=True)
-    if final.exists():
-        shutil.rmtree(final)
-    os.replace(tmp, final)
+    with atomic.directory(_state_dir(run, step)) as tmp:
+        save_file(state, str(tmp / "model.safetensors"))
+        (tmp / "step.json").write_text(json.dumps({"step": step, "alive": alive.int().tolist(), "log": steps_log}))
 
 
 def load_last_step(run: Run, model: torch.nn.Module) -> tuple[int, torch.Tensor | None, list[dict]]:
@@ -320,7 +306,7 @@ def run_recipe(recipe: Recipe, force: bool = False, accelerator: Accelerator | N
     run = prepare(recipe, accelerator or Accelerator(), force)
     accelerator = run.accelerator
     if run.main:
-        write_atomic(out / "recipe.resolved.yaml", dump_recipe(recipe))
+        atomic.write_text(out / "recipe.resolved.yaml", dump_recipe(recipe))
     t0 = time.perf_counter()
     model, base_info = base_model(run)
     model = model.to(accelerator.device)
@@ -382,7 +368,7 @@ def run_recipe(recipe: Recipe, force: bool = False, accelerator: Accelerator | N
     from compressor.report import write_run_report
 
     write_run_report(report, out)
-    write_atomic(out / DONE_FILE, json.dumps(report, indent=2, default=str))
+    atomic.write_text(out / DONE_FILE, json.dumps(report, indent=2, default=str))
     log.info("done in %.0fs: %s", report["seconds"], out / "report.md")
     accelerator.wait_for_everyone()
     return report

@@ -22,15 +22,6 @@ CLS, SEP = 2, 3
 POSITIVE, NEGATIVE = list(range(4, 14)), list(range(14, 24))
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models run far faster on one thread than with oversubscribed intra-op threads on a shared CPU."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def synthetic_batches(n: int, batch: int, seed: int) -> list[dict[str, torch.Tensor]]:
     """[CLS] filler … one sentiment token … [SEP] (+ padding); the label says which sentiment set it came from."""
     g = torch.Generator().manual_seed(seed)

@@ -27,14 +27,6 @@ UNEVEN_EMPTY = {0: [1, 3], 1: [0, 1, 2, 3], 2: [0]}
 CHECK = [tiny_batch(batch=4, seq=11, seed=s) for s in range(3)]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def saved_model(root: Path, arch: str, plan: dict) -> Path:
     """A tiny pruned classifier saved with a tokenizer, as the pipeline writes it."""
     from transformers import AutoTokenizer

@@ -18,15 +18,6 @@ BATCH = tiny_batch(batch=3, seq=9)
 INPUTS = {k: v for k, v in BATCH.items() if k != "labels"}
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models run far faster on one thread than with oversubscribed intra-op threads on a shared CPU."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @cache
 def base(arch: str) -> torch.nn.Module:
     return tiny_model(arch, layers=LAYERS, heads=HEADS, head_size=8)

@@ -26,15 +26,6 @@ ARCH_ATTN = [(a, "eager") for a in ARCHS] + [(a, "sdpa") for a in ARCHS if a != 
 BATCH = {k: v for k, v in tiny_batch(batch=3, seq=9).items() if k != "labels"}
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models run ~50× faster on one thread than with oversubscribed intra-op threads on a shared CPU."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @cache
 def base(arch: str, attention: str = "eager") -> torch.nn.Module:
     """One tiny model per (arch, attention); tests copy it before modifying."""
