@@ -39,6 +39,7 @@ from compressor.train import evaluate, sample_batches, tokenize, train
 log = logging.getLogger("compressor")
 REPORT_SCHEMA = 1
 DONE_FILE = "report.json"  # written last and atomically: its presence means the run finished
+RESOLVED_FILE = "recipe.resolved.yaml"  # what an unfinished run in the directory was started with
 
 
 def cache_root() -> Path:
@@ -66,6 +67,12 @@ def preflight(recipe: Recipe, force: bool) -> Path:
     out = Path(recipe.output_dir)
     if (out / DONE_FILE).exists() and not force:
         raise UserError(f"output_dir: '{out}' holds a finished run; pass --force to overwrite it")
+    resolved = out / RESOLVED_FILE
+    if not force and (out / "state").exists() and resolved.exists() and resolved.read_text() != dump_recipe(recipe):
+        raise UserError(
+            f"output_dir: '{out}' holds an unfinished run of a different recipe; pass --force to start over "
+            "or choose another output_dir"
+        )
     _check_writable(out)
     config = load_config(recipe.model)
     layers = config.num_hidden_layers if hasattr(config, "num_hidden_layers") else config.n_layers
@@ -240,14 +247,14 @@ def prune_loop(run: Run, model: torch.nn.Module) -> tuple[torch.Tensor, list[dic
 
 
 def prepare(recipe: Recipe, accelerator: Accelerator | None = None, force: bool = False) -> Run:
-    """Load and check data and tokenizer; only then clear a finished run (with `force`), start the log, tokenise."""
+    """Load and check data and tokenizer; only then clear the output directory (with `force`), log, tokenise."""
     accelerator = accelerator or Accelerator()
     out = Path(recipe.output_dir)
     data = load_task_data(recipe.data)
     check_labels(recipe, data)
     tokenizer = load_tokenizer(recipe.model)
-    if force and accelerator.is_main_process and (out / DONE_FILE).exists():
-        shutil.rmtree(out)
+    if force and accelerator.is_main_process and out.exists():
+        shutil.rmtree(out)  # --force starts over: a finished run or an unfinished one's checkpoints
     accelerator.wait_for_everyone()
     _setup_logging(out, accelerator.is_main_process)
     run = Run(recipe, out, accelerator, data, tokenizer)
@@ -306,7 +313,7 @@ def run_recipe(recipe: Recipe, force: bool = False, accelerator: Accelerator | N
     run = prepare(recipe, accelerator or Accelerator(), force)
     accelerator = run.accelerator
     if run.main:
-        atomic.write_text(out / "recipe.resolved.yaml", dump_recipe(recipe))
+        atomic.write_text(out / RESOLVED_FILE, dump_recipe(recipe))
     t0 = time.perf_counter()
     model, base_info = base_model(run)
     model = model.to(accelerator.device)

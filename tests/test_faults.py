@@ -120,3 +120,19 @@ def test_unfinished_run_is_not_finished(tmp_path, tiny_model_dir, tiny_csv, cach
     assert json.loads((out / "report.json").read_text())["status"] == "complete"
     again = CliRunner().invoke(app, ["run", str(recipe)])
     assert again.exit_code == 2 and "pass --force" in again.stderr
+
+
+def test_unfinished_run_of_another_recipe_is_refused(tmp_path, tiny_model_dir, tiny_csv, cache_dir) -> None:
+    """Checkpoints are never resumed under a changed recipe; --force starts over."""
+    out = tmp_path / "out"
+    (out / "state" / "step_000").mkdir(parents=True)
+    (out / "recipe.resolved.yaml").write_text("name: something else\n")
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(yaml.safe_dump(tiny_recipe(tiny_model_dir, tiny_csv, out)))
+    result = CliRunner().invoke(app, ["run", str(recipe)])
+    assert result.exit_code == 2
+    assert "holds an unfinished run of a different recipe" in result.stderr
+    assert (out / "state" / "step_000").exists() and not (out / "report.json").exists()
+    forced = CliRunner().invoke(app, ["run", str(recipe), "--force"])
+    assert forced.exit_code == 0, forced.output
+    assert json.loads((out / "report.json").read_text())["status"] == "complete"
