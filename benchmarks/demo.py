@@ -44,8 +44,12 @@ def main() -> None:
         "heads_left": report["pruned"]["heads_left"],
         "flop_ratio": report["pruned"]["flop_ratio"],
     }
-    ratios = report.get("bench", {}).get("ratios", {})
-    result["bench_ratios"] = ratios
+    keys = ("accuracy", "agreement", "speedup", "headline_speedup", "headline_batch", "flop_ideal_speedup")
+    result["bench"] = {
+        name: {k: row.get(k) for k in keys} for name, row in report.get("bench", {}).get("summary", {}).items()
+    }
+    if not result["bench"]:
+        raise SystemExit(f"report.json has no benchmark summary: {clone / 'runs' / 'minilm_rt_50pct' / 'report.json'}")
     print(json.dumps(result, indent=2))
     out = ROOT / "benchmarks" / "results" / "demo.json"
     out.write_text(json.dumps(result, indent=2))
