@@ -7,6 +7,7 @@ criterion's scoring cost in seconds per 100 scoring examples (wall time on a sha
 
     .venv/bin/python benchmarks/criteria.py                      # every criterion, ~15 min on 1 CPU thread
     .venv/bin/python benchmarks/criteria.py --criteria taylor random --eval-examples 200
+    .venv/bin/python benchmarks/criteria.py --criteria attribution:steps=10   # a variant, stored under that name
 
 Writes benchmarks/results/criteria.json (merged per criterion, so runs can be split) and criteria.png.
 """
@@ -60,6 +61,20 @@ def accuracy(model: torch.nn.Module, batches: list[dict], alive: torch.Tensor) -
             correct += int((preds == batch["labels"]).sum())
             total += batch["labels"].numel()
     return correct / total
+
+
+def parse_spec(spec: str) -> tuple[str, dict]:
+    """`name` or `name:key=value,...` → (criterion name, its benchmark settings with the overrides applied)."""
+    name, _, overrides = spec.partition(":")
+    if name not in SETTINGS:
+        raise SystemExit(f"--criteria: unknown criterion {name!r}; expected one of {', '.join(SETTINGS)}")
+    params = dict(SETTINGS[name])
+    for item in filter(None, overrides.split(",")):
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise SystemExit(f"--criteria: {item!r} in {spec!r} is not key=value")
+        params[key] = int(value) if value.lstrip("-").isdigit() else value
+    return name, params
 
 
 def examples_used(name: str, params: dict, score_examples: int, train_batch: int) -> int:
@@ -171,8 +186,8 @@ def main(argv: list[str] | None = None) -> int:
         "majority_class": float(labels.bincount().max() / labels.numel()),
         "criteria": previous.get("criteria", {}),
     }
-    for name in args.criteria:
-        params = SETTINGS.get(name, {})
+    for spec in args.criteria:
+        name, params = parse_spec(spec)
         seeds = range(args.random_seeds) if name == "random" else [0]
         runs = [curve(model, name, params, data, seed) for seed in seeds]
         per_step = [s for run in runs for s in run["score_seconds"]]
@@ -187,12 +202,20 @@ def main(argv: list[str] | None = None) -> int:
         if len(runs) > 1:
             entry["runs"] = [r["accuracy"] for r in runs]
             entry["accuracy_std"] = [statistics.stdev(r["accuracy"][i] for r in runs) for i in range(len(FRACTIONS))]
-        results["criteria"][name] = entry
+        results["criteria"][spec] = entry
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(results, indent=2))
         print(f"{name}: {[round(a, 3) for a in entry['accuracy']]}  cost {entry['seconds_per_100_examples']}s/100")
     plot(results, out.with_suffix(".png"))
-    summary = {n: {"50%": e["accuracy"][5], "70%": e["accuracy"][7]} for n, e in results["criteria"].items()}
+    taylor_cost = results["criteria"].get("taylor", {}).get("seconds_per_100_examples")
+    summary = {
+        n: {
+            "50%": e["accuracy"][5],
+            "70%": e["accuracy"][7],
+            "cost_vs_taylor": round(e["seconds_per_100_examples"] / taylor_cost, 1) if taylor_cost else None,
+        }
+        for n, e in results["criteria"].items()
+    }
     print(json.dumps(summary, indent=1))
     return 0
 

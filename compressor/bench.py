@@ -591,6 +591,18 @@ def render_bench_md(result: dict) -> str:
     return "\n".join(lines)
 
 
+def _save(fig, ax, path: Path) -> Path:
+    """Finish a benchmark figure the same way for every plot: grid, legend, tight layout, PNG, closed."""
+    import matplotlib.pyplot as plt
+
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def _plot_throughput(result: dict, path: Path) -> Path:
     import matplotlib.pyplot as plt
 
@@ -607,12 +619,7 @@ def _plot_throughput(result: dict, path: Path) -> Path:
     ax.set_xlabel("batch size")
     ax.set_ylabel("examples / s (median, IQR band)")
     ax.set_title(f"Throughput at sequence length {result['setup']['seq_len']}")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, ax, path)
 
 
 def _plot_accuracy_speedup(result: dict, path: Path) -> Path:
@@ -633,12 +640,7 @@ def _plot_accuracy_speedup(result: dict, path: Path) -> Path:
     has_acc = result["quality"] is not None and result["quality"]["has_labels"]
     ax.set_ylabel("accuracy (%), 95% CI" if has_acc else "agreement with reference (%)")
     ax.set_title("Accuracy vs speed-up")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, ax, path)
 
 
 def _plot_heads(result: dict, path: Path) -> Path:

@@ -8,10 +8,12 @@ from __future__ import annotations
 import torch
 from torch import nn
 from transformers import (
+    AlbertConfig,
     AutoModelForSequenceClassification,
     BertConfig,
     DistilBertConfig,
     ElectraConfig,
+    GPT2Config,
     RobertaConfig,
     XLMRobertaConfig,
 )
@@ -46,6 +48,22 @@ def tiny_model(arch: str = "bert", seed: int = 0, attention: str = "eager", **kw
     torch.manual_seed(seed)
     config = tiny_config(arch, **kwargs)
     return AutoModelForSequenceClassification.from_config(config, attn_implementation=attention).eval()
+
+
+def tiny_unsupported_model(arch: str) -> nn.Module:
+    """A tiny classifier of an architecture compressor refuses ('albert': shared layers, 'gpt2': a decoder)."""
+    configs = {
+        "albert": lambda: AlbertConfig(
+            vocab_size=50,
+            hidden_size=16,
+            num_attention_heads=2,
+            intermediate_size=20,
+            num_hidden_layers=2,
+            embedding_size=8,
+        ),
+        "gpt2": lambda: GPT2Config(vocab_size=50, n_embd=16, n_head=2, n_layer=2, n_positions=32, pad_token_id=0),
+    }
+    return AutoModelForSequenceClassification.from_config(configs[arch]())
 
 
 def tiny_batch(batch: int = 3, seq: int = 9, seed: int = 0, labels: int = 2) -> dict[str, torch.Tensor]:

@@ -8,14 +8,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import AlbertConfig, AutoModelForSequenceClassification, AutoTokenizer, BertTokenizerFast
+from transformers import AutoModelForSequenceClassification, AutoTokenizer, BertTokenizerFast
 
 import compressor
 from compressor.checkpoint import CARD_FILE, PLAN_FILE, load_pruned, read_plan, save_pruned
 from compressor.cost import count_parameters, encoder_flops, model_stats
 from compressor.layout import UnsupportedArchitectureError, present_heads
 from compressor.surgery import EmptyAttention, empty_layers, prune_heads, pruned_copy
-from compressor.testing import ARCHS, tiny_batch, tiny_model
+from compressor.testing import ARCHS, tiny_batch, tiny_model, tiny_unsupported_model
 
 LAYERS, HEADS = 3, 4
 INPUTS = {k: v for k, v in tiny_batch(batch=3, seq=9).items() if k != "labels"}
@@ -140,15 +140,7 @@ def test_no_card_without_original(tmp_path: Path) -> None:
 
 
 def test_save_refuses_unsupported_before_writing(tmp_path: Path) -> None:
-    config = AlbertConfig(
-        vocab_size=50,
-        hidden_size=16,
-        num_attention_heads=2,
-        intermediate_size=20,
-        num_hidden_layers=2,
-        embedding_size=8,
-    )
-    model = AutoModelForSequenceClassification.from_config(config)
+    model = tiny_unsupported_model("albert")
     with pytest.raises(UnsupportedArchitectureError, match="architecture 'albert'"):
         save_pruned(model, tmp_path / "model")
     assert list(tmp_path.iterdir()) == []

@@ -12,13 +12,13 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.utils.flop_counter import FlopCounterMode
-from transformers import AlbertConfig, AutoModelForSequenceClassification, GPT2Config
+from transformers import AutoModelForSequenceClassification
 
 from compressor.cost import encoder_flops
 from compressor.layout import UnsupportedArchitectureError, arch_spec, get_path, layers, present_heads
 from compressor.masking import full_gates, gated
 from compressor.surgery import EmptyAttention, PlanError, empty_layers, prune_heads, pruned_copy, validate_plan
-from compressor.testing import ARCHS, tiny_batch, tiny_model
+from compressor.testing import ARCHS, tiny_batch, tiny_model, tiny_unsupported_model
 
 LAYERS, HEADS, HEAD_SIZE = 3, 4, 8
 # ELECTRA has no SDPA attention in transformers 4.57.
@@ -189,20 +189,11 @@ def test_encoder_flops_match_flop_counter(arch: str) -> None:
 
 
 def _refused_models() -> dict[str, torch.nn.Module]:
-    albert = AlbertConfig(
-        vocab_size=50,
-        hidden_size=16,
-        num_attention_heads=2,
-        intermediate_size=20,
-        num_hidden_layers=2,
-        embedding_size=8,
-    )
-    gpt2 = GPT2Config(vocab_size=50, n_embd=16, n_head=2, n_layer=2, n_positions=32, pad_token_id=0)
     decoder_bert = copy.deepcopy(base("bert").config)
     decoder_bert.is_decoder = True
     return {
-        "albert": AutoModelForSequenceClassification.from_config(albert),
-        "gpt2": AutoModelForSequenceClassification.from_config(gpt2),
+        "albert": tiny_unsupported_model("albert"),
+        "gpt2": tiny_unsupported_model("gpt2"),
         "bert": AutoModelForSequenceClassification.from_config(decoder_bert),
     }
 

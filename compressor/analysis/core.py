@@ -31,6 +31,18 @@ TOKEN_ROLES = ("positional", "rare_word", "syntactic", "delimiter")
 SIEVE_ROLES = tuple(f"sieve_{r}" for r in sv.SIEVE_ROLES)
 SPECIALISED = ("positional", "rare_word", "syntactic")
 
+# The per-head token-role maps every analysis reports (layer × head grids), in the order they are shown.
+TOKEN_MAPS = (
+    "confidence",
+    "positional_share",
+    "positional_offset",
+    "rare_share",
+    "cls_share",
+    "sep_share",
+    "punct_share",
+    "delimiter_share",
+)
+
 
 def head_name(layer: int, head: int) -> str:
     """0-based `L<layer>H<head>` (original head id)."""
@@ -150,19 +162,7 @@ def _assemble(present, config, acc, rel, biases, js, alive_idx, scores, n_exampl
         full[flat_present.numpy()] = x
         return full
 
-    maps = {
-        name: _grid(roles[name], present)
-        for name in (
-            "confidence",
-            "positional_share",
-            "positional_offset",
-            "rare_share",
-            "cls_share",
-            "sep_share",
-            "punct_share",
-            "delimiter_share",
-        )
-    }
+    maps = {name: _grid(roles[name], present) for name in TOKEN_MAPS}
     if syntax:
         maps["syntactic_gain"] = _grid(gain, present)
     sieve_out = {}

@@ -7,19 +7,9 @@ import math
 from pathlib import Path
 
 from compressor.analysis import plots
-from compressor.analysis.core import SIEVE_ROLES, SPECIALISED, TOKEN_ROLES
+from compressor.analysis.core import SIEVE_ROLES, SPECIALISED, TOKEN_MAPS, TOKEN_ROLES
 
-MAP_ORDER = (
-    "confidence",
-    "positional_share",
-    "positional_offset",
-    "rare_share",
-    "cls_share",
-    "sep_share",
-    "punct_share",
-    "delimiter_share",
-    "syntactic_gain",
-)
+MAP_ORDER = (*TOKEN_MAPS, "syntactic_gain")
 DEFINITIONS = {
     "positional": "max attention at one relative offset for ≥ {positional_threshold:.0%} of queries (Voita)",
     "rare_word": "max attention on the sentence's rarest piece for ≥ {rare_threshold:.0%} of queries (Voita)",
