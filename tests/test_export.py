@@ -96,6 +96,24 @@ def test_int8_quantizes_optimized_graph_and_agrees(exported):
     assert {"QAttention", "MatMulInteger"} <= ops
 
 
+def test_int8_keeps_excluded_nodes_in_fp32(exported, tmp_path):
+    import onnx
+
+    _, out, _ = exported
+    source = out / "optimized" / "model.onnx"
+    matmuls = [n.name for n in onnx.load(str(source)).graph.node if n.op_type == "MatMul"]
+    keep = matmuls[:1]
+    ex.quantize_graph(source, tmp_path / "all.onnx")
+    ex.quantize_graph(source, tmp_path / "kept.onnx", nodes_to_exclude=keep)
+    integer = {
+        name: sum(n.op_type == "MatMulInteger" for n in onnx.load(str(tmp_path / name)).graph.node)
+        for name in ("all.onnx", "kept.onnx")
+    }
+    kept_nodes = {n.name: n.op_type for n in onnx.load(str(tmp_path / "kept.onnx")).graph.node}
+    assert kept_nodes[keep[0]] == "MatMul"
+    assert integer["kept.onnx"] == integer["all.onnx"] - 1
+
+
 def test_bare_inference_session_loads_each_variant(exported):
     _, out, result = exported
     batch = {k: v.numpy() for k, v in CHECK[0].items() if k != "labels"}

@@ -1,0 +1,130 @@
+"""int8 choices on a finished run: accuracy, agreement and batch-32 speed of dynamic-quantisation variants.
+
+The run's `onnx/optimized` graph (fp32, fused attention) is quantised several ways with
+`compressor.export.quantize_graph` — per-tensor weights, per-channel weights (compressor's default), per-channel
+with ORT's reduced 7-bit range, and per-channel with the feed-forward output projections (the MatMul fed by GELU,
+whose activations have the widest range) kept in fp32. Each variant is scored on the run's whole test split, in the
+same seeded batches the run's bench stage uses, against the fp32 graph (agreement, McNemar) and against the
+unpruned original's accuracy from `report.json`, then timed at batch 32 with `compressor.bench`.
+
+Dynamic quantisation picks each activation's scale per batch, so an int8 model's predictions depend slightly on
+what else is in the batch (padding included): the numbers here can differ by an example or two from a run report.
+
+Usage: .venv/bin/python benchmarks/int8.py [--run runs/minilm_rt_50pct] [--threads 2] [--rounds 3]
+       → prints a table and writes benchmarks/results/int8.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import onnx  # noqa: E402
+from transformers import AutoTokenizer  # noqa: E402
+
+from compressor import bench  # noqa: E402
+from compressor.export import ONNX_FILE, quantize_graph  # noqa: E402
+from compressor.recipe import load_recipe  # noqa: E402
+from compressor.sources import load_task_data  # noqa: E402
+from compressor.train import sample_batches, tokenize  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+REFERENCE = "fp32-optimized"
+VARIANTS: dict[str, dict] = {
+    "int8 per-tensor": {"per_channel": False},
+    "int8 per-channel (default)": {},
+    "int8 per-channel, reduced range": {"reduce_range": True},
+    "int8 per-channel, FFN output fp32": {"keep_ffn_output": True},
+}
+
+
+def ffn_output_nodes(graph_file: Path) -> list[str]:
+    """Names of the MatMuls of each layer's feed-forward output projection (BERT-style `…/output/dense/MatMul`)."""
+    graph = onnx.load(str(graph_file), load_external_data=False).graph
+    matmuls = [n.name for n in graph.node if n.op_type == "MatMul"]
+    return [name for name in matmuls if "/output/dense/" in name and "/attention/" not in name]
+
+
+def quantized_variant(source_dir: Path, dest_dir: Path, options: dict) -> Path:
+    """A copy of an exported variant directory (config, tokenizer) with its graph quantised under `options`."""
+    shutil.copytree(source_dir, dest_dir, ignore=shutil.ignore_patterns("*.onnx", "*.onnx_data"))
+    source = source_dir / ONNX_FILE
+    options = dict(options)
+    if options.pop("keep_ffn_output", False):
+        options["nodes_to_exclude"] = ffn_output_nodes(source)
+    quantize_graph(source, dest_dir / ONNX_FILE, **options)
+    return dest_dir
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--run", type=Path, default=ROOT / "runs" / "minilm_rt_50pct")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "int8.json")
+    args = parser.parse_args(argv)
+    optimized = args.run / "onnx" / "optimized"
+    if not (args.run / "report.json").exists() or not (optimized / ONNX_FILE).exists():
+        print(f"--run: {args.run} is not a finished run with an 'optimized' ONNX export", file=sys.stderr)
+        return 2
+    report = json.loads((args.run / "report.json").read_text())
+    recipe = load_recipe(args.run / "recipe.resolved.yaml")
+    tokenizer = AutoTokenizer.from_pretrained(args.run / "model")
+    task = load_task_data(recipe.data)
+    test = tokenize(task.test, tokenizer, task.text_fields, recipe.data.max_length)
+    batches = sample_batches(test, tokenizer, len(test), 32, seed=0)
+
+    with tempfile.TemporaryDirectory() as tmp:
+        candidates = [bench.onnx_candidate(REFERENCE, optimized, args.threads)]
+        for i, (name, options) in enumerate(VARIANTS.items()):
+            variant = quantized_variant(optimized, Path(tmp) / f"v{i}", options)
+            candidates.append(bench.onnx_candidate(name, variant, args.threads))
+        quality = bench.measure_quality(candidates, batches, REFERENCE)
+        timing = bench.measure_throughput(candidates, [32], recipe.bench.seq_len, args.rounds, threads=args.threads)
+    speedups = bench.paired_speedups(timing, REFERENCE)
+
+    original = report["original"]["test"]["accuracy"]
+    rows = {}
+    for c in candidates:
+        q = quality["results"][c.name]
+        rows[c.name] = {
+            "size_mb": round(c.size_bytes / 1e6, 2),
+            "test_accuracy": q["accuracy"],
+            "points_vs_unpruned_original": round(100 * (q["accuracy"] - original), 2),
+            "agreement_with_fp32": q["agreement"],
+            "mcnemar_p_vs_fp32": q["mcnemar"]["p_value"],
+            "speedup_vs_fp32_b32": speedups[c.name]["32"]["median"],
+            "speedup_iqr": [speedups[c.name]["32"]["q1"], speedups[c.name]["32"]["q3"]],
+        }
+    result = {
+        "run": str(args.run),
+        "unpruned_original_test_accuracy": original,
+        "test_examples": quality["n"],
+        "threads": args.threads,
+        "rounds": args.rounds,
+        "machine": bench.machine_info(),
+        "rows": rows,
+    }
+    print(f"{'variant':36s} {'MB':>6s} {'test acc':>8s} {'vs orig':>8s} {'agree':>7s} {'speed-up b32':>12s}")
+    for name, r in rows.items():
+        print(
+            f"{name:36s} {r['size_mb']:6.1f} {100 * r['test_accuracy']:8.2f} {r['points_vs_unpruned_original']:+8.2f}"
+            f" {100 * r['agreement_with_fp32']:7.2f} {r['speedup_vs_fp32_b32']:11.2f}×"
+        )
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2))
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
