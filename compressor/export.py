@@ -245,7 +245,7 @@ def quantize_graph(
     """Dynamic int8 quantisation (int8 weights, activations quantised per batch at run time) of `src`.
 
     Weights are quantised per output channel by default: on the pruned MiniLM that raised prediction agreement
-    with PyTorch from 95.3% to 97.8% (test split) at the same graph structure and ~0.4% larger file. The other
+    with fp32 from 95.9% to 98.5% (test split, `benchmarks/int8.py`) at the same speed and ~0.4% larger file. The other
     options are ORT's, exposed for `benchmarks/int8.py`, which measures what each costs and buys.
 
     `DefaultTensorType` lets the quantiser handle outputs of contrib ops (fused Attention, SkipLayerNorm) whose
