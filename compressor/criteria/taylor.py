@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from compressor.criteria.registry import ScoreContext, register
+from compressor.criteria.registry import ScoreContext, mean_over_processes, register
 from compressor.masking import gated
 
 
@@ -46,8 +46,5 @@ def taylor(ctx: ScoreContext, *, normalize: str = "layer", label_free: bool = Fa
             (grad,) = torch.autograd.grad(loss, gates)
             total += grad.abs()
             count += logits.shape[0]
-    if ctx.accelerator is not None and ctx.accelerator.num_processes > 1:
-        total = ctx.accelerator.reduce(total, reduction="sum")
-        count = int(ctx.accelerator.reduce(torch.tensor(count, device=total.device), reduction="sum"))
-    scores = (total / max(count, 1)).cpu()
+    scores = mean_over_processes(total, count, ctx.accelerator).cpu()
     return normalize_scores(scores, ctx.alive.cpu(), normalize)
