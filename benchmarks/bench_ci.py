@@ -1,8 +1,8 @@
 """CI regression check: speed-up ratios and agreement of a small pruned BERT against a committed baseline.
 
 A random-init BERT (4 layers × 8 heads, hidden 256, FFN 512) loses 16 of its 32 heads by a fixed plan. One run
-measures, on this machine, ratios only — pruned/original PyTorch throughput and (when `compressor.export` is
-available) ONNX/PyTorch throughput of the pruned model — plus agreement of predictions on seeded synthetic batches:
+measures, on this machine, ratios only — pruned/original PyTorch throughput and ONNX/PyTorch throughput of the
+pruned model — plus agreement of predictions on seeded synthetic batches:
 pruned vs masked original (must be exact), pruned vs original, ONNX vs PyTorch. Each is compared with
 benchmarks/baseline_ci.json under its tolerance; only a change in the bad direction fails (exit 1).
 Absolute times are printed for context but never compared: they belong to the machine, not the code.
@@ -25,6 +25,7 @@ from transformers import AutoModelForSequenceClassification, BertConfig
 
 from compressor import bench
 from compressor.checkpoint import load_pruned, save_pruned
+from compressor.export import export_onnx
 from compressor.masking import gated
 from compressor.recipe import BenchSpec
 from compressor.selection import plan_to_mask
@@ -86,19 +87,12 @@ def masked_candidate(original: torch.nn.Module) -> bench.Candidate:
     return bench.Candidate("pytorch-masked", predict, 0, None, "pytorch")
 
 
-def onnx_candidates(model_dir: Path, work: Path, batches: list, threads: int, pruned: bench.Candidate) -> list:
-    """The pruned model's fp32 ONNX export as a candidate, or [] (with a note) when export is not available."""
-    try:
-        from compressor.export import OnnxClassifier, export_onnx  # noqa: F401
-    except ImportError as err:
-        print(f"note: ONNX ratio skipped, compressor.export is not available ({err})")
-        return []
+def onnx_candidate(model_dir: Path, work: Path, batches: list, threads: int, pruned: bench.Candidate):
+    """The pruned model's fp32 ONNX export (parity-checked on two batches) as a candidate."""
     exported = export_onnx(model_dir, work / "onnx", ["fp32"], batches[:2])
-    return [
-        bench.onnx_candidate(
-            "onnx-fp32", exported["fp32"]["dir"], threads, pruned.flops_per_example, pruned.heads_per_layer
-        )
-    ]
+    return bench.onnx_candidate(
+        "onnx-fp32", exported["fp32"]["dir"], threads, pruned.flops_per_example, pruned.heads_per_layer
+    )
 
 
 def measure(threads: int, rounds: int, out: Path | None) -> tuple[dict, dict]:
@@ -115,7 +109,7 @@ def measure(threads: int, rounds: int, out: Path | None) -> tuple[dict, dict]:
             bench.pytorch_candidate("pytorch-original", original, SEQ_LEN, orig_dir),
             bench.pytorch_candidate("pytorch-pruned", pruned, SEQ_LEN, pruned_dir),
         ]
-        timed += onnx_candidates(pruned_dir, work, batches, threads, timed[1])
+        timed.append(onnx_candidate(pruned_dir, work, batches, threads, timed[1]))
         pairs = [("pytorch-pruned", "pytorch-original"), ("pytorch-pruned", "pytorch-masked")]
         agree = agreements([*timed, masked_candidate(original)], batches, [*pairs, ("onnx-fp32", "pytorch-pruned")])
         spec = BenchSpec(
@@ -128,18 +122,12 @@ def measure(threads: int, rounds: int, out: Path | None) -> tuple[dict, dict]:
         "speedup_pruned_vs_original_b1": sp["pytorch-pruned"]["1"]["median"],
         "agreement_pruned_vs_original": agree["pytorch-pruned|pytorch-original"],
         "agreement_pruned_vs_masked": agree["pytorch-pruned|pytorch-masked"],
+        "agreement_onnx_vs_pytorch": agree["onnx-fp32|pytorch-pruned"],
     }
-    if "onnx-fp32" in sp:
-        per_round = [
-            o / p
-            for o, p in zip(
-                sp["onnx-fp32"][str(HEADLINE)]["per_round"],
-                sp["pytorch-pruned"][str(HEADLINE)]["per_round"],
-                strict=True,
-            )
-        ]
-        metrics["speedup_onnx_vs_pytorch_pruned_b32"] = float(np.median(per_round))
-        metrics["agreement_onnx_vs_pytorch"] = agree["onnx-fp32|pytorch-pruned"]
+    per_round = zip(
+        sp["onnx-fp32"][str(HEADLINE)]["per_round"], sp["pytorch-pruned"][str(HEADLINE)]["per_round"], strict=True
+    )
+    metrics["speedup_onnx_vs_pytorch_pruned_b32"] = float(np.median([o / p for o, p in per_round]))
     return metrics, result
 
 
