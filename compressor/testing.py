@@ -44,10 +44,44 @@ def tiny_config(arch: str = "bert", layers: int = 3, heads: int = 4, head_size: 
     )
 
 
-def tiny_model(arch: str = "bert", seed: int = 0, attention: str = "eager", **kwargs) -> nn.Module:
+def tiny_model(
+    arch: str = "bert", seed: int = 0, attention: str = "eager", randomized: bool = True, **kwargs
+) -> nn.Module:
+    """A tiny classifier. `randomized`: every parameter random at a realistic scale (see `randomize`), for tests of
+    equivalence; False keeps transformers' small init, the better starting point for a model a test trains."""
     torch.manual_seed(seed)
     config = tiny_config(arch, **kwargs)
-    return AutoModelForSequenceClassification.from_config(config, attn_implementation=attention).eval()
+    model = AutoModelForSequenceClassification.from_config(config, attn_implementation=attention)
+    return (randomize(model, seed) if randomized else model).eval()
+
+
+@torch.no_grad()
+def randomize(model: nn.Module, seed: int = 0) -> nn.Module:
+    """Give every parameter a random value that matters, in place.
+
+    transformers' own init (weights N(0, 0.02), biases 0, LayerNorm 1/0) leaves a tiny model with logits of ~0.02
+    and near-uniform attention, so a wrong bias slice or a broken empty-layer block changes its outputs by less
+    than the 1e-5 the equivalence tests allow. Here Linear weights are N(0, 1/fan_in) (activations stay O(1),
+    attention is peaked), biases N(0, 0.2²), LayerNorm scales 1 + N(0, 0.2²) and shifts N(0, 0.2²), embeddings
+    N(0, 1): logits are O(1) and every parameter reaches the output.
+    """
+    g = torch.Generator().manual_seed(seed)
+
+    def normal(p: torch.Tensor, std: float, mean: float = 0.0) -> None:
+        p.copy_(mean + std * torch.randn(p.shape, generator=g))
+
+    for module in model.modules():
+        if isinstance(module, nn.Linear):
+            normal(module.weight, module.in_features**-0.5)
+        elif isinstance(module, nn.Embedding):
+            normal(module.weight, 1.0)
+        elif isinstance(module, nn.LayerNorm):
+            normal(module.weight, 0.2, mean=1.0)
+        else:
+            continue
+        if getattr(module, "bias", None) is not None:
+            normal(module.bias, 0.2)
+    return model
 
 
 def tiny_unsupported_model(arch: str) -> nn.Module:

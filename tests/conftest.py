@@ -31,11 +31,12 @@ def make_tokenizer_dir(path: Path) -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> Path:
-    """A randomly initialised 3-layer × 4-head BERT classifier with tokenizer, as a local model directory."""
+    """A randomly initialised 3-layer × 4-head BERT classifier with tokenizer, as a local model directory (the
+    runner tests fine-tune it, so it keeps transformers' own init)."""
     from compressor.testing import tiny_model
 
     path = make_tokenizer_dir(tmp_path_factory.mktemp("tiny_bert"))
-    tiny_model("bert", layers=3, heads=4, head_size=8).save_pretrained(path)
+    tiny_model("bert", layers=3, heads=4, head_size=8, randomized=False).save_pretrained(path)
     return path
 
 

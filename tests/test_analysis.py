@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 from collections import Counter
 
@@ -22,6 +23,8 @@ from compressor.analysis.roles import (
     positional_from_histogram,
     rarest_token,
 )
+from compressor.masking import gated
+from compressor.testing import randomize
 
 SENTENCES = [
     "The movie was not bad, but the ending dragged.",
@@ -258,6 +261,7 @@ def test_pruned_model_reports_removed_heads_as_blank(tiny, tmp_path):
     from compressor.surgery import pruned_copy
 
     model, tok = tiny
+    model = randomize(copy.deepcopy(model))  # every weight matters: removed heads change what later layers see
     pruned = pruned_copy(model, {0: [1, 3], 1: [0, 1, 2, 3]}).eval()
     result = analyze_heads(pruned, tok, SENTENCES, SENTENCES, max_length=32, syntax=False)
     conf = result["maps"]["confidence"]
@@ -266,9 +270,16 @@ def test_pruned_model_reports_removed_heads_as_blank(tiny, tmp_path):
     assert result["roles"]["positional"][1] == [None] * 4
     assert result["counts"]["analysed_heads"] == 6 and len(result["js"]["heads"]) == 6
     assert result["relations"] == []
-    # the same heads analysed in the unpruned model give the same confidence (surgery does not change them)
-    full = analyze_heads(model, tok, SENTENCES, SENTENCES, max_length=32, syntax=False)
-    assert full["maps"]["confidence"][2] == conf[2] and full["maps"]["confidence"][0][0] == conf[0][0]
+    # the unpruned model with the same heads masked gives the surviving heads the same confidence
+    gates = torch.ones(3, 4)
+    gates[0, [1, 3]] = 0.0
+    gates[1] = 0.0
+    with gated(model, gates):
+        masked = analyze_heads(model, tok, SENTENCES, SENTENCES, max_length=32, syntax=False)["maps"]["confidence"]
+    assert masked[2] == conf[2] and [masked[0][0], masked[0][2]] == [conf[0][0], conf[0][2]]
+    # and the heads after a pruned layer do see different inputs than in the unmasked model
+    full = analyze_heads(model, tok, SENTENCES, SENTENCES, max_length=32, syntax=False)["maps"]["confidence"]
+    assert full[2] != conf[2] and full[0][0] == conf[0][0]
     paths = write_analysis(result, tmp_path / "out")
     assert all(p.exists() and p.stat().st_size > 0 for p in paths)
 

@@ -54,7 +54,7 @@ def zero_out_proj(model: torch.nn.Module, heads: list[tuple[int, int]]) -> None:
 def planted() -> torch.nn.Module:
     """A tiny BERT trained on the synthetic task with USELESS heads' W_O slices at 0 (gated off while training,
     so those slices get no gradient and stay exactly 0)."""
-    model = tiny_model("bert", seed=1, layers=LAYERS, heads=HEADS, head_size=SIZE)
+    model = tiny_model("bert", seed=1, layers=LAYERS, heads=HEADS, head_size=SIZE, randomized=False)
     zero_out_proj(model, USELESS)
     gates = torch.ones(LAYERS, HEADS)
     for layer, head in USELESS:

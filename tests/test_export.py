@@ -19,7 +19,7 @@ from compressor.cli import app
 from compressor.errors import UserError
 from compressor.layout import present_heads
 from compressor.surgery import prune_heads
-from compressor.testing import tiny_batch, tiny_model
+from compressor.testing import ARCHS, tiny_batch, tiny_model
 
 LAYERS, HEADS = 3, 4
 # Uneven heads per layer and layer 1 with no heads left.
@@ -36,7 +36,7 @@ def saved_model(root: Path, arch: str, plan: dict) -> Path:
     return save_pruned(model, root / f"{arch}-model", tokenizer)
 
 
-@pytest.fixture(scope="module", params=["bert", "distilbert", "roberta"])
+@pytest.fixture(scope="module", params=["bert", "distilbert", "roberta", "xlm-roberta", "electra"])
 def exported(request, tmp_path_factory):
     """(model dir, out dir, result) of a full export of a tiny model with uneven heads and an empty layer."""
     root = tmp_path_factory.mktemp(f"export-{request.param}")
@@ -47,6 +47,16 @@ def exported(request, tmp_path_factory):
 
 def reference_logits(model_dir: Path, batch: dict) -> np.ndarray:
     return ex.torch_logits(load_pruned(model_dir), batch)
+
+
+def test_export_reflects_the_pruning(exported):
+    """Negative control: the exported graph is the pruned model, visibly different from the unpruned one."""
+    model_dir, out, _ = exported
+    unpruned = tiny_model(model_dir.name.removesuffix("-model"), layers=LAYERS, heads=HEADS)
+    batch = CHECK[0]
+    onnx_logits = ex.OnnxClassifier(out / "fp32")(batch)
+    assert np.abs(onnx_logits - reference_logits(model_dir, batch)).max() <= 1e-4
+    assert np.abs(onnx_logits - ex.torch_logits(unpruned, batch)).max() > 1e-2
 
 
 def test_fp32_passes_gate_and_layout(exported):
@@ -138,7 +148,7 @@ def test_optimum_ort_model_loads_every_variant_dir(exported):
         assert np.abs(got - expected).max() <= tol, name
 
 
-@pytest.mark.parametrize("arch", ["bert", "distilbert"])
+@pytest.mark.parametrize("arch", ARCHS)
 def test_every_layer_pruned_exports(tmp_path, arch):
     model_dir = saved_model(tmp_path, arch, {layer: list(range(HEADS)) for layer in range(LAYERS)})
     result = ex.export_onnx(model_dir, tmp_path / "onnx", ["fp32", "optimized"], CHECK[:1])

@@ -106,6 +106,8 @@ def test_masked_equals_pruned_table(arch: str, attention: str, case: str) -> Non
         prune_heads(pruned, step)
     assert_structure(pruned, plan)
     torch.testing.assert_close(logits(pruned), logits(model, gates_for(model, plan)), atol=1e-5, rtol=0)
+    if plan:  # negative control: the removed heads mattered, so the equality above is not vacuous
+        assert (logits(pruned) - logits(model)).abs().max() > 1e-3
 
 
 plans = st.lists(st.sets(st.integers(0, HEADS - 1)), min_size=LAYERS, max_size=LAYERS).map(
