@@ -7,6 +7,7 @@ expected (the CLI prints it as one line and exits 2).
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -35,12 +36,21 @@ class DataSpec(Strict):
     text_fields: list[str] = Field(default_factory=lambda: ["text"], min_length=1, max_length=2)
     label_field: str = "label"
     splits: dict[Literal["train", "validation", "test"], str] = Field(
-        default_factory=lambda: {"train": "train", "validation": "validation", "test": "test"}
+        default_factory=lambda: {"train": "train", "validation": "validation", "test": "test"},
+        description="split names for train and validation (required) and test (defaults to the validation split)",
     )
     max_length: int = Field(128, ge=8, le=4096)
     max_train_examples: int | None = Field(None, ge=1)
     max_eval_examples: int | None = Field(None, ge=1)
-    split_seed: int = 0
+    split_seed: int = Field(0, ge=0, lt=2**32)
+
+    @field_validator("splits")
+    @classmethod
+    def _train_and_validation(cls, splits: dict[str, str]) -> dict[str, str]:
+        missing = [k for k in ("train", "validation") if k not in splits]
+        if missing:
+            raise ValueError(f"missing {missing}; expected split names for 'train' and 'validation' (and 'test')")
+        return {"test": splits["validation"], **splits}
 
 
 class TrainSpec(Strict):
@@ -110,8 +120,8 @@ class AnalysisSpec(Strict):
 
 class Recipe(Strict):
     name: str = "run"
-    seed: int = 0
-    output_dir: str = "runs/out"
+    seed: int = Field(0, ge=0, lt=2**32)
+    output_dir: str = Field("runs/out", min_length=1)
     model: ModelSpec = Field(default_factory=ModelSpec)
     data: DataSpec = Field(default_factory=DataSpec)
     base_finetune: TrainSpec = Field(default_factory=lambda: TrainSpec(epochs=2.0, lr=5e-5))
@@ -129,6 +139,8 @@ def _format_error(err: ValidationError) -> str:
         msg = "unknown key (not allowed here)"
     got = first.get("input")
     tail = "" if first["type"] in ("extra_forbidden", "missing") or isinstance(got, dict) else f" (got {got!r})"
+    if loc and re.match(r"[\w.]+: ", msg):  # a validator's message naming a sub-field continues the location
+        return f"{loc}.{msg}{tail}"
     return f"{loc}: {msg}{tail}" if loc else f"{msg}{tail}"
 
 
@@ -147,7 +159,11 @@ def load_recipe(path: str | Path, overrides: dict[str, Any] | None = None) -> Re
     if not path.is_file():
         raise RecipeError(f"recipe: file '{path}' not found")
     try:
-        data = yaml.safe_load(path.read_text())
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as err:
+        raise RecipeError(
+            f"{path}: not a UTF-8 text file ({err.reason} at byte {err.start}); expected a YAML recipe"
+        ) from None
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""

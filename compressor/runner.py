@@ -64,9 +64,31 @@ def _check_writable(out: Path) -> None:
         ) from None
 
 
+RUN_MARKERS = (DONE_FILE, RESOLVED_FILE, "state", "run.log")  # what only a compressor run directory holds
+
+
+def _check_replaceable(out: Path) -> None:
+    """`--force` deletes `out`: allow it only for an empty directory or one a compressor run wrote.
+
+    A typo such as `output_dir: .` or a home directory must never be wiped.
+    """
+    if not out.exists():
+        return
+    resolved, cwd = out.resolve(), Path.cwd().resolve()
+    if resolved == Path.home().resolve() or resolved == cwd or resolved in cwd.parents:
+        raise UserError(f"output_dir: '{out}' is the working or home directory; expected a directory of its own")
+    if out.is_dir() and any(out.iterdir()) and not any((out / m).exists() for m in RUN_MARKERS):
+        raise UserError(
+            f"output_dir: '{out}' is not empty and holds no compressor run, so --force will not delete it; "
+            "expected a new, empty or earlier run's directory"
+        )
+
+
 def preflight(recipe: Recipe, force: bool) -> Path:
     """Check, before any weights load or anything is written, that the run can start."""
     out = Path(recipe.output_dir)
+    if force:
+        _check_replaceable(out)
     if (out / DONE_FILE).exists() and not force:
         raise UserError(f"output_dir: '{out}' holds a finished run; pass --force to overwrite it")
     resolved = out / RESOLVED_FILE

@@ -90,6 +90,19 @@ CASES = [
     ("batch size", lambda w: {"base_finetune": {"batch_size": 0}}, "base_finetune.batch_size"),
     ("bench batch", lambda w: {"bench": {"batch_sizes": [-1]}}, "bench.batch_sizes"),
     ("output not writable", lambda w: {"output_dir": str(w["a_file"] / "out")}, "output_dir: "),
+    ("output dir empty", lambda w: {"output_dir": ""}, "output_dir: String should have at least 1 character"),
+    (
+        "criterion value",
+        lambda w: {"prune.criterion": {"name": "taylor", "params": {"normalize": "lyer"}}},
+        "prune.criterion.params.normalize: expected one of ['layer', 'none'], got 'lyer'",
+    ),
+    (
+        "criterion range",
+        lambda w: {"prune.criterion": {"name": "attribution", "params": {"steps": 0}}},
+        "params.steps: Input should be greater than or equal to 1",
+    ),
+    ("splits incomplete", lambda w: {"data.splits": {"train": "train"}}, "data.splits: missing ['validation']"),
+    ("seed negative", lambda w: {"seed": -1}, "seed: Input should be greater than or equal to 0"),
 ]
 
 
@@ -136,3 +149,26 @@ def test_unfinished_run_of_another_recipe_is_refused(tmp_path, tiny_model_dir, t
     forced = CliRunner().invoke(app, ["run", str(recipe), "--force"])
     assert forced.exit_code == 0, forced.output
     assert json.loads((out / "report.json").read_text())["status"] == "complete"
+
+
+def test_recipe_not_utf8_is_one_line(tmp_path) -> None:
+    path = tmp_path / "recipe.yaml"
+    path.write_bytes(b"name: caf\xe9\n")
+    result = CliRunner().invoke(app, ["validate", str(path)])
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert "not a UTF-8 text file" in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("where", ["foreign", "cwd"])
+def test_force_never_deletes_a_directory_that_is_not_a_run(tmp_path, tiny_model_dir, tiny_csv, monkeypatch, where):
+    """--force replaces an earlier run; a typo'd output_dir pointing at someone's files is refused, intact."""
+    target = tmp_path / "precious"
+    target.mkdir()
+    (target / "thesis.tex").write_text("years of work")
+    monkeypatch.chdir(target if where == "cwd" else tmp_path)
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(yaml.safe_dump(tiny_recipe(tiny_model_dir, tiny_csv, "." if where == "cwd" else target)))
+    result = CliRunner().invoke(app, ["run", str(recipe), "--force"])
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert "output_dir: " in result.stderr and len(result.stderr.strip().splitlines()) == 1
+    assert sorted(p.name for p in target.iterdir()) == ["thesis.tex"]

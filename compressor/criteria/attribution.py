@@ -13,9 +13,10 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Literal
+from typing import Annotated, Literal
 
 import torch
+from pydantic import Field
 from torch import nn
 
 from compressor.criteria.confidence import model_inputs
@@ -123,10 +124,10 @@ def layer_attribution(
 def attribution(
     ctx: ScoreContext,
     *,
-    steps: int = 20,
-    examples: int = 200,
+    steps: Annotated[int, Field(ge=1)] = 20,
+    examples: Annotated[int, Field(ge=1)] = 200,
     target: Literal["predicted", "gold"] = "predicted",
-    batch_size: int = 4,
+    batch_size: Annotated[int, Field(ge=1)] = 4,
 ) -> torch.Tensor:
     """[layers, heads]: mean over examples of max over (query, key) of the head's attention attribution.
 
@@ -134,9 +135,6 @@ def attribution(
     `target` picks F's class (the model's prediction, or the gold label), `batch_size` examples run together
     (so batch_size × steps sequences per pass). The max runs over real (query, key) pairs only, padding excluded.
     """
-    for name, value in (("steps", steps), ("examples", examples), ("batch_size", batch_size)):
-        if value < 1:
-            raise ValueError(f"prune.criterion.params.{name}: expected ≥ 1, got {value}")
     model = ctx.model
     model.eval()
     heads = present_heads(model)

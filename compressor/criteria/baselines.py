@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 import torch
 import torch.nn.functional as F
+from pydantic import Field
 
 from compressor.criteria.confidence import attention_maps, model_inputs
 from compressor.criteria.registry import ScoreContext, mean_over_processes, register
@@ -85,15 +86,18 @@ def _metric(ctx: ScoreContext, gates: torch.Tensor, metric: str, batches: list[d
 
 
 @register("ablation")
-def ablation(ctx: ScoreContext, *, metric: Literal["loss", "accuracy"] = "loss", examples: int = 128) -> torch.Tensor:
+def ablation(
+    ctx: ScoreContext,
+    *,
+    metric: Literal["loss", "accuracy"] = "loss",
+    examples: Annotated[int, Field(ge=1)] = 128,
+) -> torch.Tensor:
     """[layers, heads]: how much worse the model gets when that head alone is masked (the expensive oracle).
 
     Score = loss(head masked) − loss(current model) for `metric='loss'` (the default: smooth, so few ties), or
     accuracy(current) − accuracy(head masked). One forward pass over `examples` scoring examples per alive
     head. A head whose removal *helps* gets a negative score and is removed first.
     """
-    if examples < 1:
-        raise ValueError(f"prune.criterion.params.examples: expected ≥ 1, got {examples}")
     ctx.model.eval()
     batches, seen = [], 0
     for batch in ctx.batches:

@@ -24,10 +24,11 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import Literal
+from typing import Annotated, Literal
 
 import torch
 import torch.nn.functional as F
+from pydantic import Field
 from torch import nn
 
 from compressor.criteria.confidence import model_inputs
@@ -72,21 +73,15 @@ def _cycle(batches: Sequence[dict], steps: int) -> Iterator[dict]:
         yield batches[step % len(batches)]
 
 
-def _check(**values: float) -> None:
-    for name, value in values.items():
-        if value <= 0:
-            raise ValueError(f"prune.criterion.params.{name}: expected > 0, got {value}")
-
-
 @register("l0")
 def l0(
     ctx: ScoreContext,
     *,
     mode: Literal["target", "fixed"] = "target",
-    lam: float = 0.01,
-    steps: int = 300,
-    lr: float = 0.1,
-    lagrangian_lr: float = 0.1,
+    lam: Annotated[float, Field(ge=0)] = 0.01,
+    steps: Annotated[int, Field(ge=1)] = 300,
+    lr: Annotated[float, Field(gt=0)] = 0.1,
+    lagrangian_lr: Annotated[float, Field(gt=0)] = 0.1,
     init: float = 3.0,
 ) -> torch.Tensor:
     """[layers, heads] log α after training the gates on `ctx.train_batches()` (else the scoring batches).
@@ -95,9 +90,6 @@ def l0(
     open). `lam` is the fixed penalty of `mode='fixed'`; `lagrangian_lr` the ascent rate of the target mode's
     multipliers. Uses `ctx.accelerator.backward` when given and averages gate gradients over processes.
     """
-    _check(steps=steps, lr=lr, lagrangian_lr=lagrangian_lr)
-    if lam < 0:
-        raise ValueError(f"prune.criterion.params.lam: expected ≥ 0, got {lam}")
     model, acc, device = ctx.model, ctx.accelerator, ctx.device
     model.eval()
     batches = list(ctx.train_batches()) if ctx.train_batches is not None else list(ctx.batches)

@@ -8,6 +8,7 @@ recipe's `params` against the signature, so a typo fails at `compressor validate
 
 from __future__ import annotations
 
+import functools
 import inspect
 import typing
 from collections.abc import Callable, Sequence
@@ -15,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 from torch import nn
 
 Criterion = Callable[..., torch.Tensor]
@@ -75,31 +77,40 @@ def get(name: str) -> Criterion:
 
 
 def check_params(name: str, params: dict[str, Any]) -> None:
-    """Raise ValueError naming the first parameter the criterion does not take or whose type is wrong."""
-    sig = inspect.signature(get(name))
-    accepted = {p.name: p for p in sig.parameters.values() if p.kind is inspect.Parameter.KEYWORD_ONLY}
-    for key, value in params.items():
-        if key not in accepted:
-            raise ValueError(
-                f"prune.criterion.params.{key}: unknown parameter for '{name}'; expected one of {sorted(accepted)}"
-            )
-        default = accepted[key].default
-        if default is not inspect.Parameter.empty and default is not None:
-            expected = (int, float) if isinstance(default, float) else type(default)
-            if isinstance(value, bool) != isinstance(default, bool) or not isinstance(value, expected):
-                raise ValueError(f"prune.criterion.params.{key}: expected {type(default).__name__}, got {value!r}")
-        choices = _literal_choices(get(name), key)
-        if choices is not None and value not in choices:
-            raise ValueError(f"prune.criterion.params.{key}: expected one of {list(choices)}, got {value!r}")
+    """Raise ValueError naming the first parameter the criterion does not take, or whose value is wrong.
 
-
-def _literal_choices(fn: Criterion, param: str) -> tuple | None:
-    """The allowed values when `param` is annotated `Literal[...]` (so a misspelt mode fails at validate time)."""
+    The criterion's keyword-only signature is its schema: a strict pydantic model is built from it, so types,
+    `Literal` choices and `Annotated[..., Field(ge=...)]` bounds are all checked here, at `validate` time.
+    """
     try:
-        hint = typing.get_type_hints(fn).get(param)
-    except (NameError, TypeError):
-        return None
-    return typing.get_args(hint) if typing.get_origin(hint) is typing.Literal else None
+        _params_model(name).model_validate(params)
+    except ValidationError as err:
+        first = err.errors()[0]
+        key = ".".join(str(p) for p in first["loc"])
+        if first["type"] == "extra_forbidden":
+            accepted = sorted(_params_model(name).model_fields)
+            raise ValueError(
+                f"prune.criterion.params.{key}: unknown parameter for '{name}'; expected one of {accepted}"
+            ) from None
+        if first["type"] == "literal_error":
+            choices = typing.get_args(_params_model(name).model_fields[key].annotation)
+            raise ValueError(
+                f"prune.criterion.params.{key}: expected one of {list(choices)}, got {params[key]!r}"
+            ) from None
+        raise ValueError(f"prune.criterion.params.{key}: {first['msg']} (got {first['input']!r})") from None
+
+
+@functools.cache
+def _params_model(name: str) -> type[BaseModel]:
+    """A strict pydantic model of criterion `name`'s keyword-only parameters (unknown keys forbidden)."""
+    fn = get(name)
+    hints = typing.get_type_hints(fn, include_extras=True)
+    fields = {
+        p.name: (hints.get(p.name, Any), ... if p.default is inspect.Parameter.empty else p.default)
+        for p in inspect.signature(fn).parameters.values()
+        if p.kind is inspect.Parameter.KEYWORD_ONLY
+    }
+    return create_model(f"{name}_params", __config__=ConfigDict(extra="forbid", strict=True), **fields)
 
 
 def score_heads(name: str, ctx: ScoreContext, params: dict[str, Any] | None = None) -> torch.Tensor:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 import torch
 import torch.nn.functional as F
 
@@ -21,7 +23,9 @@ def normalize_scores(scores: torch.Tensor, alive: torch.Tensor, mode: str) -> to
 
 
 @register("taylor")
-def taylor(ctx: ScoreContext, *, normalize: str = "layer", label_free: bool = False) -> torch.Tensor:
+def taylor(
+    ctx: ScoreContext, *, normalize: Literal["layer", "none"] = "layer", label_free: bool = False
+) -> torch.Tensor:
     """[layers, heads] importance: |∂L/∂ξ_h| per batch, summed over batches, divided by the number of examples.
 
     The absolute value is taken per batch (as in Michel's released code) rather than per example, which would
