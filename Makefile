@@ -18,8 +18,10 @@ $(STAMP): requirements.txt pyproject.toml
 	$(BIN)/pip install --quiet --no-deps -e .
 	touch $(STAMP)
 
+# A finished demo is run again from scratch; an interrupted one resumes from its last finished step.
 demo: setup
-	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(BIN)/compressor run recipes/minilm_rt_50pct.yaml --force
+	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(BIN)/compressor run recipes/minilm_rt_50pct.yaml \
+		$$(test -f runs/minilm_rt_50pct/report.json && echo --force)
 
 test: setup
 	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(BIN)/python -m pytest -q

@@ -16,12 +16,13 @@ import shutil
 import tempfile
 import time
 from dataclasses import dataclass, field
+from datetime import timedelta
 from functools import partial
 from pathlib import Path
 
 import torch
 from accelerate import Accelerator
-from accelerate.utils import broadcast, set_seed
+from accelerate.utils import InitProcessGroupKwargs, broadcast, set_seed
 from safetensors.torch import load_file, save_file
 
 from compressor import atomic, criteria
@@ -42,6 +43,12 @@ log = logging.getLogger("compressor")
 REPORT_SCHEMA = 1
 DONE_FILE = "report.json"  # written last and atomically: its presence means the run finished
 RESOLVED_FILE = "recipe.resolved.yaml"  # what an unfinished run in the directory was started with
+
+
+def make_accelerator() -> Accelerator:
+    """The run's Accelerator. Under several processes the others wait at a barrier while the main process exports,
+    benchmarks and analyses alone; gloo's default 30-minute timeout would kill a long run there, so allow 12 h."""
+    return Accelerator(kwargs_handlers=[InitProcessGroupKwargs(timeout=timedelta(hours=12))])
 
 
 def cache_root() -> Path:
@@ -226,6 +233,7 @@ def prune_loop(run: Run, model: torch.nn.Module) -> tuple[torch.Tensor, list[dic
                 sample_batches, run.splits["train"], run.tokenizer, 2048, p.score_batch_size, r.seed + step, acc
             ),
             seed=r.seed + step,
+            extras={"special_token_ids": sorted(run.tokenizer.all_special_ids)},
         )
         scores = criteria.score_heads(p.criterion.name, ctx, p.criterion.params)
         scores = broadcast(scores.to(acc.device)).cpu() if acc.num_processes > 1 else scores
@@ -241,6 +249,9 @@ def prune_loop(run: Run, model: torch.nn.Module) -> tuple[torch.Tensor, list[dic
             "scores": [[None if s == float("-inf") else round(float(s), 6) for s in row] for row in scores],
             "val_after_prune": after_prune,
         }
+        diagnostics = {k: v for k, v in ctx.extras.items() if k != "special_token_ids"}  # e.g. l0's sparsity reached
+        if diagnostics:
+            entry["criterion_diagnostics"] = diagnostics
         if p.finetune is not None:
             entry["finetune"] = train(
                 model,
@@ -273,7 +284,7 @@ def prune_loop(run: Run, model: torch.nn.Module) -> tuple[torch.Tensor, list[dic
 
 def prepare(recipe: Recipe, accelerator: Accelerator | None = None, force: bool = False) -> Run:
     """Load and check data and tokenizer; only then clear the output directory (with `force`), log, tokenise."""
-    accelerator = accelerator or Accelerator()
+    accelerator = accelerator or make_accelerator()
     out = Path(recipe.output_dir)
     data = load_task_data(recipe.data)
     check_labels(recipe, data)
@@ -335,7 +346,7 @@ def finalize(run: Run, model: torch.nn.Module, alive: torch.Tensor) -> tuple[tor
 def run_recipe(recipe: Recipe, force: bool = False, accelerator: Accelerator | None = None) -> dict:
     """Execute the whole recipe; returns the report dict (also written to `<output_dir>/report.json`)."""
     out = preflight(recipe, force)
-    run = prepare(recipe, accelerator or Accelerator(), force)
+    run = prepare(recipe, accelerator or make_accelerator(), force)
     accelerator = run.accelerator
     if run.main:
         atomic.write_text(out / RESOLVED_FILE, dump_recipe(recipe))

@@ -171,3 +171,27 @@ def test_run_all_stages(tmp_path, tiny_model_dir, tiny_csv, cache_dir) -> None:
         assert section in md
     for path in ("onnx/fp32/model.onnx", "bench/report.md", "analysis/analysis.json", "model/README.md"):
         assert (out / path).exists(), path
+
+
+def test_criteria_get_special_ids_and_their_diagnostics_reach_the_step_log(
+    tmp_path, tiny_model_dir, tiny_csv, cache_dir, monkeypatch
+) -> None:
+    """The tokenizer's special ids reach every criterion (confidence needs them); l0's sparsity report is kept."""
+    from compressor import criteria
+
+    seen: list[dict] = []
+    real = criteria.score_heads
+
+    def spy(name, ctx, params=None):
+        seen.append(dict(ctx.extras))
+        return real(name, ctx, params)
+
+    monkeypatch.setattr(criteria, "score_heads", spy)
+    prune = {"criterion": {"name": "l0", "params": {"steps": 30}}, "target": 0.5, "steps": 2, "finetune": None}
+    report = _run(tmp_path, tiny_model_dir, tiny_csv, prune=prune)
+    special = sorted(AutoTokenizer.from_pretrained(tiny_model_dir).all_special_ids)
+    assert len(seen) == 2 and all(extras["special_token_ids"] == special for extras in seen)
+    before = [12] + [step["heads_left"] for step in report["steps"][:-1]]
+    for step, alive in zip(report["steps"], before, strict=True):
+        l0 = step["criterion_diagnostics"]["l0"]
+        assert l0["alive"] == alive and l0["target_open"] == step["heads_left"]
