@@ -34,7 +34,10 @@ BAD = [
         {"prune": {"criterion": {"name": "taylor", "params": {"normalise": "layer"}}}},
         "params.normalise: unknown parameter",
     ),
-    ({"prune": {"criterion": {"name": "taylor", "params": {"label_free": "yes"}}}}, "params.label_free: Input should be a valid boolean (got 'yes')"),
+    (
+        {"prune": {"criterion": {"name": "taylor", "params": {"label_free": "yes"}}}},
+        "params.label_free: Input should be a valid boolean (got 'yes')",
+    ),
     ({"base_finetune": {"batch_size": 0}}, "base_finetune.batch_size"),
     ({"bench": {"batch_sizes": [8, 0]}}, "bench.batch_sizes"),
     ({"bench": {"batch_sizes": []}}, "bench.batch_sizes"),
