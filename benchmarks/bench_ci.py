@@ -3,8 +3,11 @@
 A random-init BERT (4 layers × 8 heads, hidden 256, FFN 512) loses 16 of its 32 heads by a fixed plan. One run
 measures, on this machine, ratios only — pruned/original PyTorch throughput and ONNX/PyTorch throughput of the
 pruned model — plus agreement of predictions on seeded synthetic batches:
-pruned vs masked original (must be exact), pruned vs original, ONNX vs PyTorch. Each is compared with
-benchmarks/baseline_ci.json under its tolerance; only a change in the bad direction fails (exit 1).
+pruned vs masked original (must be exact), pruned vs original, ONNX vs PyTorch. Quality goes through bench's
+labelled path (accuracy, Wilson interval, McNemar test): the labels are the original's own predictions, so the
+original scores 1.0 and `accuracy_pruned` is deterministic. Each metric is compared with
+benchmarks/baseline_ci.json under its tolerance and `direction` (higher or lower is better); only a change in the
+bad direction fails (exit 1; an invalid baseline exits 2).
 Absolute times are printed for context but never compared: they belong to the machine, not the code.
 
 Usage: python benchmarks/bench_ci.py [--update-baseline] [--threads 1] [--out runs/bench-ci]
@@ -45,7 +48,11 @@ TOLERANCES = {
     "agreement_pruned_vs_masked": {"absolute": 0.0},
     "agreement_pruned_vs_original": {"absolute": 0.01},
     "agreement_onnx_vs_pytorch": {"absolute": 0.004},
+    "accuracy_pruned": {"absolute": 0.01},
 }
+# Metrics where lower is better (written as direction "lower" into a new baseline); all current ones are "higher".
+LOWER_IS_BETTER: frozenset[str] = frozenset()
+DIRECTIONS = ("higher", "lower")
 
 
 def build_models(seed: int = 0) -> tuple[torch.nn.Module, torch.nn.Module]:
@@ -74,6 +81,11 @@ def synthetic_eval_batches(n: int = 512, batch: int = 32, seed: int = 1) -> list
         mask = (torch.arange(SEQ_LEN)[None, :] < lengths[:, None]).long()
         out.append({"input_ids": ids * mask, "attention_mask": mask, "token_type_ids": torch.zeros_like(mask)})
     return out
+
+
+def labelled_by(reference: bench.Candidate, batches: list) -> list[dict[str, torch.Tensor]]:
+    """Copies of `batches` with `labels` = `reference`'s own predictions (deterministic for a seeded model)."""
+    return [{**b, "labels": torch.as_tensor(bench.collect_logits(reference, [b]).argmax(-1))} for b in batches]
 
 
 def masked_candidate(original: torch.nn.Module) -> bench.Candidate:
@@ -115,7 +127,7 @@ def measure(threads: int, rounds: int, out: Path | None) -> tuple[dict, dict]:
         spec = BenchSpec(
             batch_sizes=BATCH_SIZES, seq_len=SEQ_LEN, rounds=rounds, warmup=2, min_time_s=0.3, threads=threads
         )
-        result = bench.bench(timed, None, spec, out)
+        result = bench.bench(timed, labelled_by(timed[0], batches), spec, out)
     sp = result["speedups"]
     metrics = {
         "speedup_pruned_vs_original_b32": sp["pytorch-pruned"][str(HEADLINE)]["median"],
@@ -123,6 +135,7 @@ def measure(threads: int, rounds: int, out: Path | None) -> tuple[dict, dict]:
         "agreement_pruned_vs_original": agree["pytorch-pruned|pytorch-original"],
         "agreement_pruned_vs_masked": agree["pytorch-pruned|pytorch-masked"],
         "agreement_onnx_vs_pytorch": agree["onnx-fp32|pytorch-pruned"],
+        "accuracy_pruned": result["quality"]["results"]["pytorch-pruned"]["accuracy"],
     }
     per_round = zip(
         sp["onnx-fp32"][str(HEADLINE)]["per_round"], sp["pytorch-pruned"][str(HEADLINE)]["per_round"], strict=True
@@ -138,40 +151,84 @@ def agreements(candidates: list[bench.Candidate], batches: list, pairs: list[tup
     return {f"{a}|{b}": float(np.mean(preds[a] == preds[b])) for a, b in pairs if a in by_name and b in by_name}
 
 
+def _bounds(name: str, ref: dict) -> tuple[str, float, float]:
+    """(direction, limit, better-than) for one baseline entry: beyond `limit` in the bad direction is a regression,
+    beyond `better-than` in the good one is worth a new baseline. Raises ValueError naming the metric if invalid."""
+    direction = ref.get("direction")
+    if direction not in DIRECTIONS:
+        raise ValueError(f"baseline metric {name!r}: direction {direction!r}, expected 'higher' or 'lower'")
+    tol = ref.get("tolerance", {})
+    unknown = set(tol) - {"relative", "absolute"}
+    if unknown:
+        raise ValueError(f"baseline metric {name!r}: unknown tolerance {sorted(unknown)}, expected relative/absolute")
+    value, rel, absolute = ref.get("value"), tol.get("relative", 0.0), tol.get("absolute", 0.0)
+    if not all(isinstance(x, int | float) and not isinstance(x, bool) for x in (value, rel, absolute)):
+        raise ValueError(f"baseline metric {name!r}: value and tolerances must be numbers, got {ref!r}")
+    low, high = value * (1 - rel) - absolute, value * (1 + rel) + absolute
+    return (direction, low, high) if direction == "higher" else (direction, high, low)
+
+
+def check_baseline(baseline: dict) -> None:
+    """Raise ValueError (naming the metric) for an entry `compare` cannot judge; run before the slow measurement."""
+    if not isinstance(baseline, dict) or not isinstance(baseline.get("metrics"), dict) or not baseline["metrics"]:
+        raise ValueError("no 'metrics' object (expected {name: {value, direction, tolerance}})")
+    for name, ref in baseline["metrics"].items():
+        if not isinstance(ref, dict):
+            raise ValueError(f"baseline metric {name!r}: expected an object with value, direction, tolerance")
+        _bounds(name, ref)
+
+
 def compare(metrics: dict, baseline: dict) -> tuple[list[str], bool]:
-    """Table lines and overall verdict: each baseline metric must not move in the bad direction beyond tolerance."""
+    """Table lines and overall verdict: each baseline metric must not move in its bad direction (`direction`:
+    'higher' or 'lower' is better) beyond its tolerance. Raises ValueError (naming the metric) for a bad entry."""
     lines = [f"{'metric':40s} {'baseline':>9s} {'now':>9s} {'limit':>9s}  verdict"]
     ok = True
     for name, ref in baseline["metrics"].items():
-        value, tol = metrics.get(name), ref.get("tolerance", {})
-        limit = ref["value"] * (1 - tol.get("relative", 0.0)) - tol.get("absolute", 0.0)
+        direction, limit, better = _bounds(name, ref)
+        value = metrics.get(name)
+        sign = 1.0 if direction == "higher" else -1.0  # compare as "higher is better"
         if value is None:
             verdict, ok = "MISSING (fail)", False
             shown = "–"
         else:
             shown = f"{value:9.4f}"
-            if value < limit:
+            if sign * value < sign * limit:
                 verdict, ok = "REGRESSION", False
-            elif value > ref["value"] * (1 + tol.get("relative", 0.0)) + tol.get("absolute", 0.0):
+            elif sign * value > sign * better:
                 verdict = "better (consider --update-baseline)"
             else:
                 verdict = "ok"
-        lines.append(f"{name:40s} {ref['value']:9.4f} {shown:>9s} {limit:9.4f}  {verdict}")
+        arrow = "≥" if direction == "higher" else "≤"
+        lines.append(f"{name:40s} {ref['value']:9.4f} {shown:>9s} {arrow}{limit:8.4f}  {verdict}")
     for name in sorted(set(metrics) - set(baseline["metrics"])):
         lines.append(f"{name:40s} {'–':>9s} {metrics[name]:9.4f} {'–':>9s}  not in baseline")
     return lines, ok
 
 
-def new_baseline(metrics: dict, result: dict) -> dict:
+def run_context(result: dict) -> dict:
+    """What a baseline records about the run besides the metrics (the only bench-result keys it reads)."""
     return {
-        "format": 1,
-        "description": "benchmarks/bench_ci.py: ratios and agreements only (absolute times are machine-specific)",
-        "config": {"layers": LAYERS, "heads": HEADS, "hidden": HIDDEN, "ffn": FFN, "seq_len": SEQ_LEN, "plan": PLAN},
         "flop_ideal_speedup": result["summary"]["pytorch-pruned"]["flop_ideal_speedup"],
         "measured_on": {k: result["machine"][k] for k in ("processor", "cpu_count", "torch", "onnxruntime")},
         "threads": result["setup"]["torch_threads"],
+    }
+
+
+def new_baseline(metrics: dict, context: dict) -> dict:
+    """A baseline for `metrics` (tolerances from TOLERANCES, directions from LOWER_IS_BETTER); `context` from
+    `run_context`."""
+    return {
+        "format": 1,
+        "description": "benchmarks/bench_ci.py: ratios, agreements and accuracy only (absolute times are "
+        "machine-specific)",
+        "config": {"layers": LAYERS, "heads": HEADS, "hidden": HIDDEN, "ffn": FFN, "seq_len": SEQ_LEN, "plan": PLAN},
+        **context,
         "metrics": {
-            name: {"value": round(value, 4), "direction": "higher", "tolerance": TOLERANCES[name]}
+            name: {
+                "value": round(value, 4),
+                "direction": "lower" if name in LOWER_IS_BETTER else "higher",
+                "tolerance": TOLERANCES[name],
+            }
             for name, value in metrics.items()
         },
     }
@@ -185,21 +242,30 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "bench-ci", help="bench report directory")
     args = parser.parse_args()
+    baseline = None
+    if not args.update_baseline:  # a missing or invalid baseline fails now, not after minutes of timing
+        if not args.baseline.exists():
+            print(f"error: no baseline at {args.baseline}; run with --update-baseline first", file=sys.stderr)
+            return 1
+        try:
+            baseline = json.loads(args.baseline.read_text())
+            check_baseline(baseline)
+        except ValueError as exc:  # json.JSONDecodeError included
+            print(f"error: {args.baseline}: {exc}", file=sys.stderr)
+            return 2
     start = time.perf_counter()
     metrics, result = measure(args.threads, args.rounds, args.out)
-    ideal = result["summary"]["pytorch-pruned"]["flop_ideal_speedup"]
+    context = run_context(result)
+    ideal = context["flop_ideal_speedup"]
     for name, rows in result["throughput"].items():
         row = rows[str(HEADLINE)]
         print(f"{name:18s} batch {HEADLINE}: {row['examples_per_s']['median']:8.1f} examples/s (context only)")
-    print(f"FLOP-ideal pruned/original speed-up: {ideal:.3f}; threads {result['setup']['torch_threads']}")
+    print(f"FLOP-ideal pruned/original speed-up: {ideal:.3f}; threads {context['threads']}")
     if args.update_baseline:
-        args.baseline.write_text(json.dumps(new_baseline(metrics, result), indent=2) + "\n")
+        args.baseline.write_text(json.dumps(new_baseline(metrics, context), indent=2) + "\n")
         print(f"baseline written: {args.baseline}")
         return 0
-    if not args.baseline.exists():
-        print(f"error: no baseline at {args.baseline}; run with --update-baseline first", file=sys.stderr)
-        return 1
-    lines, ok = compare(metrics, json.loads(args.baseline.read_text()))
+    lines, ok = compare(metrics, baseline)
     print("\n".join(lines))
     print(f"bench-ci: {'PASS' if ok else 'FAIL'} in {time.perf_counter() - start:.0f} s (report: {args.out})")
     return 0 if ok else 1

@@ -9,7 +9,9 @@ criterion's scoring cost in seconds per 100 scoring examples (wall time on a sha
     .venv/bin/python benchmarks/criteria.py --criteria taylor random --eval-examples 200
     .venv/bin/python benchmarks/criteria.py --criteria attribution:steps=10   # a variant, stored under that name
 
-Writes benchmarks/results/criteria.json (merged per criterion, so runs can be split) and criteria.png.
+Writes benchmarks/results/criteria.json (merged per criterion, so runs can be split) and criteria.png. A run whose
+settings (model, eval/score/train examples, max length, threads) differ from those of the results already in the
+file refuses to merge into it (use another --out, or --fresh to start the file over).
 """
 
 from __future__ import annotations
@@ -63,6 +65,18 @@ def accuracy(model: torch.nn.Module, batches: list[dict], alive: torch.Tensor) -
     return correct / total
 
 
+def parse_value(value: str) -> bool | int | float | str:
+    """An override's value: true/false → bool, then int, then float, else the string itself."""
+    if value.lower() in ("true", "false"):
+        return value.lower() == "true"
+    for kind in (int, float):
+        try:
+            return kind(value)
+        except ValueError:
+            pass
+    return value
+
+
 def parse_spec(spec: str) -> tuple[str, dict]:
     """`name` or `name:key=value,...` → (criterion name, its benchmark settings with the overrides applied)."""
     name, _, overrides = spec.partition(":")
@@ -73,7 +87,7 @@ def parse_spec(spec: str) -> tuple[str, dict]:
         key, sep, value = item.partition("=")
         if not sep:
             raise SystemExit(f"--criteria: {item!r} in {spec!r} is not key=value")
-        params[key] = int(value) if value.lstrip("-").isdigit() else value
+        params[key] = parse_value(value)
     return name, params
 
 
@@ -110,6 +124,29 @@ def curve(model, name: str, params: dict, data: dict, seed: int = 0) -> dict:
         accs.append(accuracy(model, data["eval"], alive))
         print(f"  {name:11s} seed {seed} removed {fraction:.0%}: acc {accs[-1]:.4f} ({seconds[-1]:.1f}s)", flush=True)
     return {"accuracy": accs, "score_seconds": seconds}
+
+
+# Run settings that shape every curve and cost figure: results from runs that differ in any of them do not belong
+# in one file (one plot, one y-axis label, costs relative to taylor).
+RUN_SETTINGS = ("model", "eval_examples", "score_examples", "train_examples", "train_batch", "max_length", "threads")
+
+
+def merge_previous(previous: dict, settings: dict) -> dict:
+    """The criteria entries of an earlier results file to merge this run's into; ValueError naming every setting
+    that differs (a setting an older file did not record is not checked)."""
+    if not previous.get("criteria"):
+        return {}
+    differ = [
+        f"{key} {previous[key]!r} there, {settings[key]!r} now"
+        for key in RUN_SETTINGS
+        if key in previous and key in settings and previous[key] != settings[key]
+    ]
+    if differ:
+        raise ValueError(
+            f"refusing to merge into results made with other settings ({'; '.join(differ)}): "
+            "use the same settings, another --out, or --fresh to start the file over"
+        )
+    return dict(previous["criteria"])
 
 
 def load(args: argparse.Namespace) -> tuple[torch.nn.Module, dict]:
@@ -166,6 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-length", type=int, default=64)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", default=str(RESULTS / "criteria.json"))
+    parser.add_argument("--fresh", action="store_true", help="discard the results already in --out instead of merging")
     args = parser.parse_args(argv)
     if not Path(args.model).exists():
         print(f"--model: {args.model} does not exist; expected the fine-tuned MiniLM directory", file=sys.stderr)
@@ -175,16 +213,26 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     model, data = load(args)
     labels = torch.cat([b["labels"] for b in data["eval"]])
-    previous = json.loads(out.read_text()) if out.exists() else {}
-    results = {
-        "model": args.model,
+    previous = json.loads(out.read_text()) if out.exists() and not args.fresh else {}
+    settings = {
+        "model": str(Path(args.model).resolve()),
         "eval_examples": int(labels.numel()),
         "score_examples": args.score_examples,
+        "train_examples": args.train_examples,
+        "train_batch": args.train_batch,
         "max_length": args.max_length,
         "threads": args.threads,
+    }
+    try:
+        merged = merge_previous(previous, settings)
+    except ValueError as exc:
+        print(f"{out}: {exc}", file=sys.stderr)
+        return 2
+    results = {
+        **settings,
         "fractions": FRACTIONS,
         "majority_class": float(labels.bincount().max() / labels.numel()),
-        "criteria": previous.get("criteria", {}),
+        "criteria": merged,
     }
     for spec in args.criteria:
         name, params = parse_spec(spec)

@@ -26,16 +26,65 @@ def write_text(path: str | Path, text: str) -> None:
 
 @contextmanager
 def directory(out_dir: str | Path) -> Iterator[Path]:
-    """Yield a hidden sibling temp directory to fill; on success it replaces `out_dir`, on error it is removed."""
+    """Yield a hidden sibling temp directory to fill; on success it replaces `out_dir`, on error it is removed.
+
+    One complete version is always on disk: the old `out_dir` is renamed aside (`.NAME.old`), the new one renamed
+    in, then the old one deleted. A process killed between the renames leaves the old one aside; the next call for
+    the same `out_dir` puts it back (or, when the new one is already in, deletes it). Not for concurrent writers of
+    one `out_dir`.
+    """
     out_dir = Path(out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+    recover(out_dir)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
     try:
         yield tmp
         tmp.chmod(0o755)  # mkdtemp makes it private; outputs are meant to be shared
-        if out_dir.exists():
-            shutil.rmtree(out_dir)
-        tmp.rename(out_dir)
+        _swap_in(tmp, out_dir)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def aside_path(out_dir: str | Path) -> Path:
+    """Where `directory` keeps the previous `out_dir` during a swap."""
+    out_dir = Path(out_dir)
+    return out_dir.parent / f".{out_dir.name}.old"
+
+
+def recover(out_dir: str | Path) -> None:
+    """Finish or undo a swap that a killed process left half done (no-op when there is nothing to do)."""
+    out_dir, old = Path(out_dir), aside_path(out_dir)
+    if not (old.exists() or old.is_symlink()):
+        return
+    if out_dir.exists() or out_dir.is_symlink():
+        _remove(old)  # the new one made it in; only the delete of the old one was missed
+    else:
+        old.rename(out_dir)  # killed between the two renames: the old one is the last complete output
+
+
+def _swap_in(new: Path, out_dir: Path) -> None:
+    old = aside_path(out_dir)
+    had_old = out_dir.exists() or out_dir.is_symlink()
+    if had_old:
+        _remove(old)
+        out_dir.rename(old)
+    try:
+        new.rename(out_dir)
+    except BaseException:
+        if had_old and not (out_dir.exists() or out_dir.is_symlink()):
+            old.rename(out_dir)
+        raise
+    if had_old:
+        _remove(old, ignore_errors=True)
+
+
+def _remove(path: Path, ignore_errors: bool = False) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=ignore_errors)
+    elif path.exists() or path.is_symlink():
+        try:
+            path.unlink()
+        except OSError:
+            if not ignore_errors:
+                raise
