@@ -116,6 +116,7 @@ def curve(model, name: str, params: dict, data: dict, seed: int = 0) -> dict:
             target_remove=n_remove,
             train_batches=lambda: data["train"],
             seed=seed,
+            extras={"special_token_ids": data["special_ids"]},
         )
         start = time.perf_counter()
         scores = criteria.score_heads(name, ctx, params)
@@ -167,6 +168,7 @@ def load(args: argparse.Namespace) -> tuple[torch.nn.Module, dict]:
         "score": sample_batches(train_ds, tokenizer, args.score_examples, 32, seed=1),
         "train": sample_batches(train_ds, tokenizer, args.train_examples, args.train_batch, seed=2),
         "alive": alive,
+        "special_ids": sorted(tokenizer.all_special_ids),
     }
     return model, data
 
