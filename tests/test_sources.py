@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import shutil
@@ -12,10 +13,14 @@ from pathlib import Path
 import datasets
 import pytest
 import yaml
+from conftest import make_rows, make_tokenizer_dir, tiny_recipe
 
+from compressor.errors import UserError
 from compressor.recipe import DataSpec, ModelSpec, RecipeError, load_recipe
 from compressor.sources import data as data_mod
-from compressor.sources import load_task_data, resolve_model_path
+from compressor.sources import load_task_data, load_tokenizer, resolve_model_path
+from compressor.sources.models import load_config
+from compressor.testing import tiny_config, tiny_model
 
 ROOT = Path(__file__).resolve().parents[1]
 NLI_LABELS = ["entailment", "neutral", "contradiction"]
@@ -151,3 +156,177 @@ def test_fingerprint_of_local_source_changes_when_a_file_is_rewritten(tmp_path: 
     assert source_fingerprint(source, {}) == first
     weights.write_text("a,b\n1,2\n3,4\n")
     assert source_fingerprint(source, {}) != first
+
+
+# Bad local sources are refused with one line naming the recipe field, before the run writes anything.
+
+
+def _write_csv(path: Path, fieldnames: list[str], rows: list[dict]) -> Path:
+    with path.open("w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=fieldnames)
+        writer.writeheader()
+        writer.writerows(rows)
+    return path
+
+
+def _split_dir(root: Path, columns: dict[str, list[str]]) -> Path:
+    """`<split>.csv` files with the given columns (the first two filled from `make_rows`)."""
+    root.mkdir()
+    for split, fields in columns.items():
+        rows = [dict(zip(fields, (r["text"], r["label"]), strict=False)) for r in make_rows(20)]
+        _write_csv(root / f"{split}.csv", fields, rows)
+    return root
+
+
+RENAMED_IN_VALIDATION = {"train": ["text", "label"], "validation": ["review", "label"], "test": ["text", "label"]}
+
+
+@pytest.mark.parametrize(
+    ("columns", "expected"),
+    [
+        (
+            RENAMED_IN_VALIDATION,
+            "data.text_fields: field 'text' not in dataset split 'validation' (data.splits.validation); "
+            "expected it in every used split; columns found ['review', 'label']",
+        ),
+        (
+            {"train": ["text", "label"], "validation": ["text", "label"], "test": ["text", "stars"]},
+            "data.label_field: field 'label' not in dataset split 'test' (data.splits.test)",
+        ),
+    ],
+    ids=["text field in validation", "label field in test"],
+)
+def test_every_used_split_is_checked_for_the_fields(tmp_path, columns, expected) -> None:
+    spec = DataSpec(source=str(_split_dir(tmp_path / "splits", columns)))
+    with pytest.raises(UserError) as err:
+        load_task_data(spec)
+    assert expected in str(err.value)
+
+
+def test_unused_split_with_other_columns_is_ignored(tmp_path) -> None:
+    """Splits are loaded one file at a time, so a file the recipe does not use may have any columns."""
+    columns = {"train": ["text", "label"], "validation": ["text", "label"], "test": ["text", "label"]}
+    root = _split_dir(tmp_path / "splits", {**columns, "unlabelled": ["sentence", "id"]})
+    data = load_task_data(DataSpec(source=str(root)))
+    assert (len(data.train), len(data.validation), len(data.test)) == (20, 20, 20)
+    assert data.validation.column_names == ["text", "label"]
+
+
+@pytest.mark.parametrize("layout", ["csv file", "jsonl in directory"])
+def test_malformed_local_file_is_one_line(tmp_path, layout) -> None:
+    if layout == "csv file":
+        bad = tmp_path / "reviews.csv"
+        bad.write_text('text,label\n"an unclosed quote,1\nmore,cells,than,the,header\n')
+        source = bad
+    else:
+        source = tmp_path / "splits"
+        source.mkdir()
+        for split in ("train", "validation", "test"):
+            (source / f"{split}.jsonl").write_text('{"text": "good film", "label": 1}\n')
+        bad = source / "validation.jsonl"
+        bad.write_text('{"text": "good film", "label": 1}\n{not json\n')
+    with pytest.raises(UserError, match=r"^data\.source: could not read '") as err:
+        load_task_data(DataSpec(source=str(source)))
+    assert str(bad) in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.fixture
+def model_without_safetensors(tmp_path, request) -> Path:
+    path = make_tokenizer_dir(tmp_path / "model")
+    if request.param == "pickle only":
+        tiny_model("bert").save_pretrained(path, safe_serialization=False)
+        assert (path / "pytorch_model.bin").exists()
+    else:
+        tiny_config("bert").save_pretrained(path)
+    return path
+
+
+@pytest.mark.parametrize("model_without_safetensors", ["pickle only", "no weights"], indirect=True)
+def test_local_model_without_safetensors_is_refused_by_load_config(model_without_safetensors) -> None:
+    spec = ModelSpec(source=str(model_without_safetensors))
+    with pytest.raises(UserError, match=r"^model\.source: '.*' has no safetensors weights") as err:
+        load_config(spec)
+    assert "model.safetensors" in str(err.value)
+
+
+def test_sharded_safetensors_index_is_accepted(tmp_path, tiny_model_dir) -> None:
+    path = tmp_path / "sharded"
+    shutil.copytree(tiny_model_dir, path)
+    (path / "model.safetensors").rename(path / "model-00001-of-00001.safetensors")
+    (path / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": {}}))
+    assert load_config(ModelSpec(source=str(path))).model_type == "bert"
+
+
+def test_local_model_without_tokenizer_is_one_line(tmp_path) -> None:
+    path = tmp_path / "no_tokenizer"
+    tiny_model("bert").save_pretrained(path)
+    spec = ModelSpec(source=str(path))
+    load_config(spec)  # the model itself is fine
+    with pytest.raises(UserError, match=r"^model\.source: cannot load a tokenizer from '"):
+        load_tokenizer(spec)
+
+
+@pytest.mark.parametrize("flag", ["is_decoder", "add_cross_attention"])
+def test_encoder_configured_as_decoder_is_refused_by_load_config(tmp_path, tiny_model_dir, flag) -> None:
+    path = tmp_path / "decoder"
+    shutil.copytree(tiny_model_dir, path)
+    config = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps({**config, flag: True}))
+    with pytest.raises(RecipeError, match="architecture 'bert' configured as a decoder"):
+        load_config(ModelSpec(source=str(path)))
+
+
+def _decoder_dir(w: Path) -> Path:
+    path = w / "decoder"
+    shutil.copytree(w / "model", path)
+    config = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps({**config, "is_decoder": True}))
+    return path
+
+
+def _bin_only_dir(w: Path) -> Path:
+    path = make_tokenizer_dir(w / "bin_only")
+    tiny_model("bert").save_pretrained(path, safe_serialization=False)
+    return path
+
+
+def _tokenizerless_dir(w: Path) -> Path:
+    tiny_model("bert", layers=3, heads=4, head_size=8).save_pretrained(w / "no_tokenizer")
+    return w / "no_tokenizer"
+
+
+def _bad_csv(w: Path) -> Path:
+    (w / "bad.csv").write_text('text,label\n"unclosed,1\na,b,c,d\n')
+    return w / "bad.csv"
+
+
+CLI_CASES = [
+    ("pickle weights", lambda w: {"model.source": str(_bin_only_dir(w))}, "has no safetensors weights"),
+    ("decoder config", lambda w: {"model.source": str(_decoder_dir(w))}, "configured as a decoder"),
+    ("no tokenizer", lambda w: {"model.source": str(_tokenizerless_dir(w))}, "cannot load a tokenizer"),
+    ("malformed csv", lambda w: {"data.source": str(_bad_csv(w))}, "data.source: could not read"),
+    (
+        "validation columns",
+        lambda w: {"data.source": str(_split_dir(w / "splits", RENAMED_IN_VALIDATION))},
+        "data.text_fields: field 'text' not in dataset split 'validation'",
+    ),
+]
+
+
+@pytest.mark.parametrize(("overrides", "expected"), [c[1:] for c in CLI_CASES], ids=[c[0] for c in CLI_CASES])
+def test_bad_sources_fail_one_line_before_writing(tmp_path, tiny_model_dir, tiny_csv, cache_dir, overrides, expected):
+    from typer.testing import CliRunner
+
+    from compressor.cli import app
+
+    world = tmp_path / "world"
+    world.mkdir()
+    shutil.copytree(tiny_model_dir, world / "model")
+    out = tmp_path / "out"
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(yaml.safe_dump(tiny_recipe(world / "model", tiny_csv, out, **overrides(world))))
+    result = CliRunner().invoke(app, ["run", str(recipe)])
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("compressor: error: ") and expected in lines[0], result.stderr
+    assert not out.exists() and not cache_dir.exists()

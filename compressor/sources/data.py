@@ -14,6 +14,7 @@ from pathlib import Path
 
 import datasets
 
+from compressor.errors import UserError
 from compressor.recipe import DataSpec, RecipeError
 
 # Our own progress bars cover training; per-split "Generating/Filter/Map" bars only clutter stderr.
@@ -73,7 +74,7 @@ def _local(path: Path, seed: int) -> datasets.DatasetDict:
     """A `save_to_disk` directory, a directory of `<split>.<csv|jsonl|json|parquet>`, or one file (seeded split)."""
     if path.is_dir():
         if (path / "dataset_dict.json").exists():
-            return datasets.load_from_disk(str(path))
+            return _load_local(path, "save_to_disk directory", datasets.load_from_disk, str(path))
         files = {f.stem: f for f in sorted(path.iterdir()) if f.suffix in _LOCAL_SUFFIXES}
         if not files:
             raise RecipeError(f"data.source: directory '{path}' has no <split>.csv/.jsonl/.json/.parquet files")
@@ -83,13 +84,44 @@ def _local(path: Path, seed: int) -> datasets.DatasetDict:
         kinds = {_LOCAL_SUFFIXES[f.suffix] for f in files.values()}
         if len(kinds) > 1:
             raise RecipeError(f"data.source: directory '{path}' mixes file formats {sorted(kinds)}; expected one")
-        return datasets.load_dataset(kinds.pop(), data_files={k: str(v) for k, v in files.items()})
+        kind = kinds.pop()
+        # One file at a time: loaded together, `datasets` casts every split to the first file's columns and fails
+        # on any difference; `load_task_data` checks the recipe's fields in each split it uses instead.
+        loaded = {}
+        for split, file in files.items():
+            one = _load_local(
+                file, f"{file.suffix[1:]} file", datasets.load_dataset, kind, data_files={split: str(file)}
+            )
+            loaded[split] = one[split]
+        return datasets.DatasetDict(loaded)
     if path.suffix not in _LOCAL_SUFFIXES:
         raise RecipeError(f"data.source: '{path}' is not a .csv/.jsonl/.json/.parquet file or a dataset directory")
-    whole = datasets.load_dataset(_LOCAL_SUFFIXES[path.suffix], data_files=str(path))["train"]
+    whole = _load_local(
+        path, f"{path.suffix[1:]} file", datasets.load_dataset, _LOCAL_SUFFIXES[path.suffix], data_files=str(path)
+    )["train"]
     first = whole.train_test_split(test_size=0.2, seed=seed)
     rest = first["test"].train_test_split(test_size=0.5, seed=seed)
     return datasets.DatasetDict(train=first["train"], validation=rest["train"], test=rest["test"])
+
+
+def _load_local(path: Path, expected: str, loader, *args, **kwargs):
+    """`loader(*args, **kwargs)`, with a malformed file reported as one line naming `data.source` and the file."""
+    try:
+        return loader(*args, **kwargs)
+    except Exception as err:  # parser errors come wrapped in DatasetGenerationError; report the innermost cause
+        raise UserError(
+            f"data.source: could not read '{path}' ({_innermost(err)}); expected a valid {expected}"
+        ) from None
+
+
+def _innermost(err: BaseException) -> str:
+    """'Type: message' (one line, shortened) of the exception at the bottom of `err`'s cause chain."""
+    seen = {id(err)}
+    while (nxt := err.__cause__ or err.__context__) is not None and id(nxt) not in seen:
+        seen.add(id(nxt))
+        err = nxt
+    message = " ".join(str(err).split())
+    return f"{type(err).__name__}: {message[:200]}" if message else type(err).__name__
 
 
 def _has_no_rows(file: Path) -> bool:
@@ -147,19 +179,25 @@ def _labels(
 def load_task_data(spec: DataSpec) -> TaskData:
     """Load, check and cap the dataset described by `spec`."""
     raw = _raw(spec)
-    for role, split in spec.splits.items():
+    # In role order, so a missing validation split is reported as such, not as the test split that defaults to it.
+    used = {role: spec.splits.get(role, spec.splits.get("validation")) for role in ("train", "validation", "test")}
+    for role, split in used.items():
         if split not in raw:
             raise RecipeError(f"data.splits.{role}: split '{split}' not in dataset; available {sorted(raw)}")
-    for field in [*spec.text_fields, spec.label_field]:
-        split = spec.splits["train"]
-        if field not in raw[split].column_names:
-            which = "label_field" if field == spec.label_field else "text_fields"
-            raise RecipeError(f"data.{which}: field '{field}' not in dataset; available {raw[split].column_names}")
+    for role, split in used.items():
+        columns = raw[split].column_names
+        for field in [*spec.text_fields, spec.label_field]:
+            if field not in columns:
+                which = "label_field" if field == spec.label_field else "text_fields"
+                raise UserError(
+                    f"data.{which}: field '{field}' not in dataset split '{split}' (data.splits.{role}); "
+                    f"expected it in every used split; columns found {columns}"
+                )
+    raw = datasets.DatasetDict({split: raw[split] for split in dict.fromkeys(used.values())})  # unused splits out
     raw, names = _labels(raw, spec.label_field, spec.splits)
     keep = [*spec.text_fields, "label"]
     out = {}
-    for role in ("train", "validation", "test"):
-        split = spec.splits.get(role, spec.splits.get("validation"))
+    for role, split in used.items():
         ds = raw[split].select_columns(keep).filter(lambda ex: ex["label"] is not None and ex["label"] >= 0)
         cap = spec.max_train_examples if role == "train" else spec.max_eval_examples
         if cap is not None and len(ds) > cap:

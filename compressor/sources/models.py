@@ -7,11 +7,13 @@ early with their name. Directories written by compressor (with a pruning plan) l
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
 from torch import nn
 from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
 
-from compressor.checkpoint import PLAN_FILE, load_pruned
+from compressor.checkpoint import PLAN_FILE, WEIGHTS_FILE, WEIGHTS_INDEX, load_pruned
+from compressor.errors import UserError
 from compressor.layout import UnsupportedArchitectureError, arch_spec
 from compressor.recipe import ModelSpec, RecipeError
 
@@ -42,7 +44,8 @@ def resolve_model_path(spec: ModelSpec) -> str:
 
 
 def load_config(spec: ModelSpec):
-    """The model's config (no weights); refuses unsupported architectures by name."""
+    """The model's config (no weights); refuses unsupported architectures (and encoders configured as decoders) by
+    name, and local directories without safetensors weights, so that the runner's preflight catches both."""
     source = resolve_model_path(spec)
     try:
         config = AutoConfig.from_pretrained(source, revision=spec.revision, trust_remote_code=spec.trust_remote_code)
@@ -51,16 +54,41 @@ def load_config(spec: ModelSpec):
             f"model.source: cannot read a model config from '{spec.source}' ({type(err).__name__})"
         ) from None
     try:
-        arch_spec(config.model_type)
+        # arch_spec reads `.config` off a model; handing it the config this way also runs its decoder check
+        # (is_decoder / add_cross_attention), which a bare model_type string skips.
+        arch_spec(SimpleNamespace(config=config))
     except UnsupportedArchitectureError as err:
         raise RecipeError(str(err)) from None
+    _check_local_weights(spec, source)
     return config
 
 
-def load_tokenizer(spec: ModelSpec):
-    return AutoTokenizer.from_pretrained(
-        resolve_model_path(spec), revision=spec.revision, trust_remote_code=spec.trust_remote_code
+def _check_local_weights(spec: ModelSpec, source: str) -> None:
+    """A local model directory must hold safetensors weights: `from_pretrained(use_safetensors=True)` would only
+    fail after the run has started, and pickled `pytorch_model.bin` files are refused on purpose (safe loading)."""
+    path = Path(source)
+    if not path.is_dir() or (path / WEIGHTS_FILE).is_file() or (path / WEIGHTS_INDEX).is_file():
+        return
+    found = sorted(f.name for f in path.iterdir() if f.suffix in (".bin", ".pt", ".pth", ".ckpt", ".h5", ".msgpack"))
+    what = f"found only {found}" if found else "found no weights"
+    raise UserError(
+        f"model.source: '{spec.source}' has no safetensors weights ({what}); expected {WEIGHTS_FILE} or "
+        f"{WEIGHTS_INDEX} (pickle .bin checkpoints are not loaded, for safety: re-save with safe_serialization=True)"
     )
+
+
+def load_tokenizer(spec: ModelSpec):
+    source = resolve_model_path(spec)
+    try:
+        return AutoTokenizer.from_pretrained(source, revision=spec.revision, trust_remote_code=spec.trust_remote_code)
+    except Exception as err:  # a directory without tokenizer files fails with TypeError/OSError/ValueError
+        if not Path(source).is_dir():
+            raise
+        message = " ".join(str(err).split())[:200]
+        raise UserError(
+            f"model.source: cannot load a tokenizer from '{spec.source}' ({type(err).__name__}: {message}); "
+            "expected tokenizer files (tokenizer.json or vocab files with tokenizer_config.json) in the directory"
+        ) from None
 
 
 def load_model(spec: ModelSpec, label_names: list[str] | None = None, attention: str = "sdpa") -> nn.Module:
