@@ -128,7 +128,7 @@ def measure(threads: int, rounds: int, out: Path | None) -> tuple[dict, dict]:
             batch_sizes=BATCH_SIZES, seq_len=SEQ_LEN, rounds=rounds, warmup=2, min_time_s=0.3, threads=threads
         )
         result = bench.bench(timed, labelled_by(timed[0], batches), spec, out)
-    sp = result["speedups"]
+    sp = {name: rows[str(SEQ_LEN)] for name, rows in result["speedups"].items()}  # [name][seq_len][batch]
     metrics = {
         "speedup_pruned_vs_original_b32": sp["pytorch-pruned"][str(HEADLINE)]["median"],
         "speedup_pruned_vs_original_b1": sp["pytorch-pruned"]["1"]["median"],
@@ -258,7 +258,7 @@ def main() -> int:
     context = run_context(result)
     ideal = context["flop_ideal_speedup"]
     for name, rows in result["throughput"].items():
-        row = rows[str(HEADLINE)]
+        row = rows[str(SEQ_LEN)][str(HEADLINE)]
         print(f"{name:18s} batch {HEADLINE}: {row['examples_per_s']['median']:8.1f} examples/s (context only)")
     print(f"FLOP-ideal pruned/original speed-up: {ideal:.3f}; threads {context['threads']}")
     if args.update_baseline:

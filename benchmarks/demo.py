@@ -44,7 +44,15 @@ def main() -> None:
         "heads_left": report["pruned"]["heads_left"],
         "flop_ratio": report["pruned"]["flop_ratio"],
     }
-    keys = ("accuracy", "agreement", "speedup", "headline_speedup", "headline_batch", "flop_ideal_speedup")
+    keys = (
+        "accuracy",
+        "agreement",
+        "speedup",
+        "headline_speedup",
+        "headline_batch",
+        "headline_seq_len",
+        "flop_ideal_speedup",
+    )
     result["bench"] = {
         name: {k: row.get(k) for k in keys} for name, row in report.get("bench", {}).get("summary", {}).items()
     }

@@ -62,16 +62,16 @@ def onnx_rows(candidates, quality: dict, speed: dict, exports: dict, original_ac
     rows = {}
     for c in candidates:
         q, s = quality["results"][c.name], speed["summary"][c.name]
-        b = str(s["headline_batch"])
+        b, seq = str(s["headline_batch"]), str(s["headline_seq_len"])
         row = {
             "size_mb": round(c.size_bytes / 1e6, 2),
             "test_accuracy": q["accuracy"],
             "accuracy_delta_points_vs_original": round(100 * (q["accuracy"] - original_acc), 2),
             "agreement_vs_pytorch_pruned_test": q["agreement"],
             "max_abs_logit_diff_vs_pytorch_pruned_test": q["max_abs_logit_diff"],
-            f"examples_per_s_b{b}": speed["throughput"][c.name][b]["examples_per_s"]["median"],
+            f"examples_per_s_b{b}": speed["throughput"][c.name][seq][b]["examples_per_s"]["median"],
             f"speedup_vs_pytorch_original_b{b}": s["headline_speedup"],
-            "speedup_iqr": s["speedup_iqr"][b],
+            "speedup_iqr": s["speedup_iqr"][seq][b],
             "flop_ideal_speedup": s["flop_ideal_speedup"],
         }
         export_key = c.name.removeprefix("onnx-")

@@ -72,8 +72,8 @@ def summarise(name: str, report: dict) -> dict:
 
 def table(rows: list[dict]) -> str:
     lines = [
-        "| recipe | removed | fine-tune steps per pruning step | original | pruned | drop | McNemar p | target "
-        "| int8 | int8 drop |",
+        "| recipe | removed | fine-tune steps per pruning step | original | pruned | Δ | McNemar p | target "
+        "| int8 | int8 Δ |",
         "|---|---:|---:|---:|---:|---:|---:|---|---:|---:|",
     ]
     for r in rows:
@@ -83,9 +83,9 @@ def table(rows: list[dict]) -> str:
         ft_steps = r["finetune_optimizer_steps"]
         lines.append(
             f"| {r['recipe']} | {r['fraction_removed']:.0%} | {ft_steps if ft_steps is not None else '–'} | "
-            f"{r['original_test_accuracy']:.2f} | {r['pruned_test_accuracy']:.2f} | −{r['drop_points']:.2f} | "
+            f"{r['original_test_accuracy']:.2f} | {r['pruned_test_accuracy']:.2f} | {-r['drop_points']:+.2f} | "
             f"{r['mcnemar_p']:.3g} | {target} | {r.get('int8_test_accuracy', float('nan')):.2f} | "
-            f"−{r.get('int8_drop_points', float('nan')):.2f} |"
+            f"{-r.get('int8_drop_points', float('nan')):+.2f} |"
         )
     return "\n".join(lines)
 

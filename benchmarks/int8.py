@@ -90,7 +90,9 @@ def main(argv: list[str] | None = None) -> int:
             candidates.append(bench.onnx_candidate(name, variant, args.threads))
         quality = bench.measure_quality(candidates, batches, REFERENCE)
         timing = bench.measure_throughput(candidates, [32], recipe.bench.seq_len, args.rounds, threads=args.threads)
-    speedups = bench.paired_speedups(timing, REFERENCE)
+    speedups = {  # [name][seq_len][batch] → [name][batch] at the one length timed
+        name: rows[str(recipe.bench.seq_len)] for name, rows in bench.paired_speedups(timing, REFERENCE).items()
+    }
 
     original = report["original"]["test"]["accuracy"]
     rows = {}

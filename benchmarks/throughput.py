@@ -62,11 +62,12 @@ def as_sdpa(model: torch.nn.Module, tmp: Path, name: str) -> tuple[torch.nn.Modu
     return load_pruned(path, attn_implementation="sdpa"), path
 
 
-def repeat_summary(runs: list[dict], ideal: float) -> dict:
+def repeat_summary(runs: list[dict], ideal: float, seq_len: int) -> dict:
     """Pruned/original speed-up per batch size for each repeat, and the largest relative difference."""
     per_batch = {}
-    for b in runs[0]["results"]["pytorch-original"]:
-        values = [bench.paired_speedups(r, "pytorch-original")["pytorch-pruned"][b]["median"] for r in runs]
+    seq = str(seq_len)  # results are keyed [name][seq_len][batch]
+    for b in runs[0]["results"]["pytorch-original"][seq]:
+        values = [bench.paired_speedups(r, "pytorch-original")["pytorch-pruned"][seq][b]["median"] for r in runs]
         per_batch[b] = {
             "speedups": values,
             "over_flop_ideal": [v / ideal for v in values],
@@ -109,7 +110,7 @@ def main() -> None:
             )
             print(f"repeat {repeat + 1}: {time.perf_counter() - t0:.0f} s")
     ideal = cands[0].flops_per_example / cands[1].flops_per_example
-    summary = repeat_summary(runs, ideal)
+    summary = repeat_summary(runs, ideal, args.seq_len)
     result = {
         "model": source,
         "plan": {str(k): v for k, v in sorted(plan.items())},
@@ -132,7 +133,7 @@ def main() -> None:
     for b, row in summary.items():
         sp = ", ".join(f"{v:.3f}" for v in row["speedups"])
         ratio = ", ".join(f"{v:.3f}" for v in row["over_flop_ideal"])
-        eps = [r["results"]["pytorch-pruned"][b]["examples_per_s"]["median"] for r in runs]
+        eps = [r["results"]["pytorch-pruned"][str(args.seq_len)][b]["examples_per_s"]["median"] for r in runs]
         print(
             f"batch {b:>3}: speed-up {sp} (repeats) = {ratio} × ideal; repeat difference "
             f"{100 * row['max_relative_difference']:.1f}%; pruned {eps[0]:.0f}/{eps[1]:.0f} examples/s"

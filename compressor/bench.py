@@ -5,17 +5,25 @@ and heads per layer. PyTorch models and ONNX variants become candidates through 
 `onnx_candidate`, so the measuring code never knows which runtime it times.
 
 Design choices, and why:
-- Throughput rounds are *interleaved*: every round visits every batch size and, inside it, every candidate in a
-  rotating order, so slow drift of a shared machine (other jobs, thermal state) hits all variants alike. Within a
-  round a variant's time is its fastest of several calls (other processes only ever add time); across rounds
-  times and speed-ups (computed per round, paired) are summarised by median, inter-quartile range and min–max.
-- Inputs are synthetic token ids of exactly `seq_len` with an all-ones attention mask: timing must not depend on how
-  a particular batch happens to be padded.
+- Throughput rounds are *interleaved*: every round visits every (sequence length, batch size) shape and, inside it,
+  every candidate in a rotating order, so slow drift of a shared machine (other jobs, thermal state) hits all
+  variants alike. Within a round a variant's time is its fastest of several calls (other processes only ever add
+  time); across rounds times and speed-ups (computed per round, paired) are summarised by median, inter-quartile
+  range and min–max. Results are keyed `[variant][str(seq_len)][str(batch_size)]` (report schema 2).
+- Inputs are synthetic token ids of exactly each sequence length with an all-ones attention mask: timing must not
+  depend on how a particular batch happens to be padded. FLOPs, and so the FLOP-ideal ratio, are per length (the
+  attention scores grow with its square, the projections linearly).
 - Quality uses the same tokenised batches for every candidate; accuracy gets a 95% Wilson interval and each
   candidate is compared with the reference on the *same examples* (exact McNemar test on the discordant pairs and a
   paired interval for the accuracy difference), which separates a real loss from sampling noise.
 - Peak memory is the growth of the process's resident-set high-water mark (VmHWM, reset through
-  /proc/self/clear_refs) while a candidate runs: tracemalloc cannot see PyTorch's or ONNX Runtime's allocators.
+  /proc/self/clear_refs) above its resident size while a candidate is timed: tracemalloc cannot see PyTorch's or
+  ONNX Runtime's allocators. It is taken in every round (same rotating order as the timing) and the median over
+  rounds reported. Caveat: all variants share one process, so memory an earlier measurement left resident
+  (allocator caches, ONNX Runtime arenas) is not counted again; the figure is a lower bound of a variant's working
+  set and depends somewhat on what ran before it, which the rotation and the median even out but do not remove.
+- The bench output directory is written atomically (`compressor.atomic.directory`): a killed run leaves the previous
+  complete output or none, never half of one.
 """
 
 from __future__ import annotations
@@ -26,7 +34,7 @@ import os
 import platform
 import re
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -39,7 +47,9 @@ from torch import nn
 from compressor import atomic
 from compressor.errors import UserError
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: throughput/speed-ups keyed [variant][seq_len][batch]; several sequence lengths
+BENCH_FILES = ("report.json", "report.md", "throughput_vs_batch.png", "accuracy_vs_speedup.png", "heads_per_layer.png")
+LAYOUT = "throughput[variant][seq_len][batch_size], speedups[variant][seq_len][batch_size]"
 Batch = dict[str, torch.Tensor]
 INPUT_KEYS = ("input_ids", "attention_mask", "token_type_ids")
 
@@ -49,7 +59,8 @@ class Candidate:
     """One thing to benchmark.
 
     predict: logits (numpy, [batch, labels]) for one tokenised batch; it ignores keys its model does not take.
-    size_bytes: weights on disk. flops_per_example: encoder FLOPs at the benchmark's seq_len (None if unknown).
+    size_bytes: weights on disk. flops_per_example: encoder FLOPs at the first (headline) sequence length (None if
+    unknown); flops_by_seq_len: encoder FLOPs per sequence length, when known for several.
     threads: intra-op threads of its runtime when fixed at construction (ONNX Runtime sessions), else None.
     """
 
@@ -62,6 +73,13 @@ class Candidate:
     vocab_size: int | None = None
     threads: int | None = None
     extra: dict = field(default_factory=dict)
+    flops_by_seq_len: dict[int, int] = field(default_factory=dict)
+
+    def flops_at(self, seq_len: int, headline_seq_len: int) -> int | None:
+        """Encoder FLOPs per example at `seq_len`; `flops_per_example` alone counts as the headline length's."""
+        if self.flops_by_seq_len:
+            return self.flops_by_seq_len.get(seq_len)
+        return self.flops_per_example if seq_len == headline_seq_len else None
 
 
 # ---------------------------------------------------------------------------------------------------- candidates
@@ -71,10 +89,17 @@ def _dir_size(path: Path, patterns: Sequence[str]) -> int:
     return sum(f.stat().st_size for pattern in patterns for f in path.glob(pattern) if f.is_file())
 
 
-def pytorch_candidate(name: str, model: nn.Module, seq_len: int, model_dir: str | Path | None = None) -> Candidate:
+def _lengths(seq_lens: int | Sequence[int]) -> list[int]:
+    return [int(seq_lens)] if isinstance(seq_lens, int) else [int(s) for s in seq_lens]
+
+
+def pytorch_candidate(
+    name: str, model: nn.Module, seq_lens: int | Sequence[int], model_dir: str | Path | None = None
+) -> Candidate:
     """A PyTorch classifier as a candidate (eval mode, `torch.inference_mode`).
 
-    Size is the safetensors weight files of `model_dir` when given, else the in-memory parameter bytes.
+    FLOPs are computed at each of `seq_lens` (one int or several; the first is the headline length). Size is the
+    safetensors weight files of `model_dir` when given, else the in-memory parameter bytes.
     """
     from compressor.cost import encoder_flops
     from compressor.layout import present_heads
@@ -90,14 +115,16 @@ def pytorch_candidate(name: str, model: nn.Module, seq_len: int, model_dir: str 
     size = _dir_size(Path(model_dir), ["*.safetensors"]) if model_dir is not None else 0
     if size == 0:
         size = sum(p.numel() * p.element_size() for p in model.parameters())
+    flops = {s: int(encoder_flops(model, s)) for s in _lengths(seq_lens)}
     return Candidate(
         name=name,
         predict=predict,
         size_bytes=int(size),
-        flops_per_example=int(encoder_flops(model, seq_len)),
+        flops_per_example=next(iter(flops.values())),
         kind="pytorch",
         heads_per_layer=[len(h) for h in present_heads(model)],
         vocab_size=int(model.get_input_embeddings().num_embeddings),
+        flops_by_seq_len=flops,
     )
 
 
@@ -105,13 +132,15 @@ def onnx_candidate(
     name: str,
     variant_dir: str | Path,
     threads: int | None = None,
-    flops_per_example: int | None = None,
+    flops_per_example: int | Mapping[int, int] | None = None,
     heads_per_layer: list[int] | None = None,
 ) -> Candidate:
     """An exported ONNX variant (a directory written by `compressor.export`) as a candidate.
 
-    ONNX Runtime fixes its intra-op thread count when the session is created, so `threads` is given here.
-    FLOPs and heads are those of the PyTorch model it was exported from; pass them to get FLOP-ideal ratios.
+    ONNX Runtime fixes its intra-op thread count when the session is created, so `threads` is given here; left
+    None, ONNX Runtime picks its default and the candidate records that count (`ort_default_threads`).
+    FLOPs and heads are those of the PyTorch model it was exported from (FLOPs as one int for the headline length
+    or `{seq_len: flops}`, e.g. the PyTorch candidate's `flops_by_seq_len`); pass them to get FLOP-ideal ratios.
     """
     try:
         from compressor.export import OnnxClassifier
@@ -128,15 +157,37 @@ def onnx_candidate(
         return np.asarray(classifier({k: batch[k] for k in keys if k in batch}))
 
     size = getattr(classifier, "size_bytes", None) or _dir_size(variant_dir, ["*.onnx", "*.onnx_data"])
+    by_seq = {int(k): int(v) for k, v in flops_per_example.items()} if isinstance(flops_per_example, Mapping) else {}
     return Candidate(
         name=name,
         predict=predict,
         size_bytes=int(size),
-        flops_per_example=flops_per_example,
+        flops_per_example=next(iter(by_seq.values())) if by_seq else flops_per_example,
         kind="onnx",
         heads_per_layer=heads_per_layer,
-        threads=threads,
+        threads=threads if threads is not None else ort_default_threads(),
+        extra={} if threads is not None else {"threads_note": ORT_DEFAULT_NOTE},
+        flops_by_seq_len=by_seq,
     )
+
+
+ORT_DEFAULT_NOTE = "not set: ONNX Runtime's default, one intra-op thread per physical core"
+
+
+def ort_default_threads() -> int:
+    """The intra-op thread count ONNX Runtime uses when none is set: one per physical core of the machine.
+
+    ONNX Runtime does not report it (SessionOptions keeps 0), so it is counted here from the CPU topology
+    (distinct package/core pairs of /sys/devices/system/cpu); with onnxruntime 1.32 on Linux this matches the
+    threads a default session starts, whatever the process's CPU affinity. Falls back to `os.cpu_count()`.
+    """
+    cores = set()
+    for topology in Path("/sys/devices/system/cpu").glob("cpu[0-9]*/topology"):
+        try:
+            cores.add(((topology / "physical_package_id").read_text(), (topology / "core_id").read_text()))
+        except OSError:
+            continue
+    return len(cores) or os.cpu_count() or 1
 
 
 # ---------------------------------------------------------------------------------------------------- throughput
@@ -179,12 +230,14 @@ def _reset_peak() -> bool:
 
 
 def peak_rss_delta(fn: Callable[[], object]) -> int | None:
-    """Bytes by which the process's peak resident set grows above its current size while `fn` runs."""
-    if not _reset_peak():
-        return None
-    before = _status_kb("VmRSS")
+    """Bytes by which the process's peak resident set grows above its current size while `fn` runs.
+
+    `fn` always runs; None where the peak cannot be reset or read (not Linux).
+    """
+    reset = _reset_peak()
+    before = _status_kb("VmRSS") if reset else None
     fn()
-    peak = _status_kb("VmHWM")
+    peak = _status_kb("VmHWM") if reset else None
     if before is None or peak is None:
         return None
     return max(0, peak - before) * 1024
@@ -225,7 +278,7 @@ def _check_names(candidates: Sequence[Candidate]) -> None:
 def measure_throughput(
     candidates: Sequence[Candidate],
     batch_sizes: Sequence[int],
-    seq_len: int,
+    seq_lens: int | Sequence[int],
     rounds: int = 5,
     warmup: int = 2,
     min_time_s: float = 0.5,
@@ -233,70 +286,100 @@ def measure_throughput(
     seed: int = 0,
     min_calls: int = 3,
 ) -> dict:
-    """Interleaved timing of every candidate at every batch size.
+    """Interleaved timing of every candidate at every (sequence length, batch size).
 
-    Per round, per batch size, every candidate runs (order rotated each round) for at least `min_time_s` and
-    `min_calls` calls; the fastest call's seconds of each round are kept (medians are taken over rounds).
-    Returns {"setup": ..., "results": {name: {str(batch): {...}}}} with per-round seconds, median/IQR/min/max of
-    ms per batch and examples/s, and the peak-RSS growth while running.
+    After `warmup` calls per candidate and shape, each round visits every sequence length, inside it every batch
+    size, and inside that every candidate (order rotated each round) for at least `min_time_s` and `min_calls`
+    calls; the fastest call's seconds of each round are kept (medians are taken over rounds). The peak-RSS growth
+    is taken around each of those measurements too, so it sees the same rotating order, and reported as the median
+    over rounds (see the module docstring for what it does not count).
+    Returns {"setup": ..., "results": {name: {str(seq_len): {str(batch): {...}}}}} with per-round seconds,
+    median/IQR/min/max of ms per batch and examples/s, and the peak-RSS growth (median and per round).
     """
     _check_names(candidates)
-    if any(b < 1 for b in batch_sizes) or not batch_sizes:
-        raise UserError(f"bench.batch_sizes: expected positive batch sizes, got {list(batch_sizes)}")
+    if not batch_sizes or any(b < 1 for b in batch_sizes) or len(set(batch_sizes)) != len(batch_sizes):
+        raise UserError(f"bench.batch_sizes: expected distinct positive batch sizes, got {list(batch_sizes)}")
+    lengths = _lengths(seq_lens)
+    if not lengths or any(s < 1 for s in lengths) or len(set(lengths)) != len(lengths):
+        raise UserError(f"bench.seq_lens: expected distinct positive sequence lengths, got {lengths}")
     used_threads = set_threads(threads)
     vocab = min([c.vocab_size for c in candidates if c.vocab_size] or [100])
-    inputs = {b: synthetic_batch(b, seq_len, vocab, seed + b) for b in batch_sizes}
-    per_round: dict[str, dict[int, list[float]]] = {c.name: {b: [] for b in batch_sizes} for c in candidates}
-    memory: dict[str, dict[int, int | None]] = {c.name: {} for c in candidates}
-    for b in batch_sizes:  # warm-up, and the memory peak of a fresh run at each batch size
+    shapes = [(s, b) for s in lengths for b in batch_sizes]
+    inputs = {(s, b): synthetic_batch(b, s, vocab, seed + b + 1000 * (s - lengths[0])) for s, b in shapes}
+    per_round = {c.name: {shape: [] for shape in shapes} for c in candidates}
+    memory: dict[str, dict[tuple[int, int], list[int | None]]] = {c.name: {sh: [] for sh in shapes} for c in candidates}
+    for shape in shapes:
         for c in candidates:
-            memory[c.name][b] = peak_rss_delta(lambda c=c, b=b: [c.predict(inputs[b]) for _ in range(max(warmup, 1))])
+            for _ in range(warmup):
+                c.predict(inputs[shape])
     order = list(candidates)
     for r in range(rounds):
         rotated = order[r % len(order) :] + order[: r % len(order)]
-        for b in batch_sizes:
+        for shape in shapes:
             for c in rotated:
-                seconds, _ = time_call(lambda c=c, b=b: c.predict(inputs[b]), min_time_s, min_calls)
-                per_round[c.name][b].append(seconds)
-    results = {}
+                timed: list[float] = []
+
+                def run(c=c, shape=shape, timed=timed) -> None:
+                    timed.append(time_call(lambda: c.predict(inputs[shape]), min_time_s, min_calls)[0])
+
+                memory[c.name][shape].append(peak_rss_delta(run))
+                per_round[c.name][shape].append(timed[0])
+    results: dict[str, dict[str, dict[str, dict]]] = {}
     for c in candidates:
-        results[c.name] = {}
-        for b in batch_sizes:
-            secs = per_round[c.name][b]
-            ms = _spread([1000 * s for s in secs])
-            eps = _spread([b / s for s in secs])
-            results[c.name][str(b)] = {
+        results[c.name] = {str(s): {} for s in lengths}
+        for s, b in shapes:
+            secs = per_round[c.name][(s, b)]
+            mem = memory[c.name][(s, b)]
+            known = [m for m in mem if m is not None]
+            results[c.name][str(s)][str(b)] = {
                 "seconds_per_round": secs,
-                "ms_per_batch": ms,
-                "examples_per_s": eps,
-                "peak_rss_delta_bytes": memory[c.name][b],
+                "ms_per_batch": _spread([1000 * x for x in secs]),
+                "examples_per_s": _spread([b / x for x in secs]),
+                "peak_rss_delta_bytes": int(np.median(known)) if known else None,
+                "peak_rss_delta_bytes_per_round": mem,
             }
+    thread_notes = {c.name: c.extra["threads_note"] for c in candidates if "threads_note" in c.extra}
+    for c in candidates:
+        if c.kind == "onnx" and c.threads is None:
+            thread_notes[c.name] = ORT_DEFAULT_NOTE
     setup = {
         "batch_sizes": list(batch_sizes),
-        "seq_len": seq_len,
+        "seq_lens": lengths,
+        "headline_seq_len": lengths[0],
+        "headline_batch": headline_batch(batch_sizes),
+        "layout": LAYOUT,
         "rounds": rounds,
         "warmup": warmup,
         "min_time_s": min_time_s,
         "min_calls": min_calls,
         "torch_threads": used_threads,
-        "candidate_threads": {c.name: (c.threads if c.kind == "onnx" else used_threads) for c in candidates},
+        "candidate_threads": {
+            c.name: (used_threads if c.kind != "onnx" else c.threads or ort_default_threads()) for c in candidates
+        },
+        "candidate_threads_notes": thread_notes,
+        "memory": "peak_rss_delta_bytes: median over rounds of the growth of the process's resident-set high-water "
+        "mark while the variant was timed (rotating order); memory left resident by earlier measurements in the "
+        "same process is not counted again, so it is a lower bound and only roughly comparable across variants",
         "seed": seed,
     }
     return {"setup": setup, "results": results}
 
 
 def paired_speedups(throughput: dict, reference: str) -> dict:
-    """Per candidate and batch size: speed-up vs `reference` (reference seconds / candidate seconds) per round."""
+    """Per candidate, sequence length and batch size: speed-up vs `reference` (reference seconds / candidate
+    seconds) per round, and its median/IQR/min/max. Keyed like the throughput results: [name][seq_len][batch]."""
     results = throughput["results"]
     if reference not in results:
         raise UserError(f"bench: reference '{reference}' is not among the candidates {sorted(results)}")
-    out: dict[str, dict[str, dict]] = {}
-    for name, per_batch in results.items():
+    out: dict[str, dict[str, dict[str, dict]]] = {}
+    for name, per_seq in results.items():
         out[name] = {}
-        for b, row in per_batch.items():
-            ref = results[reference][b]["seconds_per_round"]
-            ratios = [r / s for r, s in zip(ref, row["seconds_per_round"], strict=True)]
-            out[name][b] = {"per_round": ratios, **_spread(ratios)}
+        for s, per_batch in per_seq.items():
+            out[name][s] = {}
+            for b, row in per_batch.items():
+                ref = results[reference][s][b]["seconds_per_round"]
+                ratios = [r / x for r, x in zip(ref, row["seconds_per_round"], strict=True)]
+                out[name][s][b] = {"per_round": ratios, **_spread(ratios)}
     return out
 
 
@@ -389,8 +472,9 @@ def measure_quality(candidates: Sequence[Candidate], batches: Sequence[Batch], r
 
 
 def headline_batch(batch_sizes: Sequence[int]) -> int:
-    """The batch size the summary quotes: 32 when measured, else the largest measured."""
-    return 32 if 32 in batch_sizes else max(batch_sizes)
+    """The batch size the summary quotes: 32, else the largest measured below 32, else the smallest measured."""
+    below = [b for b in batch_sizes if b <= 32]
+    return max(below) if below else min(batch_sizes)
 
 
 def machine_info() -> dict:
@@ -410,28 +494,38 @@ def machine_info() -> dict:
 
 
 def summarize(candidates: Sequence[Candidate], throughput: dict, quality: dict | None, reference: str) -> dict:
-    """Per candidate: size, heads, FLOPs, ratios vs the reference (measured per batch size and FLOP-ideal)."""
+    """Per candidate: size, heads, FLOPs and ratios vs the reference, measured and FLOP-ideal, per sequence length
+    (and batch size); the one headline figure is at the headline batch and the first sequence length."""
     speedups = paired_speedups(throughput, reference)
     by_name = {c.name: c for c in candidates}
     ref = by_name[reference]
-    head = str(headline_batch(throughput["setup"]["batch_sizes"]))
+    setup = throughput["setup"]
+    lengths = setup["seq_lens"]
+    seq, head = str(lengths[0]), str(headline_batch(setup["batch_sizes"]))
     summary = {}
     for c in candidates:
-        ideal = ref.flops_per_example / c.flops_per_example if ref.flops_per_example and c.flops_per_example else None
-        speed = {b: row["median"] for b, row in speedups[c.name].items()}
+        flops = {str(s): c.flops_at(s, lengths[0]) for s in lengths}
+        ref_flops = {str(s): ref.flops_at(s, lengths[0]) for s in lengths}
+        ideal = {s: ref_flops[s] / flops[s] if ref_flops[s] and flops[s] else None for s in flops}
+        speed = {s: {b: row["median"] for b, row in rows.items()} for s, rows in speedups[c.name].items()}
         entry = {
             "kind": c.kind,
             "size_bytes": c.size_bytes,
             "size_ratio": ref.size_bytes / c.size_bytes if c.size_bytes else None,
-            "flops_per_example": c.flops_per_example,
-            "flop_ideal_speedup": ideal,
+            "flops_per_example": flops[seq],
+            "flops_per_example_by_seq_len": flops,
+            "flop_ideal_speedup": ideal[seq],
+            "flop_ideal_speedup_by_seq_len": ideal,
             "heads_per_layer": c.heads_per_layer,
             "heads": sum(c.heads_per_layer) if c.heads_per_layer is not None else None,
             "speedup": speed,
-            "speedup_iqr": {b: [row["q1"], row["q3"]] for b, row in speedups[c.name].items()},
+            "speedup_iqr": {
+                s: {b: [row["q1"], row["q3"]] for b, row in rows.items()} for s, rows in speedups[c.name].items()
+            },
+            "headline_seq_len": int(seq),
             "headline_batch": int(head),
-            "headline_speedup": speed[head],
-            "speedup_over_ideal": speed[head] / ideal if ideal else None,
+            "headline_speedup": speed[seq][head],
+            "speedup_over_ideal": speed[seq][head] / ideal[seq] if ideal[seq] else None,
         }
         if quality is not None:
             q = quality["results"][c.name]
@@ -449,16 +543,19 @@ def bench(
     reference: str = "pytorch-original",
 ) -> dict:
     """Quality (when `batches` are given) and throughput per `spec` (a `compressor.recipe.BenchSpec`), with ratios
-    against `reference`; writes report.json, report.md and plots into `out_dir` when given. Returns the result."""
+    against `reference`; writes report.json, report.md and plots into `out_dir` when given (atomically: the whole
+    directory is replaced, so it must be empty or hold only an earlier benchmark's files). Returns the result."""
     _check_names(candidates)
     if reference not in [c.name for c in candidates]:
         raise UserError(f"bench: reference '{reference}' is not among the candidates {[c.name for c in candidates]}")
+    if out_dir is not None:
+        check_out_dir(out_dir)  # before minutes of measuring
     set_threads(spec.threads)
     quality = measure_quality(candidates, batches, reference) if batches else None
     throughput = measure_throughput(
         candidates,
         spec.batch_sizes,
-        spec.seq_len,
+        spec.seq_lens,
         rounds=spec.rounds,
         warmup=spec.warmup,
         min_time_s=spec.min_time_s,
@@ -518,38 +615,56 @@ def _quality_md(result: dict) -> list[str]:
 def _throughput_md(result: dict) -> list[str]:
     setup, ref = result["setup"], result["reference"]
     lines = []
-    for b in setup["batch_sizes"]:
-        lines += [
-            f"### Batch {b}",
-            "",
-            "| variant | examples/s (median) | IQR | ms/batch (median) | min–max ms | speed-up vs ref | IQR | "
-            "FLOP-ideal | measured / ideal | peak RSS growth (MB) |",
-            "|---|---:|---|---:|---|---:|---|---:|---:|---:|",
-        ]
-        for name, rows in result["throughput"].items():
-            row, sp, s = rows[str(b)], result["speedups"][name][str(b)], result["summary"][name]
-            eps, ms = row["examples_per_s"], row["ms_per_batch"]
-            ideal = s["flop_ideal_speedup"]
-            mem = row["peak_rss_delta_bytes"]
-            lines.append(
-                f"| {name} | {eps['median']:.1f} | {eps['q1']:.1f}–{eps['q3']:.1f} | {ms['median']:.2f} | "
-                f"{ms['min']:.2f}–{ms['max']:.2f} | {sp['median']:.3f}× | {sp['q1']:.3f}–{sp['q3']:.3f} | "
-                f"{_f(ideal, '.3f')} | {_f(sp['median'] / ideal if ideal else None, '.3f')} | "
-                f"{_f(mem / 1e6 if mem is not None else None, '.1f')} |"
-            )
-        lines.append("")
-    lines.append(f"Speed-ups are per-round ratios of seconds per batch against `{ref}` (paired within a round).")
+    for seq in setup["seq_lens"]:
+        for b in setup["batch_sizes"]:
+            lines += [
+                f"### Sequence length {seq}, batch {b}",
+                "",
+                "| variant | examples/s (median) | IQR | ms/batch (median) | min–max ms | speed-up vs ref | IQR | "
+                "FLOP-ideal | measured / ideal | peak RSS growth (MB) |",
+                "|---|---:|---|---:|---|---:|---|---:|---:|---:|",
+            ]
+            for name, per_seq in result["throughput"].items():
+                row, sp = per_seq[str(seq)][str(b)], result["speedups"][name][str(seq)][str(b)]
+                eps, ms = row["examples_per_s"], row["ms_per_batch"]
+                ideal = result["summary"][name]["flop_ideal_speedup_by_seq_len"][str(seq)]
+                mem = row["peak_rss_delta_bytes"]
+                lines.append(
+                    f"| {name} | {eps['median']:.1f} | {eps['q1']:.1f}–{eps['q3']:.1f} | {ms['median']:.2f} | "
+                    f"{ms['min']:.2f}–{ms['max']:.2f} | {sp['median']:.3f}× | {sp['q1']:.3f}–{sp['q3']:.3f} | "
+                    f"{_f(ideal, '.3f')} | {_f(sp['median'] / ideal if ideal else None, '.3f')} | "
+                    f"{_f(mem / 1e6 if mem is not None else None, '.1f')} |"
+                )
+            lines.append("")
+    lines += [
+        f"Speed-ups are per-round ratios of seconds per batch against `{ref}` (paired within a round). The FLOP-ideal "
+        "ratio is that of encoder FLOPs at the table's sequence length.",
+        "",
+        f"Peak RSS growth: {MEMORY_CAVEAT}",
+    ]
     return lines + [""]
 
 
+MEMORY_CAVEAT = (
+    "how far the process's resident-set high-water mark rose above its resident size while the variant was timed, "
+    "median over the rounds (variants visited in a rotating order). All variants run in one process, so memory an "
+    "earlier measurement left resident (allocator caches, ONNX Runtime arenas) is not counted again: this is a lower "
+    "bound of a variant's working set that still depends somewhat on what ran before it; compare orders of "
+    "magnitude, not small differences."
+)
+
+
 def _size_md(result: dict) -> list[str]:
+    lengths = result["setup"]["seq_lens"]
+    flop_cols = " | ".join(f"encoder FLOPs / example at {s} tokens" for s in lengths)
     lines = [
-        "| variant | kind | size on disk (MB) | size ratio | heads | heads per layer | encoder FLOPs / example |",
-        "|---|---|---:|---:|---:|---|---:|",
+        f"| variant | kind | size on disk (MB) | size ratio | heads | heads per layer | {flop_cols} |",
+        "|---|---|---:|---:|---:|---|" + "---:|" * len(lengths),
     ]
     for name, s in result["summary"].items():
         hpl = " ".join(map(str, s["heads_per_layer"])) if s["heads_per_layer"] is not None else "–"
-        flops = f"{s['flops_per_example']:,}" if s["flops_per_example"] else "–"
+        by_seq = s["flops_per_example_by_seq_len"]
+        flops = " | ".join(f"{by_seq[str(t)]:,}" if by_seq[str(t)] else "–" for t in lengths)
         lines.append(
             f"| {name} | {s['kind']} | {s['size_bytes'] / 1e6:.1f} | {_f(s['size_ratio'], '.2f')}× | "
             f"{_f(s['heads'], 'd')} | {hpl} | {flops} |"
@@ -560,20 +675,24 @@ def _size_md(result: dict) -> list[str]:
 def render_bench_md(result: dict) -> str:
     """Markdown tables for a `bench` result (pure function of the dict, so it can be re-rendered from JSON)."""
     setup, m, ref = result["setup"], result["machine"], result["reference"]
-    head = headline_batch(setup["batch_sizes"])
+    head, seq = headline_batch(setup["batch_sizes"]), setup["seq_lens"][0]
     lines = [
         "# Benchmark",
         "",
-        f"Reference: `{ref}`. Sequence length {setup['seq_len']} (synthetic ids, no padding); batch sizes "
-        f"{setup['batch_sizes']}; {setup['rounds']} interleaved rounds (each the fastest call of ≥ "
-        f"{setup.get('min_calls', 1)} calls and ≥ {setup['min_time_s']} s) after "
+        f"Reference: `{ref}`. Sequence lengths {setup['seq_lens']} (synthetic ids, no padding); batch sizes "
+        f"{setup['batch_sizes']}; every length at every batch size. {setup['rounds']} interleaved rounds (each the "
+        f"fastest call of ≥ {setup.get('min_calls', 1)} calls and ≥ {setup['min_time_s']} s) after "
         f"{setup['warmup']} warm-up calls; PyTorch threads {setup['torch_threads']}; threads per variant "
         f"{setup['candidate_threads']}.",
+    ]
+    for name, note in setup.get("candidate_threads_notes", {}).items():
+        lines.append(f"Threads of `{name}`: {note}.")
+    lines += [
         f"Machine: {m['processor']}, {m['cpu_count']} CPUs, load average at the end {m['load_average']}; "
         f"torch {m['torch']}, onnxruntime {m['onnxruntime']}. Absolute times depend on the machine and its load; "
         "compare ratios.",
         "",
-        f"## Summary (batch {head})",
+        f"## Summary (batch {head}, sequence length {seq})",
         "",
         "| variant | accuracy (%) | Δ vs ref (points) | McNemar p | speed-up | FLOP-ideal | size ratio |",
         "|---|---:|---:|---:|---:|---:|---:|",
@@ -603,22 +722,36 @@ def _save(fig, ax, path: Path) -> Path:
     return path
 
 
+LINE_STYLES = ("-", "--", ":", "-.")
+MARKERS = ("o", "s", "^", "D")
+
+
 def _plot_throughput(result: dict, path: Path) -> Path:
+    """Examples/s vs batch size: one colour per variant, one line style and marker per sequence length."""
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6.5, 4.2))
-    sizes = result["setup"]["batch_sizes"]
-    for name, rows in result["throughput"].items():
-        med = [rows[str(b)]["examples_per_s"]["median"] for b in sizes]
-        low = [rows[str(b)]["examples_per_s"]["q1"] for b in sizes]
-        high = [rows[str(b)]["examples_per_s"]["q3"] for b in sizes]
-        ax.plot(sizes, med, marker="o", label=name)
-        ax.fill_between(sizes, low, high, alpha=0.2)
+    sizes, lengths = result["setup"]["batch_sizes"], result["setup"]["seq_lens"]
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for i, (name, per_seq) in enumerate(result["throughput"].items()):
+        for j, seq in enumerate(lengths):
+            rows = per_seq[str(seq)]
+            med = [rows[str(b)]["examples_per_s"]["median"] for b in sizes]
+            low = [rows[str(b)]["examples_per_s"]["q1"] for b in sizes]
+            high = [rows[str(b)]["examples_per_s"]["q3"] for b in sizes]
+            colour = colours[i % len(colours)]
+            label = name if len(lengths) == 1 else f"{name}, {seq} tokens"
+            style = {"ls": LINE_STYLES[j % len(LINE_STYLES)], "marker": MARKERS[j % len(MARKERS)]}
+            ax.plot(sizes, med, color=colour, label=label, **style)
+            ax.fill_between(sizes, low, high, color=colour, alpha=0.15)
     ax.set_xscale("log", base=2)
     ax.set_xticks(sizes, [str(b) for b in sizes])
     ax.set_xlabel("batch size")
     ax.set_ylabel("examples / s (median, IQR band)")
-    ax.set_title(f"Throughput at sequence length {result['setup']['seq_len']}")
+    if len(lengths) > 1:
+        ax.set_yscale("log")
+    which = "length" if len(lengths) == 1 else "lengths"
+    ax.set_title(f"Throughput at sequence {which} {', '.join(map(str, lengths))}")
     return _save(fig, ax, path)
 
 
@@ -626,9 +759,9 @@ def _plot_accuracy_speedup(result: dict, path: Path) -> Path:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6.5, 4.2))
-    head = str(headline_batch(result["setup"]["batch_sizes"]))
+    head, seq = str(headline_batch(result["setup"]["batch_sizes"])), str(result["setup"]["seq_lens"][0])
     for name, s in result["summary"].items():
-        sp = result["speedups"][name][head]
+        sp = result["speedups"][name][seq][head]
         acc = s.get("accuracy")
         y = 100 * acc if acc is not None else 100 * s.get("agreement", float("nan"))
         ci = s.get("accuracy_ci95")
@@ -636,7 +769,7 @@ def _plot_accuracy_speedup(result: dict, path: Path) -> Path:
         xerr = [[sp["median"] - sp["q1"]], [sp["q3"] - sp["median"]]]
         ax.errorbar(sp["median"], y, xerr=xerr, yerr=yerr, fmt="o", capsize=3, label=name)
     ax.axvline(1.0, color="grey", lw=0.8, ls="--")
-    ax.set_xlabel(f"speed-up vs {result['reference']} at batch {head} (median, IQR)")
+    ax.set_xlabel(f"speed-up vs {result['reference']} at batch {head}, {seq} tokens (median, IQR)")
     has_acc = result["quality"] is not None and result["quality"]["has_labels"]
     ax.set_ylabel("accuracy (%), 95% CI" if has_acc else "agreement with reference (%)")
     ax.set_title("Accuracy vs speed-up")
@@ -661,26 +794,47 @@ def _plot_heads(result: dict, path: Path) -> Path:
     ax.set_xlabel("layer")
     ax.set_ylabel("attention heads left")
     ax.set_title("Heads left per layer")
-    ax.legend(fontsize=8)
+    if rows:
+        ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
 
 
+def check_out_dir(out_dir: str | Path) -> Path:
+    """Refuse an output directory that holds anything but an earlier benchmark's files (`BENCH_FILES`): the bench
+    report replaces the whole directory, so it must never be pointed at a directory with other contents."""
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise UserError(f"bench output: '{out}' is a file; expected a directory for report.json, report.md and plots")
+    if out.is_dir():
+        other = sorted(p.name for p in out.iterdir() if p.name not in BENCH_FILES)
+        if other:
+            shown = ", ".join(other[:3]) + (", ..." if len(other) > 3 else "")
+            raise UserError(
+                f"bench output: '{out}' holds other files ({shown}); expected an empty directory or an earlier "
+                "benchmark's output (it is replaced as a whole)"
+            )
+    return out
+
+
 def write_bench_report(result: dict, out_dir: str | Path) -> list[Path]:
-    """Write report.json (versioned), report.md and three PNG plots into `out_dir`; returns the paths."""
+    """Write report.json (versioned), report.md and three PNG plots as the directory `out_dir`; returns the paths.
+
+    The directory is built aside and swapped in (`compressor.atomic.directory`): readers, and a killed run, see the
+    previous complete output or the new one, never a mix.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    out = check_out_dir(out_dir)
     payload = {k: v for k, v in result.items() if k != "files"}
     payload["schema_version"] = SCHEMA_VERSION
-    paths = [out / "report.json", out / "report.md"]
-    atomic.write_text(paths[0], json.dumps(payload, indent=2, default=str))
-    atomic.write_text(paths[1], render_bench_md(payload))
-    paths.append(_plot_throughput(payload, out / "throughput_vs_batch.png"))
-    paths.append(_plot_accuracy_speedup(payload, out / "accuracy_vs_speedup.png"))
-    paths.append(_plot_heads(payload, out / "heads_per_layer.png"))
-    return paths
+    with atomic.directory(out) as tmp:
+        (tmp / "report.json").write_text(json.dumps(payload, indent=2, default=str))
+        (tmp / "report.md").write_text(render_bench_md(payload))
+        _plot_throughput(payload, tmp / "throughput_vs_batch.png")
+        _plot_accuracy_speedup(payload, tmp / "accuracy_vs_speedup.png")
+        _plot_heads(payload, tmp / "heads_per_layer.png")
+    return [out / name for name in BENCH_FILES]

@@ -96,26 +96,79 @@ class ExportSpec(Strict):
 
 
 class BenchSpec(Strict):
+    """Benchmark settings: every sequence length in `seq_lens` is timed at every batch size in `batch_sizes`.
+
+    The summary's single headline figure is at the first sequence length. The older single-length key
+    `seq_len: N` is still accepted and means `seq_lens: [N]` (giving both is an error); `spec.seq_len` reads the
+    first length.
+    """
+
     enabled: bool = True
     batch_sizes: list[int] = Field(default_factory=lambda: [1, 8, 32, 64], min_length=1)
-    seq_len: int = Field(64, ge=8, le=4096)
+    seq_lens: list[int] = Field(
+        default_factory=lambda: [64], min_length=1, description="tokens per synthetic timing example, 8 to 4096"
+    )
     rounds: int = Field(5, ge=1)
     warmup: int = Field(2, ge=0)
     min_time_s: float = Field(0.5, gt=0, description="minimum timed duration of one measurement")
     threads: int | None = Field(None, ge=1)
     eval_examples: int | None = Field(None, ge=1)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _single_seq_len(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "seq_len" in data:
+            if "seq_lens" in data:
+                raise ValueError("seq_len: give seq_len (one length) or seq_lens (a list), not both")
+            data = dict(data)
+            one = data.pop("seq_len")
+            data["seq_lens"] = one if isinstance(one, list) else [one]
+        return data
+
     @field_validator("batch_sizes")
     @classmethod
     def _positive(cls, v: list[int]) -> list[int]:
         if any(b <= 0 for b in v):
             raise ValueError(f"expected positive batch sizes, got {v}")
+        if len(set(v)) != len(v):
+            raise ValueError(f"expected distinct batch sizes, got {v}")
         return v
+
+    @field_validator("seq_lens")
+    @classmethod
+    def _lengths(cls, v: list[int]) -> list[int]:
+        if any(not 8 <= s <= 4096 for s in v):
+            raise ValueError(f"expected sequence lengths from 8 to 4096 tokens, got {v}")
+        if len(set(v)) != len(v):
+            raise ValueError(f"expected distinct sequence lengths, got {v}")
+        return v
+
+    @property
+    def seq_len(self) -> int:
+        """The first (headline) sequence length."""
+        return self.seq_lens[0]
 
 
 class AnalysisSpec(Strict):
+    """Head-role analysis after pruning; `roles` are the detectors' thresholds (docs/analysis.md)."""
+
+    class Roles(Strict):
+        """The fields and defaults of `compressor.analysis.RoleConfig` (a test keeps the two in step)."""
+
+        positional_threshold: float = Field(0.9, gt=0, le=1, description="share of queries at one offset")
+        rare_top_k: int = Field(500, ge=0, description="most frequent training pieces never counted as rare")
+        rare_threshold: float = Field(0.5, gt=0, le=1, description="share of queries on the rarest piece")
+        delimiter_threshold: float = Field(0.5, gt=0, le=1, description="attention share on [CLS]/[SEP]/punct")
+        syntactic_margin: float = Field(0.10, ge=0, le=1, description="accuracy points above the offset baseline")
+        min_relation_count: int = Field(30, ge=1, description="instances a relation/direction needs to count")
+        sieve_tau: float = Field(2.0, gt=0, description="sieve bias that H0 allows (1 = no preference)")
+        sieve_alpha: float = Field(0.05, gt=0, lt=1, description="significance level after correction")
+        sieve_test: Literal["t", "wilcoxon"] = "t"
+        sieve_correction: Literal["holm", "bh", "bonferroni", "none"] = "holm"
+
     enabled: bool = True
     examples: int = Field(256, ge=8)
+    roles: Roles = Field(default_factory=Roles)
 
 
 class Recipe(Strict):

@@ -28,7 +28,7 @@ def _steps_table(steps: list[dict]) -> list[str]:
 def _bench_table(bench: dict) -> list[str]:
     """One row per candidate: quality with its 95% CI and the paired test, speed-up vs the FLOP ideal."""
     lines = [
-        "| variant | accuracy (%) [95% CI] | agreement (%) | McNemar p | speed-up (batch) | FLOP-ideal |",
+        "| variant | accuracy (%) [95% CI] | agreement (%) | McNemar p | speed-up (batch, tokens) | FLOP-ideal |",
         "|---|---|---:|---:|---:|---:|",
     ]
     for name, row in bench.get("summary", {}).items():
@@ -36,7 +36,8 @@ def _bench_table(bench: dict) -> list[str]:
         acc = f"{_pct(row.get('accuracy'))} [{_pct(ci[0])}, {_pct(ci[1])}]" if row.get("accuracy") is not None else "–"
         p, speed, ideal = row.get("mcnemar_p"), row.get("headline_speedup"), row.get("flop_ideal_speedup")
         p_text = "–" if p is None else f"{p:.3g}"
-        speed_text = "–" if speed is None else f"{speed:.2f}× ({row.get('headline_batch')})"
+        where = ", ".join(str(row[k]) for k in ("headline_batch", "headline_seq_len") if row.get(k) is not None)
+        speed_text = "–" if speed is None else f"{speed:.2f}× ({where})"
         ideal_text = "–" if ideal is None else f"{ideal:.2f}×"
         lines.append(f"| {name} | {acc} | {_pct(row.get('agreement'))} | {p_text} | {speed_text} | {ideal_text} |")
     return lines
@@ -95,7 +96,11 @@ def render(report: dict) -> str:
             )
     if "bench" in report:
         lines += ["", "## Benchmark", "", *_bench_table(report["bench"])]
-        lines += ["", "Full tables and plots (all batch sizes, spread, memory): [bench/report.md](bench/report.md)."]
+        lines += [
+            "",
+            "Full tables and plots (all sequence lengths and batch sizes, spread, memory): "
+            "[bench/report.md](bench/report.md).",
+        ]
     if "analysis" in report:
         lines += ["", "## Head roles of kept vs removed heads", "", *_roles_table(report["analysis"])]
         lines += ["", "Details and figures: [analysis/analysis.md](analysis/analysis.md)."]

@@ -21,6 +21,7 @@ from functools import partial
 from pathlib import Path
 
 import torch
+import yaml
 from accelerate import Accelerator
 from accelerate.utils import InitProcessGroupKwargs, broadcast, set_seed
 from safetensors.torch import load_file, save_file
@@ -30,7 +31,7 @@ from compressor.checkpoint import load_pruned, save_pruned
 from compressor.cost import model_stats
 from compressor.errors import UserError
 from compressor.layout import num_layers, original_num_heads
-from compressor.recipe import Recipe, dump_recipe
+from compressor.recipe import Recipe, RecipeError, dump_recipe, parse_recipe
 from compressor.selection import check_feasible, mask_to_plan, plan_to_mask, schedule, select_heads
 from compressor.sources import TaskData, load_model, load_task_data, load_tokenizer
 from compressor.sources.data import BUILTIN_RT
@@ -91,6 +92,15 @@ def _check_replaceable(out: Path) -> None:
         )
 
 
+def _same_recipe(resolved: Path, recipe: Recipe) -> bool:
+    """Whether the recipe an unfinished run was started with equals `recipe`, compared as parsed recipes (so a
+    newer compressor that spells a default or a renamed key differently still resumes the same run)."""
+    try:
+        return parse_recipe(yaml.safe_load(resolved.read_text())) == recipe
+    except (RecipeError, yaml.YAMLError):
+        return False
+
+
 def preflight(recipe: Recipe, force: bool) -> Path:
     """Check, before any weights load or anything is written, that the run can start."""
     out = Path(recipe.output_dir)
@@ -99,7 +109,7 @@ def preflight(recipe: Recipe, force: bool) -> Path:
     if (out / DONE_FILE).exists() and not force:
         raise UserError(f"output_dir: '{out}' holds a finished run; pass --force to overwrite it")
     resolved = out / RESOLVED_FILE
-    if not force and (out / "state").exists() and resolved.exists() and resolved.read_text() != dump_recipe(recipe):
+    if not force and (out / "state").exists() and resolved.exists() and not _same_recipe(resolved, recipe):
         raise UserError(
             f"output_dir: '{out}' holds an unfinished run of a different recipe; pass --force to start over "
             "or choose another output_dir"

@@ -39,7 +39,7 @@ def bench_stage(run, original: torch.nn.Module, pruned: torch.nn.Module, model_d
     from compressor.checkpoint import load_pruned
 
     spec = run.recipe.bench
-    seq = spec.seq_len
+    seq = spec.seq_lens
     fast_original = _as_sdpa(original)
     pruned_candidate = bench.pytorch_candidate(
         "pytorch-pruned", load_pruned(model_dir, attn_implementation="sdpa"), seq, model_dir
@@ -51,7 +51,7 @@ def bench_stage(run, original: torch.nn.Module, pruned: torch.nn.Module, model_d
                 f"onnx-{name}",
                 info["dir"],
                 spec.threads,
-                flops_per_example=pruned_candidate.flops_per_example,
+                flops_per_example=pruned_candidate.flops_by_seq_len,
                 heads_per_layer=pruned_candidate.heads_per_layer,
             )
         )
@@ -72,14 +72,18 @@ def _as_sdpa(model: torch.nn.Module) -> torch.nn.Module:
 
 
 def analysis_stage(run, original: torch.nn.Module, steps_log: list[dict]) -> dict:
+    """Head roles of the original model, and per pruning step the roles of the kept vs removed heads.
+
+    Inputs are encoded as in training (pairs as pairs). spaCy is optional: when its English model cannot be
+    loaded the analysis logs one warning and runs without syntactic roles (`syntax_skipped` says why), rather than
+    failing at the end of a long run.
+    """
     from compressor import analysis
 
     spec = run.recipe.analysis
     fields = run.data.text_fields
-    texts = [
-        " ".join(row[f] for f in fields) for row in run.data.test.select(range(min(spec.examples, len(run.data.test))))
-    ]
-    train_texts = [" ".join(row[f] for f in fields) for row in run.data.train]
+    texts = analysis.model_texts(run.data.test, fields, spec.examples)
+    train_texts = analysis.model_texts(run.data.train, fields)
     first_scores = (
         {
             run.recipe.prune.criterion.name: torch.tensor(
@@ -90,7 +94,14 @@ def analysis_stage(run, original: torch.nn.Module, steps_log: list[dict]) -> dic
         else None
     )
     result = analysis.analyze_heads(
-        original, run.tokenizer, texts, train_texts, max_length=run.recipe.data.max_length, scores=first_scores
+        original,
+        run.tokenizer,
+        texts,
+        train_texts,
+        max_length=run.recipe.data.max_length,
+        scores=first_scores,
+        syntax="auto",
+        config=analysis.RoleConfig(**spec.roles.model_dump()),
     )
     alive = torch.ones_like(analysis.role_masks(result)["any"], dtype=torch.bool)
     per_step = []
@@ -99,7 +110,11 @@ def analysis_stage(run, original: torch.nn.Module, steps_log: list[dict]) -> dic
         per_step.append({"step": entry["step"], **analysis.kept_vs_removed(result, alive)})
     result["pruning_steps"] = per_step
     analysis.write_analysis(result, run.out / "analysis")
-    return {"counts": result.get("counts"), "pruning_steps": per_step}
+    return {
+        "counts": result.get("counts"),
+        "syntax_skipped": result["settings"]["syntax_skipped"],
+        "pruning_steps": per_step,
+    }
 
 
 def after_prune(run, original, pruned, model_dir: Path, alive, steps_log: list[dict], report: dict) -> None:

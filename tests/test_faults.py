@@ -172,3 +172,18 @@ def test_force_never_deletes_a_directory_that_is_not_a_run(tmp_path, tiny_model_
     assert result.exit_code == 2 and "Traceback" not in result.output
     assert "output_dir: " in result.stderr and len(result.stderr.strip().splitlines()) == 1
     assert sorted(p.name for p in target.iterdir()) == ["thesis.tex"]
+
+
+def test_unfinished_run_resumes_when_only_the_spelling_changed(tmp_path, tiny_model_dir, tiny_csv, cache_dir) -> None:
+    """An unfinished run whose resolved recipe uses an older spelling (`bench.seq_len: 16` for `seq_lens: [16]`)
+    is the same recipe: it resumes without --force."""
+    out = tmp_path / "out"
+    recipe = tiny_recipe(tiny_model_dir, tiny_csv, out, bench={"enabled": False, "seq_lens": [16]})
+    old = {**recipe, "bench": {"enabled": False, "seq_len": 16}}
+    (out / "state").mkdir(parents=True)
+    (out / "recipe.resolved.yaml").write_text(yaml.safe_dump(old))
+    path = tmp_path / "r.yaml"
+    path.write_text(yaml.safe_dump(recipe))
+    result = CliRunner().invoke(app, ["run", str(path)])
+    assert result.exit_code == 0, result.output
+    assert json.loads((out / "report.json").read_text())["status"] == "complete"

@@ -1,5 +1,9 @@
 """Tokenised examples with the token classes the role detectors need, and per-example attention maps.
 
+Inputs are encoded exactly as training encodes them (`compressor.train.tokenize` calls `tokenizer(*fields)`): a
+single-text task gives one string per example, a sentence-pair task a `(first, second)` tuple that is tokenised as a
+pair, so the pieces, [SEP]s, truncation and token_type_ids are the ones the model was trained on.
+
 Attention comes from `model(..., output_attentions=True)`: one [batch, present heads, T, T] tensor per layer, where
 a layer that lost every head gives [batch, 0, T, T]. `attention_maps` scatters present heads back to their
 *original* ids, so every detector works on a fixed [layers × original heads] grid and removed heads are masked out
@@ -10,7 +14,7 @@ from __future__ import annotations
 
 import unicodedata
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -22,12 +26,17 @@ from compressor.layout import num_layers, original_num_heads, presence_mask, pre
 
 MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 
+Text = str | tuple[str, ...]  # one model input: a text, or the texts of a sentence pair
+
 
 @dataclass
 class Example:
-    """One tokenised text: piece ids, character offsets and which pieces are [CLS]/[SEP]/punctuation/special."""
+    """One tokenised input: piece ids, character offsets and which pieces are [CLS]/[SEP]/punctuation/special.
 
-    text: str
+    For a pair, `offsets` of each piece are relative to the text it comes from (`sequence_ids`).
+    """
+
+    text: Text
     ids: list[int]
     offsets: list[tuple[int, int]]
     special: torch.Tensor  # [n] bool: any special token ([CLS], [SEP], <s>, </s>, ...)
@@ -35,10 +44,22 @@ class Example:
     sep: torch.Tensor  # [n] bool
     punct: torch.Tensor  # [n] bool: non-special pieces made only of punctuation characters
     segments: torch.Tensor  # [n] long: token_type_ids (all 0 for single-segment inputs)
+    sequence_ids: torch.Tensor | None = None  # [n] long: which input text a piece comes from, −1 for specials
 
     @property
     def n(self) -> int:
         return len(self.ids)
+
+    @property
+    def parts(self) -> tuple[str, ...]:
+        """The input texts: one for a single-text task, two for a pair."""
+        return (self.text,) if isinstance(self.text, str) else tuple(self.text)
+
+    @property
+    def blocks(self) -> torch.Tensor:
+        """[n] long: the input text of each piece (−1 for specials); falls back to token_type_ids."""
+        seq = self.sequence_ids if self.sequence_ids is not None else self.segments
+        return seq.masked_fill(self.special, -1)
 
     @property
     def words(self) -> torch.Tensor:
@@ -60,11 +81,33 @@ def _require_fast(tokenizer) -> None:
         )
 
 
-def encode(tokenizer, texts: list[str], max_length: int) -> list[Example]:
-    """Tokenise each text (truncated to `max_length`) and classify its pieces."""
+def model_texts(ds, fields: Sequence[str], n: int | None = None) -> list[Text]:
+    """The model inputs of a dataset split (the first `n` rows): one string per row for one text field, a
+    `(first, second)` tuple for two, i.e. what `compressor.train.tokenize` feeds to `tokenizer(*fields)`."""
+    if n is not None:
+        ds = ds.select(range(min(n, len(ds))))
+    columns = [[str(v) for v in ds[f]] for f in fields]
+    return columns[0] if len(columns) == 1 else list(zip(*columns, strict=True))
+
+
+def split_texts(texts: Sequence[Text]) -> list[list[str]]:
+    """Column-wise texts: `[texts]` for single texts, `[firsts, seconds]` for pairs (all inputs must agree)."""
+    if not texts:
+        return [[]]
+    width = 1 if isinstance(texts[0], str) else len(texts[0])
+    if any((1 if isinstance(t, str) else len(t)) != width for t in texts) or width not in (1, 2):
+        raise ValueError("texts: expected all single texts or all (first, second) pairs")
+    if isinstance(texts[0], str):
+        return [list(texts)]
+    return [list(col) for col in zip(*texts, strict=True)]
+
+
+def encode(tokenizer, texts: Sequence[Text], max_length: int) -> list[Example]:
+    """Tokenise each input (a text, or a pair tokenised as a pair; truncated to `max_length` as in training) and
+    classify its pieces."""
     _require_fast(tokenizer)
     enc = tokenizer(
-        texts,
+        *split_texts(texts),
         truncation=True,
         max_length=max_length,
         return_offsets_mapping=True,
@@ -89,6 +132,7 @@ def encode(tokenizer, texts: list[str], max_length: int) -> list[Example]:
                 sep=(idt == sep_id) & special if sep_id is not None else torch.zeros_like(special),
                 punct=punct,
                 segments=torch.tensor(enc["token_type_ids"][i], dtype=torch.long),
+                sequence_ids=torch.tensor([-1 if s is None else s for s in enc.sequence_ids(i)], dtype=torch.long),
             )
         )
     return out

@@ -6,13 +6,19 @@ Voita/Clark's token-level rules (positional, rare_word, delimiter), the dependen
 Pande's sieve tests (sieve_local, sieve_syntactic, sieve_block, sieve_delimiter). "any" is the union of Voita's
 *specialised* roles (positional, rare_word, syntactic); delimiter heads are Clark's no-op heads and are counted
 separately rather than as specialised.
+
+Sentence-pair tasks are analysed on the pairs as the model saw them (`collect.encode`): the block sieve then tests
+attention within each text of the pair, and the syntactic analysis parses each text separately (`syntax` module).
 """
 
 from __future__ import annotations
 
 import itertools
+import logging
 import math
+from collections.abc import Sequence
 from dataclasses import asdict
+from typing import Literal
 
 import numpy as np
 import torch
@@ -21,12 +27,14 @@ from torch import nn
 
 from compressor.analysis import sieve as sv
 from compressor.analysis import syntax as sx
-from compressor.analysis.collect import attention_maps, encode, presence
+from compressor.analysis.collect import Text, attention_maps, encode, presence, split_texts
 from compressor.analysis.distance import classical_mds, cluster, js_divergence
 from compressor.analysis.roles import RoleAccumulator, RoleConfig, frequent_ids, token_frequencies
 from compressor.errors import UserError
 
 SCHEMA = 1
+SYNTAX_OFF = "turned off by the caller (syntax=False / --no-syntax)"
+log = logging.getLogger("compressor")
 TOKEN_ROLES = ("positional", "rare_word", "syntactic", "delimiter")
 SIEVE_ROLES = tuple(f"sieve_{r}" for r in sv.SIEVE_ROLES)
 SPECIALISED = ("positional", "rare_word", "syntactic")
@@ -74,7 +82,7 @@ def _sieves(example, piece_word, heads, aligned, sentences) -> dict[str, torch.T
         "syntactic": None,
         "block": None,
     }
-    seg = example.segments.masked_fill(example.special, -1)
+    seg = example.blocks  # the text of a pair each piece belongs to
     if len(set(seg[~example.special].tolist())) > 1:
         out["block"] = sv.block_sieve(seg)
     elif piece_word is not None:
@@ -86,36 +94,62 @@ def _sieves(example, piece_word, heads, aligned, sentences) -> dict[str, torch.T
     return out
 
 
+def _parser(syntax: bool | Literal["auto"]):
+    """(spaCy pipeline or None, why syntax is skipped or None) for `analyze_heads`'s `syntax` argument."""
+    if syntax == "auto":
+        try:
+            return sx.load_parser(), None
+        except sx.ParserUnavailable as err:
+            log.warning("analysis: syntactic roles skipped: %s (to get them: %s)", err.reason, sx.INSTALL_HINT)
+            return None, err.reason
+    if syntax:
+        return sx.load_parser(), None
+    return None, SYNTAX_OFF
+
+
+def _nonempty(text: Text) -> bool:
+    return any(t and t.strip() for t in ((text,) if isinstance(text, str) else text))
+
+
 def analyze_heads(
     model: nn.Module,
     tokenizer,
-    texts: list[str],
-    train_texts: list[str],
+    texts: Sequence[Text],
+    train_texts: Sequence[Text],
     *,
     max_length: int = 128,
     batch_size: int = 16,
     scores: dict[str, torch.Tensor] | None = None,
-    syntax: bool = True,
+    syntax: bool | Literal["auto"] = True,
     config: RoleConfig | None = None,
 ) -> dict:
     """Roles, sieve tests, confidence, criterion maps and JS distances for every head, over `texts`.
 
-    `train_texts` give the piece frequencies of the rare-word role; `scores` ({criterion: [L, H]}) are added as
-    maps; `syntax=False` skips spaCy (no syntactic role, no syntactic sieve, block only for pair inputs).
+    `texts` are single strings, or `(first, second)` tuples for a sentence-pair task (encoded as a pair, as in
+    training; `collect.model_texts` builds either from a dataset split). `train_texts` (same kind) give the piece
+    frequencies of the rare-word role; `scores` ({criterion: [L, H]}) are added as maps. `syntax=True` needs spaCy
+    and its English model (a one-line `UserError` otherwise); `syntax=False` skips spaCy (no syntactic role, no
+    syntactic sieve, block only for pair inputs); `syntax="auto"` uses spaCy when it can be loaded and otherwise
+    logs one warning and goes on without it. `result["settings"]["syntax_skipped"]` says why syntax was skipped
+    (None when it ran).
     """
     config = config or RoleConfig()
-    texts = [t for t in texts if t and t.strip()]
+    texts = [t for t in texts if _nonempty(t)]
     if not texts:
         raise UserError("analysis: no non-empty texts to analyse; expected at least one evaluation example")
     present = presence(model)
     n_layers, n_heads = present.shape
     k = n_layers * n_heads
     alive_idx = torch.nonzero(present.flatten()).flatten()
+    nlp, skipped = _parser(syntax)
     examples = encode(tokenizer, texts, max_length)
-    counts = token_frequencies(tokenizer, train_texts or texts, max_length)
+    # piece frequencies per text (a pair's two texts counted separately; specials excluded anyway)
+    counts = token_frequencies(
+        tokenizer, [t for col in split_texts(list(train_texts) or texts) for t in col], max_length
+    )
     acc = RoleAccumulator(k, max_length, counts, frequent_ids(counts, config.rare_top_k))
     rel = sx.RelationAccumulator(k)
-    docs = sx.parse(sx.load_parser(), texts) if syntax else [None] * len(texts)
+    docs = sx.parse_parts(nlp, [e.parts for e in examples]) if nlp is not None else [None] * len(examples)
     biases: dict[str, list[torch.Tensor]] = {r: [] for r in sv.SIEVE_ROLES}
     js_sum, js_n = torch.zeros(len(alive_idx), len(alive_idx)), 0
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
@@ -126,16 +160,29 @@ def analyze_heads(
         js_n += 1
         piece_word = heads = aligned = sentences = None
         if docs[i] is not None:
-            spans, heads, deps, sentences = sx.doc_words(docs[i])
-            piece_word = sx.align_pieces(example.offsets, example.special, spans)
-            word_att, aligned = sx.word_attention(att, piece_word, len(spans))
+            spans, heads, deps, sentences = sx.parts_words(docs[i])
+            piece_word = sx.align_segments(example.offsets, example.special, example.blocks, spans)
+            word_att, aligned = sx.word_attention(att, piece_word, len(heads))
             rel.update(word_att, aligned, sx.relation_instances(heads, deps, aligned))
         for role, sieve in _sieves(example, piece_word, heads, aligned, sentences).items():
             if sieve is not None:
                 biases[role].append(sv.sieve_bias(att, sieve, example.words))
-    return _assemble(
-        present, config, acc, rel, biases, js_sum / max(js_n, 1), alive_idx, scores, len(examples), max_length, syntax
+    result = _assemble(
+        present,
+        config,
+        acc,
+        rel,
+        biases,
+        js_sum / max(js_n, 1),
+        alive_idx,
+        scores,
+        len(examples),
+        max_length,
+        nlp is not None,
     )
+    result["settings"]["syntax_skipped"] = skipped
+    result["settings"]["pairs"] = len(examples[0].parts) > 1
+    return result
 
 
 def _assemble(present, config, acc, rel, biases, js, alive_idx, scores, n_examples, max_length, syntax) -> dict:

@@ -1,13 +1,18 @@
-"""Writing an analysis result for people: analysis.json, analysis.md (tables) and PNG figures."""
+"""Writing an analysis result for people: analysis.json, analysis.md (tables) and PNG figures, as one directory
+written atomically (`compressor.atomic.directory`): a killed process leaves the previous output or none, never
+half of one."""
 
 from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 
+from compressor import atomic
 from compressor.analysis import plots
 from compressor.analysis.core import SIEVE_ROLES, SPECIALISED, TOKEN_MAPS, TOKEN_ROLES
+from compressor.errors import UserError
 
 MAP_ORDER = (*TOKEN_MAPS, "syntactic_gain")
 DEFINITIONS = {
@@ -63,9 +68,10 @@ def render_markdown(result: dict) -> str:
         "# Head analysis",
         "",
         f"{result['layers']} layers × {result['heads']} heads ({counts['analysed_heads']} present), "
-        f"{result['examples']} examples, max length {s['max_length']}. Heads are `L<layer>H<head>`, 0-based original "
-        "ids; removed heads are blank.",
+        f"{result['examples']} {'sentence pairs' if s.get('pairs') else 'examples'}, max length {s['max_length']}. "
+        "Heads are `L<layer>H<head>`, 0-based original ids; removed heads are blank.",
         "",
+        *([f"**Syntactic roles skipped**: {s['syntax_skipped']}.", ""] if s.get("syntax_skipped") else []),
         "## Roles found",
         "",
         *_table(
@@ -132,7 +138,8 @@ def render_markdown(result: dict) -> str:
             ],
         )
     else:
-        lines.append(f"No relation had ≥ {s['min_relation_count']} instances (or syntax was off).")
+        why = f"syntax skipped: {s['syntax_skipped']}" if s.get("syntax_skipped") else "syntax ran"
+        lines.append(f"No relation had ≥ {s['min_relation_count']} instances ({why}).")
     lines += ["", "## Sieve bias (Pande)", ""]
     lines += _table(
         ["role", "sequences", "heads assigned", "top heads by mean bias"],
@@ -194,10 +201,35 @@ def _json_safe(obj):
     return obj
 
 
+def _check_replaceable(out: Path) -> None:
+    """`out` is replaced as a whole: refuse anything but a missing/empty directory or an earlier analysis output."""
+    if not (out.exists() or out.is_symlink()):
+        return
+    if not out.is_dir():
+        raise UserError(f"analysis: output '{out}' exists and is not a directory; expected a directory path")
+    if any(out.iterdir()) and not (out / "analysis.json").is_file():
+        raise UserError(
+            f"analysis: output directory '{out}' is not empty and holds no earlier analysis (no analysis.json); "
+            "it would be replaced as a whole, so expected a new, empty or analysis directory"
+        )
+
+
 def write_analysis(result: dict, out_dir: str | Path) -> list[Path]:
-    """Write analysis.json, analysis.md and the PNG figures into `out_dir`; returns the paths written."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    """Write analysis.json, analysis.md and the PNG figures as the directory `out_dir`; returns the paths written.
+
+    The files are written into a temporary sibling directory that then replaces `out_dir` as a whole
+    (`compressor.atomic.directory`), so a killed process never leaves a half-written analysis. `out_dir` must be
+    missing, empty, or an earlier analysis output (it has analysis.json); anything else is refused with a
+    `UserError` rather than deleted.
+    """
+    out = Path(os.path.abspath(out_dir))
+    _check_replaceable(out)
+    with atomic.directory(out) as tmp:
+        written = _write_files(result, tmp)
+    return [out / p.name for p in written]
+
+
+def _write_files(result: dict, out: Path) -> list[Path]:
     paths = [out / "analysis.json", out / "analysis.md"]
     paths[0].write_text(json.dumps(_json_safe(result), indent=1))
     paths[1].write_text(render_markdown(result))
@@ -208,9 +240,6 @@ def write_analysis(result: dict, out_dir: str | Path) -> list[Path]:
     paths.append(plots.heatmaps({k: v for k, v in maps.items() if k.startswith("sieve_bias_")}, out / "sieve.png", 2))
     paths.append(plots.role_grid(result["roles"], result["present"], out / "roles.png"))
     paths.append(plots.js_clustering(result["js"], out / "js_clustering.png"))
-    stale = out / "pruning_roles.png"
-    if not result.get("pruning_steps") and stale.exists():
-        stale.unlink()  # left by an earlier analysis with pruning steps; the new markdown does not reference it
     if result.get("pruning_steps"):
         paths.append(
             plots.pruning_roles(result["pruning_steps"], [*SPECIALISED, "delimiter"], out / "pruning_roles.png")

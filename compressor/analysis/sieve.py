@@ -3,8 +3,9 @@
 For query i and role f the sieve S_f(i) is the set of keys the role says to look at:
 - local: the neighbours i−1 and i+1 (non-special);
 - syntactic: every piece of the words joined to i's word by a dependency arc (head or dependent);
-- block: every piece of the same block: the same segment (token_type_ids) for pair inputs, else the same spaCy
-  sentence; sequences with a single block carry no information and are skipped;
+- block: every piece of the same block: the same text of a sentence pair (the tokenizer's sequence ids, so also
+  for models whose token_type_ids are all 0), else the same spaCy sentence; sequences with a single block carry no
+  information and are skipped;
 - delimiter: [CLS] and [SEP].
 Queries are the non-special pieces with a non-empty sieve. The sieve bias of a sequence is the attention per key
 inside the sieves divided by the attention per key overall (1/n, since rows sum to 1):
@@ -93,7 +94,7 @@ def one_sided_pvalues(samples: np.ndarray, tau: float, test: str = "t") -> np.nd
             d = x - tau
             out[k] = 1.0 if np.all(d == 0) else stats.wilcoxon(d, alternative="greater").pvalue
         else:
-            raise ValueError(f"analysis.sieve_test: expected 't' or 'wilcoxon', got '{test}'")
+            raise ValueError(f"analysis.roles.sieve_test: expected 't' or 'wilcoxon', got '{test}'")
     return out
 
 
@@ -124,7 +125,9 @@ def adjust(p: np.ndarray, method: str) -> np.ndarray:
     elif method == "none":
         out[finite] = x
     else:
-        raise ValueError(f"analysis.sieve_correction: expected 'holm', 'bh', 'bonferroni' or 'none', got '{method}'")
+        raise ValueError(
+            f"analysis.roles.sieve_correction: expected 'holm', 'bh', 'bonferroni' or 'none', got '{method}'"
+        )
     return out
 
 

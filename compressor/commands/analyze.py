@@ -1,4 +1,11 @@
-"""`compressor analyze RECIPE|MODEL_DIR`: what each attention head does (roles, tests, distances), as JSON/MD/PNG."""
+"""`compressor analyze RECIPE|MODEL_DIR`: what each attention head does (roles, tests, distances), as JSON/MD/PNG.
+
+Sentence-pair data (two `text_fields`) is analysed as pairs, as the model was trained. Role thresholds come from the
+recipe's `analysis.roles` (defaults for a model directory), with the keys of `--roles-yaml FILE` on top. Syntax:
+without a flag spaCy is used when its English model is installed, else one warning and the analysis goes on without
+syntactic roles (as in `compressor run`); `--syntax` insists (one-line error, before any model loads, when spaCy is
+missing); `--no-syntax` turns it off.
+"""
 
 from __future__ import annotations
 
@@ -10,28 +17,49 @@ from compressor.errors import UserError, one_line_errors
 
 
 def _inputs(target: Path, data: str | None):
-    """(model spec, data spec, default output dir) for a recipe file or a model directory."""
-    from compressor.recipe import DataSpec, ModelSpec, load_recipe
+    """(model spec, data spec, default output dir, analysis.roles) for a recipe file or a model directory."""
+    from compressor.recipe import AnalysisSpec, DataSpec, ModelSpec, load_recipe
 
     if target.is_file():
         recipe = load_recipe(target)
         run_dir = Path(recipe.output_dir)
         final = run_dir / "model"
         spec = DataSpec(source=data) if data else recipe.data
+        roles = recipe.analysis.roles
         if (final / "config.json").is_file():  # a finished run: analyse the pruned model it shipped
-            return ModelSpec(source=str(final), task_tuned=True), spec, run_dir / "analysis_pruned"
-        return recipe.model, spec, run_dir / "analysis_original"
+            return ModelSpec(source=str(final), task_tuned=True), spec, run_dir / "analysis_pruned", roles
+        return recipe.model, spec, run_dir / "analysis_original", roles
     if target.is_dir():
         if not (target / "config.json").is_file():
             raise UserError(f"target: directory '{target}' has no config.json; expected a model directory or a recipe")
         spec = DataSpec(source=data) if data else DataSpec()
-        return ModelSpec(source=str(target), task_tuned=True), spec, Path(f"{target.name}_analysis")
+        model = ModelSpec(source=str(target), task_tuned=True)
+        return model, spec, Path(f"{target.name}_analysis"), AnalysisSpec.Roles()
     raise UserError(f"target: '{target}' does not exist; expected a recipe YAML file or a model directory")
 
 
-def _texts(ds, fields: list[str], n: int | None = None) -> list[str]:
-    rows = ds if n is None else ds.select(range(min(n, len(ds))))
-    return [" ".join(str(row[f]) for f in fields) for row in rows]
+def _roles(base, path: Path | None):
+    """`base` (an `AnalysisSpec.Roles`) with the keys of the YAML mapping in `path` on top, validated like a recipe."""
+    if path is None:
+        return base
+    import yaml
+
+    from compressor.recipe import parse_recipe
+
+    if not path.is_file():
+        raise UserError(f"--roles-yaml: file '{path}' not found")
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, yaml.YAMLError) as err:
+        raise UserError(f"--roles-yaml: '{path}' is not readable YAML ({type(err).__name__})") from None
+    if data is None:
+        return base
+    if not isinstance(data, dict):
+        raise UserError(f"--roles-yaml: expected a mapping of analysis.roles keys, got {type(data).__name__}")
+    # checked exactly as a recipe's analysis.roles (one-line RecipeError naming the field)
+    return parse_recipe(
+        {"analysis": {"roles": {**base.model_dump(), **data}}}, origin=f"--roles-yaml {path}"
+    ).analysis.roles
 
 
 def _criterion_scores(names: list[str], model, tokenizer, task, max_length: int, n: int) -> dict:
@@ -67,17 +95,26 @@ def analyze(
     data: str = typer.Option(
         None, "--data", help="dataset source (default: the recipe's, else builtin Rotten Tomatoes)"
     ),
-    syntax: bool = typer.Option(True, "--syntax/--no-syntax", help="spaCy parses for syntactic roles"),
+    syntax: bool | None = typer.Option(
+        None, "--syntax/--no-syntax", help="spaCy parses for syntactic roles (default: if installed, else a warning)"
+    ),
+    roles_yaml: Path = typer.Option(
+        None, "--roles-yaml", help="YAML mapping of analysis.roles thresholds, over the recipe's (see docs/analysis.md)"
+    ),
     max_length: int = typer.Option(128, "--max-length", min=8, help="truncate inputs to this many pieces"),
     criteria_names: str = typer.Option("taylor", "--criteria", help="comma-separated criteria to map ('' for none)"),
 ) -> None:
     """Head roles (positional, rare-word, delimiter, syntactic), Pande sieve tests, confidence, JS clustering."""
     import torch
 
-    from compressor.analysis import analyze_heads, write_analysis
+    from compressor.analysis import RoleConfig, analyze_heads, model_texts, write_analysis
+    from compressor.analysis.syntax import load_parser
     from compressor.sources import load_model, load_task_data, load_tokenizer
 
-    model_spec, data_spec, default_out = _inputs(target, data)
+    model_spec, data_spec, default_out, roles = _inputs(target, data)
+    config = RoleConfig(**_roles(roles, roles_yaml).model_dump())
+    if syntax:
+        load_parser()  # asked for explicitly: fail now, before any model loads
     task = load_task_data(data_spec)
     tokenizer = load_tokenizer(model_spec)
     model = load_model(model_spec, task.label_names, attention="eager").eval()
@@ -87,11 +124,12 @@ def analyze(
         result = analyze_heads(
             model,
             tokenizer,
-            _texts(task.test, task.text_fields, examples),
-            _texts(task.train, task.text_fields),
+            model_texts(task.test, task.text_fields, examples),
+            model_texts(task.train, task.text_fields),
             max_length=max_length,
             scores=scores,
-            syntax=syntax,
+            syntax="auto" if syntax is None else syntax,
+            config=config,
         )
     paths = write_analysis(result, out or default_out)
     counts = ", ".join(f"{k} {v}" for k, v in result["counts"].items())

@@ -9,15 +9,19 @@ import typer
 from compressor.errors import UserError, one_line_errors
 
 
-def parse_batch_sizes(text: str) -> list[int]:
+def parse_int_list(text: str, option: str, example: str) -> list[int]:
     """'1,8,32' → [1, 8, 32]; anything else is a one-line error naming the option."""
     try:
-        sizes = [int(part) for part in text.split(",") if part.strip()]
+        values = [int(part) for part in text.split(",") if part.strip()]
     except ValueError:
-        sizes = []
-    if not sizes or any(b < 1 for b in sizes):
-        raise UserError(f"--batch-sizes: expected comma-separated positive integers like 1,8,32, got '{text}'")
-    return sizes
+        values = []
+    if not values or any(b < 1 for b in values):
+        raise UserError(f"{option}: expected comma-separated positive integers like {example}, got '{text}'")
+    return values
+
+
+def parse_batch_sizes(text: str) -> list[int]:
+    return parse_int_list(text, "--batch-sizes", "1,8,32")
 
 
 def bench_spec(recipe, **overrides):
@@ -84,7 +88,9 @@ def bench(
     onnx_dir: Path = typer.Option(None, "--onnx-dir", help="ONNX export directory (one variant or one per sub-dir)"),
     recipe: Path = typer.Option(None, "--recipe", help="recipe whose data and bench settings to use"),
     batch_sizes: str = typer.Option(None, "--batch-sizes", help="comma-separated, e.g. 1,8,32,64"),
-    seq_len: int = typer.Option(None, "--seq-len", help="tokens per synthetic timing example"),
+    seq_lens: str = typer.Option(
+        None, "--seq-lens", "--seq-len", help="comma-separated tokens per synthetic timing example, e.g. 64,128"
+    ),
     threads: int = typer.Option(None, "--threads", help="intra-op threads for PyTorch and ONNX Runtime"),
     rounds: int = typer.Option(None, "--rounds", help="interleaved timing rounds"),
     eval_examples: int = typer.Option(None, "--eval-examples", help="test examples for quality (default: all)"),
@@ -97,23 +103,25 @@ def bench(
 
     r = load_recipe(recipe) if recipe is not None else None
     sizes = parse_batch_sizes(batch_sizes) if batch_sizes is not None else None
+    lengths = parse_int_list(seq_lens, "--seq-lens", "64,128") if seq_lens is not None else None
     spec = bench_spec(
-        r, batch_sizes=sizes, seq_len=seq_len, threads=threads, rounds=rounds, eval_examples=eval_examples
+        r, batch_sizes=sizes, seq_lens=lengths, threads=threads, rounds=rounds, eval_examples=eval_examples
     )
     _model_dir(original, "--original")
     _model_dir(pruned, "--pruned")
+    lib.check_out_dir(out)
     variants = onnx_variants(onnx_dir) if onnx_dir is not None else {}
     lib.set_threads(spec.threads)
     orig_model = load_pruned(original, attn_implementation="sdpa")
     pruned_model = load_pruned(pruned, attn_implementation="sdpa")
     candidates = [
-        lib.pytorch_candidate("pytorch-original", orig_model, spec.seq_len, original),
-        lib.pytorch_candidate("pytorch-pruned", pruned_model, spec.seq_len, pruned),
+        lib.pytorch_candidate("pytorch-original", orig_model, spec.seq_lens, original),
+        lib.pytorch_candidate("pytorch-pruned", pruned_model, spec.seq_lens, pruned),
     ]
     for name, path in variants.items():
         candidates.append(
             lib.onnx_candidate(
-                f"onnx-{name}", path, spec.threads, candidates[1].flops_per_example, candidates[1].heads_per_layer
+                f"onnx-{name}", path, spec.threads, candidates[1].flops_by_seq_len, candidates[1].heads_per_layer
             )
         )
     batches = None
@@ -123,7 +131,8 @@ def bench(
     for name, s in result["summary"].items():
         acc = "" if s.get("accuracy") is None else f"accuracy {100 * s['accuracy']:.2f}%, "
         ideal = "" if s["flop_ideal_speedup"] is None else f" (FLOP-ideal {s['flop_ideal_speedup']:.2f}×)"
-        typer.echo(f"{name}: {acc}speed-up {s['headline_speedup']:.2f}× at batch {s['headline_batch']}{ideal}")
+        where = f"batch {s['headline_batch']}, {s['headline_seq_len']} tokens"
+        typer.echo(f"{name}: {acc}speed-up {s['headline_speedup']:.2f}× at {where}{ideal}")
     typer.echo(f"report: {out / 'report.md'}")
 
 
