@@ -82,18 +82,19 @@ def check_params(name: str, params: dict[str, Any]) -> None:
     The criterion's keyword-only signature is its schema: a strict pydantic model is built from it, so types,
     `Literal` choices and `Annotated[..., Field(ge=...)]` bounds are all checked here, at `validate` time.
     """
+    model = _params_model(name)
     try:
-        _params_model(name).model_validate(params)
+        model.model_validate(params)
     except ValidationError as err:
         first = err.errors()[0]
         key = ".".join(str(p) for p in first["loc"])
         if first["type"] == "extra_forbidden":
-            accepted = sorted(_params_model(name).model_fields)
+            accepted = sorted(model.model_fields)
             raise ValueError(
                 f"prune.criterion.params.{key}: unknown parameter for '{name}'; expected one of {accepted}"
             ) from None
         if first["type"] == "literal_error":
-            choices = typing.get_args(_params_model(name).model_fields[key].annotation)
+            choices = typing.get_args(model.model_fields[key].annotation)
             raise ValueError(
                 f"prune.criterion.params.{key}: expected one of {list(choices)}, got {params[key]!r}"
             ) from None
