@@ -180,7 +180,7 @@ def load_task_data(spec: DataSpec) -> TaskData:
     """Load, check and cap the dataset described by `spec`."""
     raw = _raw(spec)
     # In role order, so a missing validation split is reported as such, not as the test split that defaults to it.
-    used = {role: spec.splits.get(role, spec.splits.get("validation")) for role in ("train", "validation", "test")}
+    used = {role: spec.splits[role] for role in ("train", "validation", "test")}  # the schema fills in test
     for role, split in used.items():
         if split not in raw:
             raise RecipeError(f"data.splits.{role}: split '{split}' not in dataset; available {sorted(raw)}")
