@@ -1,18 +1,28 @@
 """compressor: remove attention heads from transformer classifiers and ship the result.
 
-Only the checkpoint entry points live here (imported lazily, so `import compressor` stays cheap):
-`compressor.load_pruned(dir)` and `compressor.save_pruned(model, dir, ...)`.
+The Python API (imported lazily, so `import compressor` stays cheap):
+`compressor.prune(model, tokenizer, train, config, validation=..., hook=...)` prunes a model held in memory and
+returns a `PruneResult` (writes no files); `compressor.load_pruned(dir)` and `compressor.save_pruned(model, dir)`
+read and write pruned checkpoints; `PruneSpec` and `TrainSpec` are the recipe's `prune` and fine-tune sections.
 """
 
 from __future__ import annotations
 
 __version__ = "0.1.0"
-__all__ = ["__version__", "load_pruned", "save_pruned"]
+__all__ = ["PruneResult", "PruneSpec", "TrainSpec", "__version__", "load_pruned", "prune", "save_pruned"]
+_LAZY = {
+    "load_pruned": "compressor.checkpoint",
+    "save_pruned": "compressor.checkpoint",
+    "prune": "compressor.api",
+    "PruneResult": "compressor.api",
+    "PruneSpec": "compressor.recipe",
+    "TrainSpec": "compressor.recipe",
+}
 
 
 def __getattr__(name: str):
-    if name in ("load_pruned", "save_pruned"):
-        from compressor import checkpoint
+    if name in _LAZY:
+        import importlib
 
-        return getattr(checkpoint, name)
+        return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'compressor' has no attribute {name!r}")

@@ -141,3 +141,9 @@ def presence_mask(model: nn.Module) -> torch.Tensor:
     for layer, heads in enumerate(present_heads(model)):
         mask[layer, heads] = True
     return mask
+
+
+def config_head_counts(config) -> tuple[int, int]:
+    """(layers, heads per layer) from a model config, before any weights load (DistilBERT names them differently)."""
+    layers = config.num_hidden_layers if hasattr(config, "num_hidden_layers") else config.n_layers
+    return layers, getattr(config, "num_attention_heads", None) or config.n_heads

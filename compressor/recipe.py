@@ -153,7 +153,7 @@ class AnalysisSpec(Strict):
     """Head-role analysis after pruning; `roles` are the detectors' thresholds (docs/analysis.md)."""
 
     class Roles(Strict):
-        """The fields and defaults of `compressor.analysis.RoleConfig` (a test keeps the two in step)."""
+        """The detectors' thresholds; `compressor.analysis.RoleConfig` is this model."""
 
         positional_threshold: float = Field(0.9, gt=0, le=1, description="share of queries at one offset")
         rare_top_k: int = Field(500, ge=0, description="most frequent training pieces never counted as rare")

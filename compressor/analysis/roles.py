@@ -22,21 +22,11 @@ from dataclasses import dataclass, field
 
 import torch
 
+from compressor.recipe import AnalysisSpec
 
-@dataclass(frozen=True)
-class RoleConfig:
-    """Thresholds of every detector (defaults follow the papers where they give one)."""
-
-    positional_threshold: float = 0.9
-    rare_top_k: int = 500
-    rare_threshold: float = 0.5
-    delimiter_threshold: float = 0.5
-    syntactic_margin: float = 0.10
-    min_relation_count: int = 30
-    sieve_tau: float = 2.0
-    sieve_alpha: float = 0.05
-    sieve_test: str = "t"
-    sieve_correction: str = "holm"
+# The detectors' thresholds are the recipe's `analysis.roles` model itself (defaults follow the papers where they
+# give one; field docs in recipe.py and docs/analysis.md), so the two can never drift apart.
+RoleConfig = AnalysisSpec.Roles
 
 
 def argmax_offsets(att: torch.Tensor, queries: torch.Tensor) -> torch.Tensor:

@@ -107,12 +107,12 @@ def analyze(
     """Head roles (positional, rare-word, delimiter, syntactic), Pande sieve tests, confidence, JS clustering."""
     import torch
 
-    from compressor.analysis import RoleConfig, analyze_heads, model_texts, write_analysis
+    from compressor.analysis import analyze_heads, model_texts, write_analysis
     from compressor.analysis.syntax import load_parser
     from compressor.sources import load_model, load_task_data, load_tokenizer
 
     model_spec, data_spec, default_out, roles = _inputs(target, data)
-    config = RoleConfig(**_roles(roles, roles_yaml).model_dump())
+    config = _roles(roles, roles_yaml)
     if syntax:
         load_parser()  # asked for explicitly: fail now, before any model loads
     task = load_task_data(data_spec)

@@ -1,0 +1,113 @@
+"""The Python API: `compressor.prune` on a model in memory, no files written, resumable through a hook."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import make_rows
+from datasets import Dataset
+from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+import compressor
+from compressor.api import PruneState
+from compressor.masking import gated
+from compressor.recipe import PruneSpec, TrainSpec
+from compressor.train import model_inputs, sample_batches, tokenize
+
+SPEC = PruneSpec(
+    target=0.5,
+    steps=2,
+    score_examples=32,
+    score_batch_size=16,
+    finetune=TrainSpec(epochs=1, lr=5e-4, batch_size=16, max_examples=48),
+)
+
+
+@pytest.fixture
+def task(tiny_model_dir):
+    """(model, tokenizer, tokenised train, tokenised validation), loaded before the no-files check starts."""
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    model = AutoModelForSequenceClassification.from_pretrained(tiny_model_dir, attn_implementation="eager")
+    train = tokenize(Dataset.from_list(make_rows(96, seed=1)), tok, ["text"], 16)
+    val = tokenize(Dataset.from_list(make_rows(32, seed=2)), tok, ["text"], 16)
+    return model, tok, train, val
+
+
+def _files(root: Path) -> set[Path]:
+    return set(root.rglob("*"))
+
+
+def test_prune_in_memory_writes_no_files_and_pruned_equals_masked(task, tmp_path, monkeypatch):
+    model, tok, train, val = task
+    monkeypatch.chdir(tmp_path)
+    before = _files(tmp_path)
+
+    result = compressor.prune(model, tok, train, SPEC, validation=val, seed=0)
+
+    assert _files(tmp_path) == before  # nothing written in the working directory
+    assert result.model is model  # pruned in place (masked), heads still present
+    assert int(result.masks.heads.sum()) == 6 and result.masks.heads.shape == (3, 4)
+    removed = {(layer, h) for layer, heads in result.plan.items() for h in heads}
+    assert removed == {tuple(ix) for ix in (~result.masks.heads).nonzero().tolist()}
+    assert [s["heads_left"] for s in result.steps] == [9, 6] and len(result.scores) == 2
+    assert {"val_after_prune", "val_after_finetune", "finetune", "removed"} <= set(result.steps[0])
+    # step 2 scored only the heads alive after step 1: the ones step 1 removed are -inf
+    assert torch.isneginf(result.scores[1][~result.step_masks[0].heads]).all()
+    assert torch.isfinite(result.scores[1][result.step_masks[0].heads]).all()
+
+    small = result.pruned()
+    batch = next(iter(sample_batches(val, tok, 16, 16, seed=0)))
+    with torch.inference_mode(), gated(model, result.masks.head_gates()):
+        masked = model(**model_inputs(batch)).logits
+    with torch.inference_mode():
+        assert torch.allclose(small(**model_inputs(batch)).logits, masked, atol=1e-5)
+    assert sum(p.numel() for p in small.parameters()) < sum(p.numel() for p in model.parameters())
+
+
+class MemoryHook:
+    """A `StepHook` keeping snapshots in memory; `resume_from` replays the snapshot after that many steps."""
+
+    def __init__(self, resume_from: int | None = None, snapshots: list | None = None):
+        self.snapshots = snapshots if snapshots is not None else []
+        self.resume_from = resume_from
+        self.calls = 0
+
+    def after_step(self, model, state: PruneState) -> None:
+        self.calls += 1
+        self.snapshots.append((copy.deepcopy(model.state_dict()), copy.deepcopy(state)))
+
+    def resume(self, model, fresh: PruneState) -> PruneState:
+        if self.resume_from is None:
+            return fresh
+        weights, state = self.snapshots[self.resume_from - 1]
+        model.load_state_dict(weights)
+        return copy.deepcopy(state)
+
+
+def test_hook_sees_every_step_and_resuming_ends_where_an_uninterrupted_prune_does(task):
+    model, tok, train, val = task
+    fresh_model = copy.deepcopy(model)
+    full = MemoryHook()
+    uninterrupted = compressor.prune(model, tok, train, SPEC, validation=val, seed=3, hook=full)
+    assert full.calls == 2 and [len(s.steps) for _, s in full.snapshots] == [1, 2]
+
+    resumed_hook = MemoryHook(resume_from=1, snapshots=full.snapshots[:1])
+    resumed = compressor.prune(fresh_model, tok, train, SPEC, validation=val, seed=3, hook=resumed_hook)
+    assert resumed_hook.calls == 1  # only the second step ran
+    assert torch.equal(resumed.masks.heads, uninterrupted.masks.heads)
+    assert resumed.steps[0] == uninterrupted.steps[0]  # the first step's log came back from the hook
+    for name, value in uninterrupted.model.state_dict().items():
+        assert torch.allclose(resumed.model.state_dict()[name], value, atol=1e-6), name
+
+
+def test_prune_without_validation_or_finetune_logs_no_accuracy(task):
+    model, tok, train, _ = task
+    spec = PruneSpec.model_validate(
+        {**SPEC.model_dump(), "finetune": None, "steps": 1, "criterion": {"name": "magnitude"}}
+    )
+    result = compressor.prune(model, tok, train, spec)
+    assert set(result.steps[0]) == {"step", "removed", "heads_left", "heads_per_layer", "scores", "seconds"}
+    assert result.masks.heads.sum() == 6
