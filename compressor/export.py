@@ -29,6 +29,7 @@ import torch
 from torch import nn
 
 from compressor import atomic
+from compressor.batches import MODEL_INPUTS as INPUT_NAMES
 from compressor.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -36,7 +37,6 @@ log = logging.getLogger(__name__)
 VARIANTS = ("fp32", "optimized", "int8")
 ONNX_FILE = "model.onnx"
 MANIFEST = "export.json"
-INPUT_NAMES = ("input_ids", "attention_mask", "token_type_ids")
 ATTENTION_OPS = ("Attention", "MultiHeadAttention", "QAttention")
 # Files of a saved model directory that are not copied next to the graphs (weights, the PyTorch model card).
 _NOT_COPIED = ("*.safetensors", "*.bin", "*.safetensors.index.json", "README.md", "config.json")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from contextlib import nullcontext
 
 import datasets
@@ -20,10 +20,9 @@ from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 from transformers import DataCollatorWithPadding, get_linear_schedule_with_warmup
 
+from compressor.batches import model_inputs
 from compressor.masking import gated
 from compressor.recipe import TrainSpec
-
-MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 
 
 def tokenize(ds: datasets.Dataset, tokenizer, text_fields: Sequence[str], max_length: int) -> datasets.Dataset:
@@ -53,17 +52,6 @@ def loader(ds: datasets.Dataset, tokenizer, batch_size: int, shuffle: bool = Fal
 
 def to_device(batch: dict, device: torch.device) -> dict:
     return {k: v.to(device) for k, v in batch.items()}
-
-
-def model_inputs(batch: dict) -> dict:
-    return {k: v for k, v in batch.items() if k in MODEL_INPUTS}
-
-
-def _limited(dl: DataLoader, max_batches: int | None) -> Iterator[dict]:
-    for i, batch in enumerate(dl):
-        if max_batches is not None and i >= max_batches:
-            return
-        yield batch
 
 
 def train(

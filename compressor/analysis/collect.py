@@ -22,9 +22,7 @@ import torch
 from torch import nn
 
 from compressor.errors import UserError
-from compressor.layout import num_layers, original_num_heads, presence_mask, present_heads
-
-MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+from compressor.layout import num_layers, original_num_heads, present_heads
 
 Text = str | tuple[str, ...]  # one model input: a text, or the texts of a sentence pair
 
@@ -136,11 +134,6 @@ def encode(tokenizer, texts: Sequence[Text], max_length: int) -> list[Example]:
             )
         )
     return out
-
-
-def presence(model: nn.Module) -> torch.Tensor:
-    """[layers, original heads] bool: heads that still have weights (and therefore attention maps)."""
-    return presence_mask(model)
 
 
 def _batch_inputs(examples: list[Example], model: nn.Module, pad_id: int) -> dict[str, torch.Tensor]:

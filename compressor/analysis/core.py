@@ -26,10 +26,11 @@ from torch import nn
 
 from compressor.analysis import sieve as sv
 from compressor.analysis import syntax as sx
-from compressor.analysis.collect import Text, attention_maps, encode, presence, split_texts
+from compressor.analysis.collect import Text, attention_maps, encode, split_texts
 from compressor.analysis.distance import classical_mds, cluster, js_divergence
 from compressor.analysis.roles import RoleAccumulator, RoleConfig, frequent_ids, token_frequencies
 from compressor.errors import UserError
+from compressor.layout import presence_mask
 
 SCHEMA = 1
 SYNTAX_OFF = "turned off by the caller (syntax=False / --no-syntax)"
@@ -136,7 +137,7 @@ def analyze_heads(
     texts = [t for t in texts if _nonempty(t)]
     if not texts:
         raise UserError("analysis: no non-empty texts to analyse; expected at least one evaluation example")
-    present = presence(model)
+    present = presence_mask(model)
     n_layers, n_heads = present.shape
     k = n_layers * n_heads
     alive_idx = torch.nonzero(present.flatten()).flatten()

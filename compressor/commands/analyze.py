@@ -70,11 +70,10 @@ def _criterion_scores(names: list[str], model, tokenizer, task, max_length: int,
         typer.echo(f"note: model has {model.config.num_labels} labels, data {task.num_labels}; criterion maps skipped")
         return {}
     from compressor import criteria
+    from compressor.batches import eval_batches
     from compressor.layout import presence_mask
-    from compressor.train import sample_batches, tokenize
 
-    split = tokenize(task.test, tokenizer, task.text_fields, max_length)
-    batches = sample_batches(split, tokenizer, n, 16, seed=0)
+    batches = eval_batches(task, tokenizer, "test", max_length, n, batch_size=16, seed=0)
     ctx = criteria.ScoreContext(model=model, alive=presence_mask(model), batches=batches)
     out = {}
     for name in names:

@@ -60,13 +60,13 @@ def onnx_variants(onnx_dir: Path) -> dict[str, Path]:
     return found
 
 
-def eval_batches(recipe, model_dir: Path, num_labels: int, examples: int | None) -> list[dict]:
+def bench_batches(recipe, model_dir: Path, num_labels: int, examples: int | None) -> list[dict]:
     """The test split of the recipe's data (default data without a recipe), tokenised by the model's tokenizer."""
     from transformers import AutoTokenizer
 
+    from compressor.batches import eval_batches
     from compressor.recipe import DataSpec
     from compressor.sources import load_task_data
-    from compressor.train import sample_batches, tokenize
 
     spec = recipe.data if recipe is not None else DataSpec()
     data = load_task_data(spec)
@@ -76,8 +76,7 @@ def eval_batches(recipe, model_dir: Path, num_labels: int, examples: int | None)
             "expected a recipe whose data matches the model"
         )
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    test = tokenize(data.test, tokenizer, data.text_fields, spec.max_length)
-    return sample_batches(test, tokenizer, examples or len(test), 32, seed=0)
+    return eval_batches(data, tokenizer, "test", spec.max_length, examples, seed=0)
 
 
 @one_line_errors
@@ -126,7 +125,7 @@ def bench(
         )
     batches = None
     if not no_quality:
-        batches = eval_batches(r, pruned, pruned_model.config.num_labels, spec.eval_examples)
+        batches = bench_batches(r, pruned, pruned_model.config.num_labels, spec.eval_examples)
     result = lib.bench(candidates, batches, spec, out, reference="pytorch-original")
     for name, s in result["summary"].items():
         acc = "" if s.get("accuracy") is None else f"accuracy {100 * s['accuracy']:.2f}%, "

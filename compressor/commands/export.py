@@ -27,9 +27,9 @@ def check_batches(recipe_path: Path | None, model_dir: Path, examples: int) -> l
     the model's own tokenizer, in batches of 32: the real inputs the parity gate runs on."""
     from transformers import AutoTokenizer
 
+    from compressor.batches import eval_batches
     from compressor.recipe import DataSpec, load_recipe
     from compressor.sources import load_task_data
-    from compressor.train import sample_batches, tokenize
 
     spec = load_recipe(recipe_path).data if recipe_path is not None else DataSpec()
     data = load_task_data(spec)
@@ -37,8 +37,7 @@ def check_batches(recipe_path: Path | None, model_dir: Path, examples: int) -> l
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
     except (OSError, ValueError) as err:
         raise UserError(f"MODEL_DIR: '{model_dir}' has no usable tokenizer ({err}); expected a saved model") from None
-    split = tokenize(data.validation, tokenizer, data.text_fields, spec.max_length)
-    return sample_batches(split, tokenizer, examples, 32, seed=1)
+    return eval_batches(data, tokenizer, "validation", spec.max_length, examples, seed=1)
 
 
 @one_line_errors

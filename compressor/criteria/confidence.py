@@ -11,11 +11,10 @@ from typing import Literal
 
 import torch
 
+from compressor.batches import MODEL_INPUTS
 from compressor.criteria.registry import ScoreContext, mean_over_processes, register
 from compressor.layout import present_heads
 from compressor.masking import AttentionRecorder, gated
-
-MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 
 
 def model_inputs(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:

@@ -1,0 +1,198 @@
+"""Throughput: interleaved, rotating timing rounds over synthetic batches, peak memory, paired speed-ups."""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from compressor.bench.candidates import ORT_DEFAULT_NOTE, Batch, Candidate, check_names, lengths_of, ort_default_threads
+from compressor.errors import UserError
+
+LAYOUT = "throughput[variant][seq_len][batch_size], speedups[variant][seq_len][batch_size]"
+
+
+def set_threads(threads: int | None) -> int:
+    """Set PyTorch's intra-op threads (when given) and return the count in effect."""
+    if threads is not None:  # positive: checked by `BenchSpec`
+        torch.set_num_threads(threads)
+    return torch.get_num_threads()
+
+
+def synthetic_batch(batch_size: int, seq_len: int, vocab_size: int, seed: int) -> Batch:
+    """Random token ids (avoiding the first ids, which are special tokens) of exactly `seq_len`, no padding."""
+    g = torch.Generator().manual_seed(seed)
+    low = min(5, vocab_size - 1)
+    ids = torch.randint(low, vocab_size, (batch_size, seq_len), generator=g)
+    ones = torch.ones(batch_size, seq_len, dtype=torch.long)
+    return {"input_ids": ids, "attention_mask": ones, "token_type_ids": torch.zeros_like(ones)}
+
+
+def _status_kb(key: str) -> int | None:
+    try:
+        text = Path("/proc/self/status").read_text()
+    except OSError:
+        return None
+    match = re.search(rf"^{key}:\s+(\d+) kB", text, re.MULTILINE)
+    return int(match.group(1)) if match else None
+
+
+def _reset_peak() -> bool:
+    """Reset the resident-set high-water mark (Linux); False where that is not possible."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+        return True
+    except OSError:
+        return False
+
+
+def peak_rss_delta(fn: Callable[[], object]) -> int | None:
+    """Bytes by which the process's peak resident set grows above its current size while `fn` runs.
+
+    `fn` always runs; None where the peak cannot be reset or read (not Linux).
+    """
+    reset = _reset_peak()
+    before = _status_kb("VmRSS") if reset else None
+    fn()
+    peak = _status_kb("VmHWM") if reset else None
+    if before is None or peak is None:
+        return None
+    return max(0, peak - before) * 1024
+
+
+def time_call(fn: Callable[[], object], min_time_s: float, min_calls: int = 3) -> tuple[float, int]:
+    """Fastest seconds per call of `fn`, called until `min_time_s` has passed and at least `min_calls` times.
+
+    The minimum, as `timeit` recommends: on a shared machine other processes only ever add time to a call, so the
+    fastest call is the best estimate of the cost of the code itself. Spread comes from the rounds instead.
+    Returns (seconds, calls).
+    """
+    times: list[float] = []
+    start = time.perf_counter()
+    while True:
+        t0 = time.perf_counter()
+        fn()
+        t1 = time.perf_counter()
+        times.append(t1 - t0)
+        if t1 - start >= min_time_s and len(times) >= min_calls:
+            return min(times), len(times)
+
+
+def _spread(values: Sequence[float]) -> dict:
+    q1, med, q3 = np.percentile(values, [25, 50, 75])
+    lo, hi = float(min(values)), float(max(values))
+    return {"median": float(med), "q1": float(q1), "q3": float(q3), "min": lo, "max": hi}
+
+
+def measure_throughput(
+    candidates: Sequence[Candidate],
+    batch_sizes: Sequence[int],
+    seq_lens: int | Sequence[int],
+    rounds: int = 5,
+    warmup: int = 2,
+    min_time_s: float = 0.5,
+    threads: int | None = None,
+    seed: int = 0,
+    min_calls: int = 3,
+) -> dict:
+    """Interleaved timing of every candidate at every (sequence length, batch size).
+
+    After `warmup` calls per candidate and shape, each round visits every sequence length, inside it every batch
+    size, and inside that every candidate (order rotated each round) for at least `min_time_s` and `min_calls`
+    calls; the fastest call's seconds of each round are kept (medians are taken over rounds). The peak-RSS growth
+    is taken around each of those measurements too, so it sees the same rotating order, and reported as the median
+    over rounds (see the module docstring for what it does not count).
+    Returns {"setup": ..., "results": {name: {str(seq_len): {str(batch): {...}}}}} with per-round seconds,
+    median/IQR/min/max of ms per batch and examples/s, and the peak-RSS growth (median and per round).
+    """
+    check_names(candidates)
+    lengths = lengths_of(seq_lens)  # batch sizes and lengths are checked by `BenchSpec`
+    used_threads = set_threads(threads)
+    vocab = min([c.vocab_size for c in candidates if c.vocab_size] or [100])
+    shapes = [(s, b) for s in lengths for b in batch_sizes]
+    inputs = {(s, b): synthetic_batch(b, s, vocab, seed + b + 1000 * (s - lengths[0])) for s, b in shapes}
+    per_round = {c.name: {shape: [] for shape in shapes} for c in candidates}
+    memory: dict[str, dict[tuple[int, int], list[int | None]]] = {c.name: {sh: [] for sh in shapes} for c in candidates}
+    for shape in shapes:
+        for c in candidates:
+            for _ in range(warmup):
+                c.predict(inputs[shape])
+    order = list(candidates)
+    for r in range(rounds):
+        rotated = order[r % len(order) :] + order[: r % len(order)]
+        for shape in shapes:
+            for c in rotated:
+                timed: list[float] = []
+
+                def run(c=c, shape=shape, timed=timed) -> None:
+                    timed.append(time_call(lambda: c.predict(inputs[shape]), min_time_s, min_calls)[0])
+
+                memory[c.name][shape].append(peak_rss_delta(run))
+                per_round[c.name][shape].append(timed[0])
+    results: dict[str, dict[str, dict[str, dict]]] = {}
+    for c in candidates:
+        results[c.name] = {str(s): {} for s in lengths}
+        for s, b in shapes:
+            secs = per_round[c.name][(s, b)]
+            mem = memory[c.name][(s, b)]
+            known = [m for m in mem if m is not None]
+            results[c.name][str(s)][str(b)] = {
+                "seconds_per_round": secs,
+                "ms_per_batch": _spread([1000 * x for x in secs]),
+                "examples_per_s": _spread([b / x for x in secs]),
+                "peak_rss_delta_bytes": int(np.median(known)) if known else None,
+                "peak_rss_delta_bytes_per_round": mem,
+            }
+    thread_notes = {c.name: c.extra["threads_note"] for c in candidates if "threads_note" in c.extra}
+    for c in candidates:
+        if c.kind == "onnx" and c.threads is None:
+            thread_notes[c.name] = ORT_DEFAULT_NOTE
+    setup = {
+        "batch_sizes": list(batch_sizes),
+        "seq_lens": lengths,
+        "headline_seq_len": lengths[0],
+        "headline_batch": headline_batch(batch_sizes),
+        "layout": LAYOUT,
+        "rounds": rounds,
+        "warmup": warmup,
+        "min_time_s": min_time_s,
+        "min_calls": min_calls,
+        "torch_threads": used_threads,
+        "candidate_threads": {
+            c.name: (used_threads if c.kind != "onnx" else c.threads or ort_default_threads()) for c in candidates
+        },
+        "candidate_threads_notes": thread_notes,
+        "memory": "peak_rss_delta_bytes: median over rounds of the growth of the process's resident-set high-water "
+        "mark while the variant was timed (rotating order); memory left resident by earlier measurements in the "
+        "same process is not counted again, so it is a lower bound and only roughly comparable across variants",
+        "seed": seed,
+    }
+    return {"setup": setup, "results": results}
+
+
+def paired_speedups(throughput: dict, reference: str) -> dict:
+    """Per candidate, sequence length and batch size: speed-up vs `reference` (reference seconds / candidate
+    seconds) per round, and its median/IQR/min/max. Keyed like the throughput results: [name][seq_len][batch]."""
+    results = throughput["results"]
+    if reference not in results:
+        raise UserError(f"bench: reference '{reference}' is not among the candidates {sorted(results)}")
+    out: dict[str, dict[str, dict[str, dict]]] = {}
+    for name, per_seq in results.items():
+        out[name] = {}
+        for s, per_batch in per_seq.items():
+            out[name][s] = {}
+            for b, row in per_batch.items():
+                ref = results[reference][s][b]["seconds_per_round"]
+                ratios = [r / x for r, x in zip(ref, row["seconds_per_round"], strict=True)]
+                out[name][s][b] = {"per_round": ratios, **_spread(ratios)}
+    return out
+
+
+def headline_batch(batch_sizes: Sequence[int]) -> int:
+    """The batch size the summary quotes: 32, else the largest measured below 32, else the smallest measured."""
+    below = [b for b in batch_sizes if b <= 32]
+    return max(below) if below else min(batch_sizes)
