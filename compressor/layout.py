@@ -11,8 +11,10 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from compressor.errors import UserError
 
-class UnsupportedArchitectureError(ValueError):
+
+class UnsupportedArchitectureError(UserError, ValueError):
     """Raised before any work is done when a model's architecture cannot have its heads removed."""
 
 

@@ -14,8 +14,10 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from compressor.errors import UserError
 
-class RecipeError(ValueError):
+
+class RecipeError(UserError, ValueError):
     """A recipe (or its inputs) is invalid; the message is one line naming the field."""
 
 

@@ -119,7 +119,7 @@ def onnx_candidate(
 
     variant_dir = Path(variant_dir)
     if not variant_dir.is_dir():
-        raise FileNotFoundError(f"onnx: variant directory '{variant_dir}' not found")
+        raise UserError(f"onnx: variant directory '{variant_dir}' not found")
     classifier = OnnxClassifier(variant_dir, threads)
     keys = input_keys(classifier.input_names)
 

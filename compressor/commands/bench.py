@@ -42,7 +42,7 @@ def bench_spec(recipe, **overrides):
 
 def _model_dir(path: Path, option: str) -> Path:
     if not path.is_dir():
-        raise FileNotFoundError(f"{option}: directory '{path}' not found (expected a saved model directory)")
+        raise UserError(f"{option}: directory '{path}' not found (expected a saved model directory)")
     if not (path / "config.json").is_file():
         raise UserError(f"{option}: '{path}' has no config.json (expected a saved model directory)")
     return path
@@ -51,7 +51,7 @@ def _model_dir(path: Path, option: str) -> Path:
 def onnx_variants(onnx_dir: Path) -> dict[str, Path]:
     """`{name: dir}` for an export directory: the directory itself when it holds a model, else its sub-directories."""
     if not onnx_dir.is_dir():
-        raise FileNotFoundError(f"--onnx-dir: directory '{onnx_dir}' not found")
+        raise UserError(f"--onnx-dir: directory '{onnx_dir}' not found")
     if any(onnx_dir.glob("*.onnx")):
         return {onnx_dir.name: onnx_dir}
     found = {p.name: p for p in sorted(onnx_dir.iterdir()) if p.is_dir() and any(p.glob("*.onnx"))}

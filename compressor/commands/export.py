@@ -61,7 +61,7 @@ def export(
     if opset is not None and opset < 11:
         raise UserError(f"--opset: expected 11 or higher, got {opset}")
     if not model_dir.is_dir():
-        raise FileNotFoundError(f"MODEL_DIR: directory '{model_dir}' not found (expected a saved model directory)")
+        raise UserError(f"MODEL_DIR: directory '{model_dir}' not found (expected a saved model directory)")
     if not (model_dir / "config.json").is_file():
         raise UserError(f"MODEL_DIR: '{model_dir}' has no config.json (expected a saved model directory)")
     batches = check_batches(recipe, model_dir, check_examples)
