@@ -199,7 +199,9 @@ def _step(loop: _Loop, masks: Masks, step: int, removed_after: int) -> StepRecor
     p = loop.config
     set_seed(loop.seed + 1000 * (step + 1))
     n_remove = removed_after - int((~masks.heads).sum())
+    t_score = time.perf_counter()
     scores, diagnostics = _score(loop, masks, step, n_remove)
+    score_seconds = time.perf_counter() - t_score
     plan = select_heads(scores, masks.heads, n_remove, p.scope, p.min_heads_per_layer)
     masks = Masks(heads=plan_to_mask(plan, masks.heads))
     entry = {
@@ -227,6 +229,7 @@ def _step(loop: _Loop, masks: Masks, step: int, removed_after: int) -> StepRecor
         )
         if (after_finetune := _validate(loop, masks)) is not None:
             entry["val_after_finetune"] = after_finetune
+    entry["score_seconds"] = score_seconds
     entry["seconds"] = time.perf_counter() - t0
     _log_step(entry, p.steps)
     return StepRecord(entry=entry, scores=scores, masks=masks)

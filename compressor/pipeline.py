@@ -20,9 +20,11 @@ from torch import nn
 from compressor.api import PruneResult
 from compressor.checkpoint import load_pruned, save_pruned
 from compressor.cost import model_stats
+from compressor.layout import pruned_heads
 from compressor.masking import gated
 from compressor.recipe import Recipe
 from compressor.sources import TaskData
+from compressor.surgery import prune_heads
 from compressor.train import evaluate, model_inputs, sample_batches
 
 log = logging.getLogger("compressor")
@@ -129,15 +131,17 @@ def export_stage(state: RunState) -> dict:
 
 
 def as_sdpa(model: nn.Module) -> nn.Module:
-    """A copy of an unpruned eager-attention model using SDPA (what users deploy), for fair timing.
+    """A copy of an eager-attention model (pruned or not) using SDPA (what users deploy), for fair timing.
 
     transformers builds the attention modules of these architectures at construction time, so the copy is rebuilt
-    from the config (eager where SDPA is unsupported) and given the same weights, in memory.
+    from the config (eager where SDPA is unsupported), pruned the same way and given the same weights, in memory.
     """
     from compressor.checkpoint import _build as build_classifier  # its SDPA→eager fallback (ELECTRA)
 
     config = copy.deepcopy(model.config)
+    config.pruned_heads = {}
     fast = build_classifier(config, "sdpa", next(model.parameters()).dtype)
+    prune_heads(fast, pruned_heads(model))
     fast.load_state_dict(model.state_dict())
     return fast.eval()
 

@@ -111,3 +111,20 @@ def test_prune_without_validation_or_finetune_logs_no_accuracy(task):
     result = compressor.prune(model, tok, train, spec)
     assert set(result.steps[0]) == {"step", "removed", "heads_left", "heads_per_layer", "scores", "seconds"}
     assert result.masks.heads.sum() == 6
+
+
+@pytest.mark.parametrize("arch", ["bert", "distilbert", "electra"])
+def test_as_sdpa_copies_a_pruned_model_in_memory_with_equal_logits(arch, tmp_path, monkeypatch):
+    from compressor.pipeline import as_sdpa
+    from compressor.surgery import pruned_copy
+    from compressor.testing import tiny_batch, tiny_model
+
+    monkeypatch.chdir(tmp_path)
+    model = pruned_copy(tiny_model(arch), {0: [1, 2], 2: [0, 1, 2, 3]}).eval()
+    fast = as_sdpa(model)
+    assert list(tmp_path.iterdir()) == []  # no save-then-reload round trip
+    expected = "eager" if arch == "electra" else "sdpa"  # ELECTRA has no SDPA attention in transformers 4.57
+    assert fast.config._attn_implementation == expected and fast.config.pruned_heads == model.config.pruned_heads
+    batch = model_inputs(tiny_batch())
+    with torch.inference_mode():
+        assert torch.allclose(fast(**batch).logits, model(**batch).logits, atol=1e-5)
