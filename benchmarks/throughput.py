@@ -15,19 +15,19 @@ from __future__ import annotations
 
 import argparse
 import json
-import tempfile
 import time
 from pathlib import Path
 
 import torch
 
-from compressor import bench, criteria
-from compressor.checkpoint import load_pruned, read_plan, save_pruned
-from compressor.recipe import DataSpec, ModelSpec
-from compressor.selection import select_heads
+import compressor
+from compressor import bench
+from compressor.checkpoint import load_pruned, read_plan
+from compressor.pipeline import as_sdpa
+from compressor.recipe import DataSpec, ModelSpec, PruneSpec
 from compressor.sources import load_model, load_task_data, load_tokenizer
 from compressor.surgery import pruned_copy
-from compressor.train import sample_batches, tokenize
+from compressor.train import tokenize
 
 ROOT = Path(__file__).resolve().parents[1]
 FINETUNED = ROOT / ".cache" / "finetuned" / "minilm-rt"
@@ -39,27 +39,24 @@ def load_original() -> tuple[torch.nn.Module, str, object]:
     """(eager model, description, tokenizer): the fine-tuned MiniLM when it exists, else the built-in base."""
     if (FINETUNED / "config.json").exists():
         spec = ModelSpec(source=str(FINETUNED), task_tuned=True)
-        return load_pruned(FINETUNED, attn_implementation="eager"), str(FINETUNED), load_tokenizer(spec)
+        return (
+            load_pruned(FINETUNED, attn_implementation="eager"),
+            str(FINETUNED.relative_to(ROOT)),
+            load_tokenizer(spec),
+        )
     spec = ModelSpec()
     model = load_model(spec, ["negative", "positive"], attention="eager").eval()
-    return model, f"{spec.source} (not fine-tuned: {FINETUNED} absent)", load_tokenizer(spec)
+    return model, f"{spec.source} (not fine-tuned: {FINETUNED.relative_to(ROOT)} absent)", load_tokenizer(spec)
 
 
-def taylor_plan(model: torch.nn.Module, tokenizer, heads_to_remove: int) -> dict[int, list[int]]:
-    """Remove the `heads_to_remove` lowest Taylor-scored heads (global), scored on 128 validation examples."""
+def taylor_plan(model: torch.nn.Module, tokenizer) -> dict[int, list[int]]:
+    """Half of the heads with the lowest Taylor scores (global, one step, no fine-tuning), scored on 128 validation
+    examples, through the Python API."""
     torch.set_num_threads(1)
     data = load_task_data(DataSpec(max_length=64))
     val = tokenize(data.validation, tokenizer, data.text_fields, 64)
-    batches = sample_batches(val, tokenizer, 128, 32, seed=0)
-    alive = torch.ones(len(model.base_model.encoder.layer), model.config.num_attention_heads, dtype=torch.bool)
-    scores = criteria.score_heads("taylor", criteria.ScoreContext(model=model, alive=alive, batches=batches))
-    return select_heads(scores, alive, heads_to_remove, "global")
-
-
-def as_sdpa(model: torch.nn.Module, tmp: Path, name: str) -> tuple[torch.nn.Module, Path]:
-    """Save and reload with SDPA attention (what users deploy); returns the model and its directory."""
-    path = save_pruned(model, tmp / name)
-    return load_pruned(path, attn_implementation="sdpa"), path
+    spec = PruneSpec(target=0.5, steps=1, finetune=None, score_examples=128, score_batch_size=32)
+    return compressor.prune(model, tokenizer, val, spec, seed=0).plan
 
 
 def repeat_summary(runs: list[dict], ideal: float, seq_len: int) -> dict:
@@ -87,28 +84,24 @@ def main() -> None:
     args = parser.parse_args()
     sizes = [int(b) for b in args.batch_sizes.split(",")]
     original, source, tokenizer = load_original()
-    total = original.config.num_hidden_layers * original.config.num_attention_heads
     if args.plan:
         plan_dir = args.plan if args.plan.is_dir() else args.plan.parent
         plan, plan_source = read_plan(plan_dir), str(args.plan)
     else:
-        plan, plan_source = taylor_plan(original, tokenizer, total // 2), "taylor, 128 validation examples, global"
-    with tempfile.TemporaryDirectory() as tmp:
-        orig_fast, orig_dir = as_sdpa(original, Path(tmp), "original")
-        pruned_fast, pruned_dir = as_sdpa(pruned_copy(original, plan), Path(tmp), "pruned")
-        cands = [
-            bench.pytorch_candidate("pytorch-original", orig_fast, args.seq_len, orig_dir),
-            bench.pytorch_candidate("pytorch-pruned", pruned_fast, args.seq_len, pruned_dir),
-        ]
-        runs = []
-        for repeat in range(2):
-            t0 = time.perf_counter()
-            runs.append(
-                bench.measure_throughput(
-                    cands, sizes, args.seq_len, rounds=args.rounds, warmup=2, min_time_s=0.5, threads=args.threads
-                )
+        plan, plan_source = taylor_plan(original, tokenizer), "taylor, 128 validation examples, global"
+    cands = [  # sizes are the in-memory parameter bytes (no saved directory)
+        bench.pytorch_candidate("pytorch-original", as_sdpa(original), args.seq_len),
+        bench.pytorch_candidate("pytorch-pruned", as_sdpa(pruned_copy(original, plan)), args.seq_len),
+    ]
+    runs = []
+    for repeat in range(2):
+        t0 = time.perf_counter()
+        runs.append(
+            bench.measure_throughput(
+                cands, sizes, args.seq_len, rounds=args.rounds, warmup=2, min_time_s=0.5, threads=args.threads
             )
-            print(f"repeat {repeat + 1}: {time.perf_counter() - t0:.0f} s")
+        )
+        print(f"repeat {repeat + 1}: {time.perf_counter() - t0:.0f} s")
     ideal = cands[0].flops_per_example / cands[1].flops_per_example
     summary = repeat_summary(runs, ideal, args.seq_len)
     result = {
