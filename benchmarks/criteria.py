@@ -21,7 +21,6 @@ import json
 import os
 import statistics
 import sys
-import time
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -31,13 +30,12 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import torch  # noqa: E402
 from transformers import AutoTokenizer  # noqa: E402
 
-from compressor import criteria  # noqa: E402
+import compressor  # noqa: E402
+from compressor.api import TRAIN_SCORE_EXAMPLES  # noqa: E402
 from compressor.checkpoint import load_pruned  # noqa: E402
-from compressor.masking import gated  # noqa: E402
-from compressor.recipe import DataSpec  # noqa: E402
-from compressor.selection import plan_to_mask, select_heads  # noqa: E402
+from compressor.recipe import DataSpec, PruneSpec  # noqa: E402
 from compressor.sources import load_task_data  # noqa: E402
-from compressor.train import loader, model_inputs, sample_batches, tokenize  # noqa: E402
+from compressor.train import evaluate, tokenize  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
@@ -55,14 +53,13 @@ SETTINGS: dict[str, dict] = {
 }
 
 
-def accuracy(model: torch.nn.Module, batches: list[dict], alive: torch.Tensor) -> float:
-    correct = total = 0
-    with torch.no_grad(), gated(model, alive.float()):
-        for batch in batches:
-            preds = model(**model_inputs(batch)).logits.argmax(-1)
-            correct += int((preds == batch["labels"]).sum())
-            total += batch["labels"].numel()
-    return correct / total
+SCORE_BATCH = 32
+
+
+def portable(path: Path) -> str:
+    """`path` relative to the repository when inside it: results must not name a path of the machine."""
+    resolved = path.resolve()
+    return str(resolved.relative_to(ROOT)) if resolved.is_relative_to(ROOT) else path.name
 
 
 def parse_value(value: str) -> bool | int | float | str:
@@ -103,27 +100,21 @@ def examples_used(name: str, params: dict, score_examples: int, train_batch: int
 
 
 def curve(model, name: str, params: dict, data: dict, seed: int = 0) -> dict:
-    """Accuracy after removing each 10% of heads (scores recomputed each step), plus scoring seconds per step."""
-    total = data["alive"].numel()
-    alive = data["alive"].clone()
-    accs, seconds = [accuracy(model, data["eval"], alive)], []
-    for fraction in FRACTIONS[1:]:
-        n_remove = round(fraction * total) - int((~alive).sum())
-        ctx = criteria.ScoreContext(
-            model=model,
-            alive=alive,
-            batches=data["score"],
-            target_remove=n_remove,
-            train_batches=lambda: data["train"],
-            seed=seed,
-            extras={"special_token_ids": data["special_ids"]},
-        )
-        start = time.perf_counter()
-        scores = criteria.score_heads(name, ctx, params)
-        seconds.append(time.perf_counter() - start)
-        alive = plan_to_mask(select_heads(scores, alive, n_remove, "global", 0), alive)
-        accs.append(accuracy(model, data["eval"], alive))
-        print(f"  {name:11s} seed {seed} removed {fraction:.0%}: acc {accs[-1]:.4f} ({seconds[-1]:.1f}s)", flush=True)
+    """Accuracy after removing each 10% of heads (scores recomputed each step, heads gated, no fine-tuning), plus
+    scoring seconds per step: `compressor.prune` with one step per 10% and the validation sample as its check."""
+    spec = PruneSpec(
+        criterion={"name": name, "params": params},
+        target=FRACTIONS[-1],
+        steps=len(FRACTIONS) - 1,
+        finetune=None,
+        score_examples=data["score_examples"],
+        score_batch_size=SCORE_BATCH,
+    )
+    result = compressor.prune(model, data["tokenizer"], data["train"], spec, validation=data["eval"], seed=seed)
+    accs = [data["base_accuracy"]] + [s["val_after_prune"]["accuracy"] for s in result.steps]
+    seconds = [s["score_seconds"] for s in result.steps]
+    for fraction, acc, secs in zip(FRACTIONS[1:], accs[1:], seconds, strict=True):
+        print(f"  {name:11s} seed {seed} removed {fraction:.0%}: acc {acc:.4f} ({secs:.1f}s)", flush=True)
     return {"accuracy": accs, "score_seconds": seconds}
 
 
@@ -155,20 +146,14 @@ def load(args: argparse.Namespace) -> tuple[torch.nn.Module, dict]:
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     task = load_task_data(DataSpec())
     fields = task.text_fields
-
-    def encoded(split, n: int, seed: int):
-        ds = split.shuffle(seed=seed).select(range(min(n, len(split))))
-        return tokenize(ds, tokenizer, fields, args.max_length)
-
-    eval_ds = encoded(task.validation, args.eval_examples, 0)
-    train_ds = tokenize(task.train, tokenizer, fields, args.max_length)
-    alive = torch.ones(model.config.num_hidden_layers, model.config.num_attention_heads, dtype=torch.bool)
+    validation = task.validation.shuffle(seed=0).select(range(min(args.eval_examples, len(task.validation))))
+    eval_ds = tokenize(validation, tokenizer, fields, args.max_length)
     data = {
-        "eval": list(loader(eval_ds, tokenizer, 64)),
-        "score": sample_batches(train_ds, tokenizer, args.score_examples, 32, seed=1),
-        "train": sample_batches(train_ds, tokenizer, args.train_examples, args.train_batch, seed=2),
-        "alive": alive,
-        "special_ids": sorted(tokenizer.all_special_ids),
+        "tokenizer": tokenizer,
+        "eval": eval_ds,
+        "train": tokenize(task.train, tokenizer, fields, args.max_length),
+        "score_examples": args.score_examples,
+        "base_accuracy": evaluate(model, eval_ds, tokenizer)["accuracy"],
     }
     return model, data
 
@@ -200,8 +185,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--random-seeds", type=int, default=3)
     parser.add_argument("--eval-examples", type=int, default=400)
     parser.add_argument("--score-examples", type=int, default=256)
-    parser.add_argument("--train-examples", type=int, default=512, help="pool the l0 gates train on")
-    parser.add_argument("--train-batch", type=int, default=8)
     parser.add_argument("--max-length", type=int, default=64)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", default=str(RESULTS / "criteria.json"))
@@ -214,14 +197,14 @@ def main(argv: list[str] | None = None) -> int:
     torch.manual_seed(0)
     out = Path(args.out)
     model, data = load(args)
-    labels = torch.cat([b["labels"] for b in data["eval"]])
+    labels = torch.tensor(data["eval"]["labels"])
     previous = json.loads(out.read_text()) if out.exists() and not args.fresh else {}
     settings = {
-        "model": str(Path(args.model).resolve()),
+        "model": portable(Path(args.model)),
         "eval_examples": int(labels.numel()),
         "score_examples": args.score_examples,
-        "train_examples": args.train_examples,
-        "train_batch": args.train_batch,
+        "train_examples": TRAIN_SCORE_EXAMPLES,  # the pool a learning criterion (l0) draws from per step
+        "train_batch": SCORE_BATCH,
         "max_length": args.max_length,
         "threads": args.threads,
     }
@@ -241,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
         seeds = range(args.random_seeds) if name == "random" else [0]
         runs = [curve(model, name, params, data, seed) for seed in seeds]
         per_step = [s for run in runs for s in run["score_seconds"]]
-        used = examples_used(name, params, args.score_examples, args.train_batch)
+        used = examples_used(name, params, args.score_examples, SCORE_BATCH)
         entry = {
             "params": params,
             "accuracy": [statistics.mean(r["accuracy"][i] for r in runs) for i in range(len(FRACTIONS))],
