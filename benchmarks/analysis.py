@@ -36,27 +36,24 @@ def load(model_dir: Path):
 
 
 def prune_iteratively(model, tokenizer, task, score_examples: int, per_step: int, steps: int, eval_n: int):
-    """Taylor scores → remove `per_step` lowest → rescore on the gated model; returns (first scores, step log)."""
-    from compressor import criteria
-    from compressor.selection import select_heads
-    from compressor.train import evaluate, sample_batches, tokenize
+    """Taylor scores → remove `per_step` lowest → rescore on the gated model (`compressor.prune`, no fine-tuning);
+    returns (first scores, step log)."""
+    import compressor
+    from compressor.recipe import PruneSpec
+    from compressor.train import evaluate, tokenize
 
     train = tokenize(task.train, tokenizer, task.text_fields, 128)
     val = tokenize(task.validation.select(range(min(eval_n, len(task.validation)))), tokenizer, task.text_fields, 128)
-    batches = sample_batches(train, tokenizer, score_examples, 32, seed=0)
-    alive = torch.ones(model.config.num_hidden_layers, model.config.num_attention_heads, dtype=torch.bool)
-    log = [{"removed": 0, "alive": alive.clone(), "val_accuracy": evaluate(model, val, tokenizer)["accuracy"]}]
-    first = None
-    for _ in range(steps):
-        scores = criteria.score_heads("taylor", criteria.ScoreContext(model=model, alive=alive, batches=batches))
-        first = scores if first is None else first
-        plan = select_heads(scores, alive, per_step)
-        for layer, heads in plan.items():
-            alive[layer, heads] = False
-        acc = evaluate(model, val, tokenizer, gates=alive.float())["accuracy"]
-        log.append({"removed": int((~alive).sum()), "alive": alive.clone(), "val_accuracy": acc})
+    total = model.config.num_hidden_layers * model.config.num_attention_heads
+    spec = PruneSpec(target=per_step * steps / total, steps=steps, finetune=None, score_examples=score_examples)
+    full = torch.ones(model.config.num_hidden_layers, model.config.num_attention_heads, dtype=torch.bool)
+    log = [{"removed": 0, "alive": full, "val_accuracy": evaluate(model, val, tokenizer)["accuracy"]}]
+    result = compressor.prune(model, tokenizer, train, spec, validation=val, seed=0)
+    for entry, masks in zip(result.steps, result.step_masks, strict=True):
+        acc = entry["val_after_prune"]["accuracy"]
+        log.append({"removed": int((~masks.heads).sum()), "alive": masks.heads, "val_accuracy": acc})
         print(f"  removed {log[-1]['removed']:2d} heads: val acc (gated, no fine-tune) {acc:.4f}", flush=True)
-    return first, log
+    return result.scores[0], log
 
 
 def main() -> None:

@@ -31,29 +31,23 @@ def make_pruned(original: Path, dest: Path, data, tokenizer, target: float, scor
     """Prune `target` of the heads by Taylor importance (one shot, global), fine-tune briefly, save to `dest`."""
     from accelerate import Accelerator
 
-    from compressor import criteria
+    import compressor
     from compressor.checkpoint import load_pruned, save_pruned
-    from compressor.layout import num_layers, original_num_heads
-    from compressor.recipe import TrainSpec
-    from compressor.selection import select_heads
-    from compressor.surgery import prune_heads
-    from compressor.train import sample_batches, tokenize, train
+    from compressor.recipe import PruneSpec, TrainSpec
+    from compressor.train import tokenize
 
     model = load_pruned(original, attn_implementation="eager")
     train_split = tokenize(data.train, tokenizer, data.text_fields, 128)
-    alive = torch.ones(num_layers(model), original_num_heads(model), dtype=torch.bool)
-    n_remove = round(target * alive.numel())
-    batches = sample_batches(train_split, tokenizer, score_examples, 32, seed=0)
-    scores = criteria.score_heads("taylor", criteria.ScoreContext(model=model, alive=alive, batches=batches))
-    plan = select_heads(scores, alive, n_remove)
-    prune_heads(model, plan)
-    info: dict = {"plan": {str(k): v for k, v in plan.items()}, "heads_removed": n_remove, "criterion": "taylor"}
+    finetune = TrainSpec(epochs=1.0, lr=5e-5, batch_size=32, max_examples=recover) if recover else None
+    spec = PruneSpec(target=target, steps=1, finetune=finetune, score_examples=score_examples)
+    result = compressor.prune(model, tokenizer, train_split, spec, seed=0, accelerator=Accelerator(cpu=True))
+    step = result.steps[0]
+    info: dict = {"plan": step["removed"], "heads_removed": int((~result.masks.heads).sum()), "criterion": "taylor"}
     if recover:
-        spec = TrainSpec(epochs=1.0, lr=5e-5, batch_size=32, max_examples=recover)
-        info["recovery"] = train(model, train_split, tokenizer, spec, Accelerator(cpu=True), desc="recover")
-        info["recovery"]["examples"] = recover
+        info["recovery"] = {**step["finetune"], "examples": recover}
     original_model = load_pruned(original, attn_implementation="eager")
-    save_pruned(model, dest, tokenizer, metadata={"made_by": "benchmarks/export.py", **info}, original=original_model)
+    pruned = result.pruned()
+    save_pruned(pruned, dest, tokenizer, metadata={"made_by": "benchmarks/export.py", **info}, original=original_model)
     return info
 
 
