@@ -25,6 +25,7 @@ import torch
 from accelerate import Accelerator
 from accelerate.utils import broadcast, set_seed
 from torch import nn
+from tqdm.auto import tqdm
 
 from compressor import criteria
 from compressor.layout import num_layers, original_num_heads
@@ -151,12 +152,16 @@ def prune(
     fresh = PruneState(Masks.full(model))
     state = hook.resume(model, fresh) if hook is not None else fresh
     cumulative = schedule(fresh.masks.heads.numel(), config.target, config.steps)
+    bar = tqdm(total=config.steps, initial=len(state.steps), desc="prune steps", leave=False,
+               disable=not accelerator.is_local_main_process)  # fmt: skip
     for step in range(len(state.steps), config.steps):
         state.steps.append(_step(loop, state.masks, step, cumulative[step]))
         state.masks = state.steps[-1].masks
         if hook is not None:
             hook.after_step(accelerator.unwrap_model(model), state)
         accelerator.wait_for_everyone()
+        bar.update(1)
+    bar.close()
     return PruneResult(
         model=accelerator.unwrap_model(model),
         masks=state.masks,

@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 from accelerate import Accelerator
 from torch import nn
+from tqdm.auto import tqdm
 
 from compressor.api import PruneResult
 from compressor.checkpoint import load_pruned, save_pruned
@@ -223,7 +224,9 @@ STAGES: tuple[Stage, ...] = (
 
 def run_stages(state: RunState, stages: tuple[Stage, ...] = STAGES) -> dict:
     """Run the enabled stages in order, each adding its section to `state.report`; returns the report."""
-    for stage in stages:
-        if stage.enabled(state.recipe):
-            state.report[stage.name] = stage.run(state)
+    enabled = [stage for stage in stages if stage.enabled(state.recipe)]
+    bar = tqdm(enabled, desc="stages", leave=False)
+    for stage in bar:
+        bar.set_postfix_str(stage.name)
+        state.report[stage.name] = stage.run(state)
     return state.report

@@ -23,6 +23,7 @@ import numpy as np
 import torch
 from scipy import stats
 from torch import nn
+from tqdm.auto import tqdm
 
 from compressor.analysis import sieve as sv
 from compressor.analysis import syntax as sx
@@ -153,7 +154,8 @@ def analyze_heads(
     biases: dict[str, list[torch.Tensor]] = {r: [] for r in sv.SIEVE_ROLES}
     js_sum, js_n = torch.zeros(len(alive_idx), len(alive_idx)), 0
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    for i, (example, att) in enumerate(attention_maps(model, examples, batch_size, pad)):
+    maps = tqdm(attention_maps(model, examples, batch_size, pad), total=len(examples), desc="analysis", leave=False)
+    for i, (example, att) in enumerate(maps):
         att = att.reshape(k, example.n, example.n)
         acc.update(example, att)
         js_sum += js_divergence(att[alive_idx])

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from tqdm.auto import tqdm
 
 from compressor.bench.candidates import ORT_DEFAULT_NOTE, Batch, Candidate, check_names, lengths_of, ort_default_threads
 from compressor.errors import UserError
@@ -122,7 +123,7 @@ def measure_throughput(
             for _ in range(warmup):
                 c.predict(inputs[shape])
     order = list(candidates)
-    for r in range(rounds):
+    for r in tqdm(range(rounds), desc="bench rounds", leave=False):
         rotated = order[r % len(order) :] + order[: r % len(order)]
         for shape in shapes:
             for c in rotated:
