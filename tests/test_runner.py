@@ -195,3 +195,31 @@ def test_criteria_get_special_ids_and_their_diagnostics_reach_the_step_log(
     for step, alive in zip(report["steps"], before, strict=True):
         l0 = step["criterion_diagnostics"]["l0"]
         assert l0["alive"] == alive and l0["target_open"] == step["heads_left"]
+
+
+def test_step_checkpoints_round_trip_and_rebuild_records_from_an_older_log(tmp_path) -> None:
+    from compressor.api import Masks, PruneState, StepRecord
+    from compressor.runner import RECORDS_FILE, StepCheckpoints
+    from compressor.testing import tiny_model
+
+    model = tiny_model("bert", layers=2, heads=4)
+    full = Masks.full(model)
+    scores = torch.tensor([[0.1234567, 2.0, -1.0, 0.5], [3.0, 0.25, 1.5, -0.75]])
+    after = Masks(heads=full.heads.clone())
+    after.heads[0, 2] = after.heads[1, 3] = False
+    entry = {"step": 1, "removed": {"0": [2], "1": [3]}, "heads_left": 6, "scores": scores.tolist()}
+    entry["scores"] = [[round(s, 6) for s in row] for row in entry["scores"]]
+    state = PruneState(after, [StepRecord(entry, scores, after)])
+    hook = StepCheckpoints(tmp_path / "state", main=True)
+    hook.after_step(model, state)
+
+    fresh_model = tiny_model("bert", layers=2, heads=4, seed=1)
+    resumed = hook.resume(fresh_model, PruneState(Masks.full(fresh_model)))
+    assert torch.equal(resumed.masks.heads, after.heads) and resumed.log == [entry]
+    assert torch.equal(resumed.steps[0].scores, scores) and torch.equal(resumed.steps[0].masks.heads, after.heads)
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in fresh_model.state_dict().items())
+
+    (tmp_path / "state" / "step_000" / RECORDS_FILE).unlink()  # a checkpoint from before the records file
+    older = hook.resume(fresh_model, PruneState(Masks.full(fresh_model)))
+    assert torch.equal(older.steps[0].masks.heads, after.heads)
+    assert torch.allclose(older.steps[0].scores, scores, atol=1e-6)  # from the log's 6-digit rounding
