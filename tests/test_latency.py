@@ -201,3 +201,49 @@ def test_cache_round_trip_and_stale_key_rebuilds(tmp_path, monkeypatch):
 
     path.write_text("{not json")
     assert load_or_build(config, "pytorch", 1, 8, threads=1, grid=grid, cache_dir=tmp_path, **FAST).outside_ms > 0
+
+
+# ---------------------------------------------------------------------------------------------------- recipe schema
+
+
+def budget_error(budget: dict) -> str:
+    """The one-line message a recipe holding `budget` under `budget:` gets."""
+    from pydantic import ValidationError
+
+    from compressor.recipe import BudgetSpec, Strict, _format_error
+
+    class Holder(Strict):
+        budget: BudgetSpec
+
+    with pytest.raises(ValidationError) as err:
+        Holder.model_validate({"budget": budget})
+    return _format_error(err.value)
+
+
+def test_budget_spec_defaults_and_runtimes_match_the_latency_table():
+    from typing import get_args
+
+    from compressor.latency import RUNTIMES
+    from compressor.recipe import BudgetSpec
+
+    spec = BudgetSpec.model_validate({"kind": "speedup", "value": 2.0, "runtime": "onnx-int8"})
+    assert (spec.batch_size, spec.seq_len, spec.runtime) == (32, 64, "onnx-int8")
+    assert get_args(BudgetSpec.model_fields["runtime"].annotation) == RUNTIMES
+    assert BudgetSpec().kind == "heads" and BudgetSpec(kind="flops", value=0.6).value == 0.6
+
+
+@pytest.mark.parametrize(
+    ("budget", "message"),
+    [
+        ({"kind": "speedup", "value": 0.5}, "budget.value: for kind 'speedup' expected a speed-up factor above 1"),
+        ({"kind": "flops", "value": 2.0}, "budget.value: for kind 'flops' expected a fraction removed between 0 and 1"),
+        ({"kind": "heads", "value": float("nan")}, "budget.value: Input should be a finite number"),
+        ({"kind": "speedup", "value": 2, "runtime": "onnx"}, "budget.runtime: Input should be 'pytorch'"),
+        ({"kind": "latency", "value": 2}, "budget.kind: Input should be 'heads', 'flops' or 'speedup'"),
+        ({"kind": "speedup", "value": 2, "seq_len": 4}, "budget.seq_len: Input should be greater than or equal to 8"),
+        ({"kind": "speedup", "value": 2, "batch": 4}, "budget.batch: unknown key"),
+    ],
+)
+def test_budget_spec_errors_name_the_field(budget, message):
+    text = budget_error(budget)
+    assert text.startswith(message) and "\n" not in text
