@@ -7,6 +7,11 @@ them; heads removed with transformers' `prune_heads`, FFN Linear layers sliced, 
 against the unpruned model in interleaved rounds with the same `compressor.latency.probe` timing. The table's
 predicted speed-up and the measured one are printed side by side with the relative error.
 
+ONNX runtimes time plain `torch.onnx.export` graphs (int8: `compressor.export.quantize_graph` of that graph), for the
+table's synthetic layers and for the pruned models alike; a run's `onnx/optimized` and `onnx/int8` variants also
+carry ORT's fused-attention rewrites, which this comparison does not include. Timings on a loaded machine are
+meaningless at small `--rounds` / `--min-time`: check `uptime` first.
+
 Usage: .venv/bin/python benchmarks/latency_table.py [--runtimes pytorch onnx-fp32 onnx-int8] [--batch-size 32]
        [--seq-len 64] [--threads 2] [--grid 0 0.25 0.5 0.75 1] [--rounds 5] [--min-time 0.2]
        → prints a table and writes benchmarks/results/latency_table.json
@@ -100,10 +105,8 @@ def pruned_model(config, widths: Widths) -> nn.Module:
 def compare(config, runtime: str, args: argparse.Namespace) -> dict:
     """Predicted and measured speed-ups of every shape on one runtime."""
     dims = Dims.from_config(config)
-    table = load_or_build(
-        config, runtime, args.batch_size, args.seq_len, args.threads, args.grid, args.cache_dir,
-        rounds=args.rounds, min_time_s=args.min_time,
-    )  # fmt: skip
+    options = {"cache_dir": args.cache_dir, "grid": args.grid, "rounds": args.rounds, "min_time_s": args.min_time}
+    table = load_or_build(config, runtime, args.batch_size, args.seq_len, args.threads, **options)
     cases = {"original": dims.full(), **shapes(dims)}
     ids = torch.randint(5, dims.vocab, (args.batch_size, args.seq_len), generator=torch.Generator().manual_seed(0))
     with tempfile.TemporaryDirectory() as tmp:

@@ -243,13 +243,15 @@ def load_or_build(
     batch_size: int,
     seq_len: int,
     threads: int | None = None,
-    grid: Sequence[float] = DEFAULT_FRACTIONS,
+    *,
     cache_dir: str | Path | None = None,
+    grid: Sequence[float] = DEFAULT_FRACTIONS,
     **timing,
 ) -> LatencyTable:
     """The cached table for this machine and model shape, measured (and cached) first when there is none.
 
-    `timing`: `rounds` / `min_time_s` for `LatencyTable.build`; they do not enter the key.
+    `cache_dir`: default `default_cache_dir()`. `grid`, `timing` (`rounds`, `min_time_s`): as for
+    `LatencyTable.build`; the timing settings do not enter the key.
     """
     dims = config if isinstance(config, Dims) else Dims.from_config(config)
     check_runtime(runtime)
