@@ -16,7 +16,7 @@ import torch
 from compressor.errors import UserError
 from compressor.latency import Dims, LatencyTable, Widths, check_runtime, load_or_build
 from compressor.latency.probe import SyntheticLayer, SyntheticOutside, grid_counts, runner
-from compressor.latency.table import cache_file, cache_key
+from compressor.latency.table import cache_file, cache_key, monotone_grid
 from compressor.testing import tiny_config
 
 DIMS = Dims(hidden=32, heads=4, head_size=8, intermediate=64, layers=3, vocab=120, positions=64, num_labels=2)
@@ -102,6 +102,13 @@ def test_marginal_ms_refuses_impossible_removals():
         table.layer_ms(5, 0)
 
 
+def test_monotone_grid_lowers_cells_to_the_cheapest_wider_cell():
+    raw = [[1.0, 5.0, 4.0], [3.0, 2.0, 6.0], [2.5, 7.0, 8.0]]
+    assert monotone_grid(raw) == [[1.0, 2.0, 4.0], [2.0, 2.0, 6.0], [2.5, 7.0, 8.0]]
+    rising = [[1.0, 2.0], [3.0, 4.0]]
+    assert monotone_grid(rising) == rising
+
+
 def test_dict_round_trip_predicts_the_same():
     table = known_table()
     again = LatencyTable.from_dict(json.loads(json.dumps(table.to_dict())))
@@ -175,6 +182,9 @@ def test_build_measures_every_grid_cell():
     values = [v for row in table.layer_grid_ms for v in row] + [table.outside_ms]
     assert all(math.isfinite(v) and v > 0 for v in values)
     assert table.threads == 1 and table.key["threads"] == 1
+    grid, raw = np.array(table.layer_grid_ms), np.array(table.measured_grid_ms)
+    assert (np.diff(grid, axis=0) >= 0).all() and (np.diff(grid, axis=1) >= 0).all() and (grid <= raw).all()
+    assert grid[-1, -1] == raw[-1, -1]
     assert table.key == cache_key(table.dims, "pytorch", 2, 8, 1, [0, 2, 4], [0, 34, 67])
 
 

@@ -62,6 +62,8 @@ class LatencyTable:
     `layer_grid_ms[i][j]` is a layer with `heads_grid[i]` heads and `neurons_grid[j]` neurons; cell (0, 0) is an
     emptied layer, used only to interpolate near that corner: a layer with no units at all costs 0 (removed).
     Times are per forward call of a batch of `batch_size` sequences of `seq_len` tokens on `runtime`.
+    `build` makes the grid monotone (`monotone_grid`; the raw medians are kept in `measured_grid_ms`), so removing a
+    unit never costs time: `marginal_ms` is never negative, though it can be 0 where the grid is flat.
     """
 
     runtime: str
@@ -74,6 +76,7 @@ class LatencyTable:
     layer_grid_ms: list[list[float]]
     outside_ms: float
     key: dict = field(default_factory=dict)
+    measured_grid_ms: list[list[float]] | None = None
     _interp: RegularGridInterpolator = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -108,6 +111,7 @@ class LatencyTable:
             ms = measure_grid(dims, runtime, batch_size, seq_len, threads, heads_grid, neurons_grid, rounds, min_time_s)
         finally:
             torch.set_num_threads(previous)
+        measured = [[ms[(h, n)] for n in neurons_grid] for h in heads_grid]
         return cls(
             runtime=runtime,
             batch_size=batch_size,
@@ -116,8 +120,9 @@ class LatencyTable:
             dims=dims,
             heads_grid=heads_grid,
             neurons_grid=neurons_grid,
-            layer_grid_ms=[[ms[(h, n)] for n in neurons_grid] for h in heads_grid],
+            layer_grid_ms=monotone_grid(measured),
             outside_ms=ms["outside"],
+            measured_grid_ms=measured,
             key=cache_key(dims, runtime, batch_size, seq_len, threads, heads_grid, neurons_grid),
         )
 
@@ -168,6 +173,17 @@ class LatencyTable:
         data = dict(data)
         data.pop("_interp", None)
         return cls(**{**data, "dims": Dims(**data["dims"])})
+
+
+def monotone_grid(grid_ms: Sequence[Sequence[float]]) -> list[list[float]]:
+    """Each cell lowered to the cheapest time of any cell with at least as many heads and neurons.
+
+    A layer's true cost grows with its widths, and noise on a shared machine only ever adds time, so where a wider
+    cell was measured faster, that faster time is the better estimate for the narrower one too.
+    """
+    values = np.asarray(grid_ms, dtype=float)
+    cheapest_above = np.minimum.accumulate(np.minimum.accumulate(values[::-1, ::-1], axis=0), axis=1)[::-1, ::-1]
+    return cheapest_above.tolist()
 
 
 def _check_sizes(dims: Dims, runtime: str, batch_size: int, seq_len: int) -> None:
