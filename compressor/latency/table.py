@@ -49,6 +49,7 @@ WidthsLike = Widths | tuple[Sequence[int], Sequence[int]]
 
 
 def _widths(shape: WidthsLike) -> Widths:
+    """`Widths` from itself or from a (heads per layer, neurons per layer) pair."""
     if isinstance(shape, Widths):
         return shape
     heads, neurons = shape
@@ -102,7 +103,8 @@ class LatencyTable:
         `threads`: intra-op threads (None: the runtime's default; recorded either way).
         """
         dims = config if isinstance(config, Dims) else Dims.from_config(config)
-        _check_sizes(dims, check_runtime(runtime), batch_size, seq_len)
+        check_runtime(runtime)
+        _check_sizes(dims, batch_size, seq_len)
         heads_grid, neurons_grid = grid_counts(dims.heads, grid), grid_counts(dims.intermediate, grid)
         previous = torch.get_num_threads()
         if runtime == "pytorch":
@@ -186,7 +188,8 @@ def monotone_grid(grid_ms: Sequence[Sequence[float]]) -> list[list[float]]:
     return cheapest_above.tolist()
 
 
-def _check_sizes(dims: Dims, runtime: str, batch_size: int, seq_len: int) -> None:
+def _check_sizes(dims: Dims, batch_size: int, seq_len: int) -> None:
+    """One-line errors for a batch or length the table cannot be measured at (named as the recipe's budget)."""
     if batch_size < 1:
         raise UserError(f"budget.batch_size: expected a positive batch size, got {batch_size}")
     if not 1 <= seq_len <= dims.positions:
