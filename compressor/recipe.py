@@ -186,6 +186,35 @@ class Recipe(Strict):
     analysis: AnalysisSpec = Field(default_factory=AnalysisSpec)
 
 
+class BudgetSpec(Strict):
+    """How much to prune, for the whole model: a fraction of heads removed, a fraction of encoder FLOPs removed,
+    or a measured speed-up on a named runtime at a batch size and sequence length (`compressor.latency`).
+
+    `runtime`, `batch_size` and `seq_len` describe where the speed-up is measured (used by kind `speedup`); the
+    runtimes are those of `compressor.latency.RUNTIMES` (a test keeps the two in step).
+    """
+
+    kind: Literal["heads", "flops", "speedup"] = "heads"
+    value: float = Field(
+        0.5, allow_inf_nan=False, description="heads/flops: fraction removed, in (0, 1); speedup: factor, in (1, 100]"
+    )
+    runtime: Literal["pytorch", "onnx-fp32", "onnx-int8"] = "pytorch"
+    batch_size: int = Field(32, ge=1)
+    seq_len: int = Field(64, ge=8, le=4096)
+
+    @model_validator(mode="after")
+    def _value_in_range(self) -> BudgetSpec:
+        if self.kind == "speedup" and not 1 < self.value <= 100:
+            raise ValueError(
+                f"value: for kind 'speedup' expected a speed-up factor above 1 and at most 100, got {self.value}"
+            )
+        if self.kind != "speedup" and not 0 < self.value < 1:
+            raise ValueError(
+                f"value: for kind '{self.kind}' expected a fraction removed between 0 and 1, got {self.value}"
+            )
+        return self
+
+
 def _format_error(err: ValidationError) -> str:
     first = err.errors()[0]
     loc = ".".join(str(p) for p in first["loc"])
