@@ -22,6 +22,7 @@ from compressor.layout import (
 from compressor.masking import full_gates, full_neuron_gates, gated
 from compressor.surgery import PlanError, SkippedLayer, prune_neurons, pruned_copy, remove_layers
 from compressor.testing import ARCHS, tiny_batch, tiny_model
+from compressor.units import alive_units, apply_plan_to_masks
 
 LAYERS, HEADS = 3, 4
 INPUTS = {k: v for k, v in tiny_batch(batch=3, seq=9).items() if k != "labels"}
@@ -162,3 +163,92 @@ def test_ffn_paths_point_at_the_feed_forward_linears() -> None:
         width = len(every(arch))
         assert get_path(layer, spec.ffn_in).out_features == width
         assert get_path(layer, spec.ffn_out).in_features == width
+
+
+# --- cost, selection under a FLOP budget --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_encoder_flops_of_neuron_and_layer_pruned_model_match_flop_counter(arch: str) -> None:
+    """Analytic FLOPs == torch's counter with uneven FFN widths, an FFN without neurons and a removed layer."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from compressor.cost import encoder_flops, unit_costs
+
+    model = pruned_copy(base(arch), *uneven_plan(arch))
+    counter = FlopCounterMode(display=False)
+    with counter:
+        model(input_ids=torch.randint(4, 100, (1, 16)))
+    counts = counter.get_flop_counts()
+    (encoder,) = [k for k in counts if k.endswith((".encoder", ".transformer"))]
+    assert sum(counts[encoder].values()) == encoder_flops(model, 16)
+    costs = unit_costs(base(arch), 16)
+    assert encoder_flops(base(arch), 16) == LAYERS * costs.layer
+
+
+def _budget_case(uniform: bool, flops: float, seed: int = 0):
+    from compressor.cost import encoder_flops, unit_costs
+    from compressor.selection import flop_schedule, select_units
+    from compressor.units import pruned_units_copy
+
+    model = base("bert")
+    g = torch.Generator().manual_seed(seed)
+    alive = alive_units(model)
+    scores = {kind: torch.rand(mask.shape, generator=g) for kind, mask in alive.items()}
+    costs = unit_costs(model, 32)
+    total = encoder_flops(model, 32)
+    (goal,) = flop_schedule(total, flops, steps=1)
+    plan = select_units(scores, alive, costs, goal, uniform_ffn=uniform)
+    return model, plan, pruned_units_copy(model, plan), costs, total, goal, scores
+
+
+@pytest.mark.parametrize("flops", [0.1, 0.35, 0.6, 0.9])
+@pytest.mark.parametrize("uniform", [False, True])
+def test_flop_budget_lands_within_one_unit(flops: float, uniform: bool) -> None:
+    """The pruned model's FLOPs are at or below the budget, by less than one unit (a uniform column is one)."""
+    from compressor.checkpoint import uniform_ffn_width
+    from compressor.cost import encoder_flops
+
+    model, plan, pruned, costs, total, goal, scores = _budget_case(uniform, flops)
+    removed = total - encoder_flops(pruned, 32)
+    biggest = max(costs.head, costs.neuron * (LAYERS if uniform else 1))
+    assert goal <= removed < goal + biggest
+    if uniform:
+        assert uniform_ffn_width(pruned) not in (None, 0)
+        return
+    # Greedy by importance per FLOP: every removed unit ranks below every kept one, whatever its kind.
+    ratio = {kind: scores[kind] / costs.of(kind) for kind in scores}
+    kept = apply_plan_to_masks(plan, alive_units(model))
+    worst_removed = max(float(ratio[k][alive_units(model)[k] & ~kept[k]].max()) for k in ratio if plan[k])
+    best_kept = min(float(ratio[k][kept[k]].min()) for k in ratio if kept[k].any())
+    assert worst_removed <= best_kept
+
+
+def test_units_compete_on_importance_per_flop() -> None:
+    """Heads score twice their cost, neurons once theirs, except one head at half its cost: that head goes first,
+    then neurons (lower importance per FLOP than the other heads), though each head's raw score is far higher."""
+    from compressor.cost import unit_costs
+    from compressor.selection import select_units
+
+    model = base("bert")
+    alive = alive_units(model)
+    costs = unit_costs(model, 32)
+    scores = {
+        "heads": torch.full(alive["heads"].shape, 2.0 * costs.head),
+        "neurons": torch.ones(alive["neurons"].shape),
+    }
+    scores["heads"][1, 2] = 0.5 * costs.head  # half a neuron's importance per FLOP: cheapest to lose
+    scores["neurons"] *= costs.neuron
+    plan = select_units(scores, alive, costs, costs.head + 3 * costs.neuron)
+    assert plan["heads"] == {1: [2]}
+    assert sum(len(v) for v in plan["neurons"].values()) == 3
+
+
+def test_min_heads_per_layer_holds_under_a_flop_budget() -> None:
+    from compressor.cost import unit_costs
+    from compressor.selection import select_units
+
+    alive = alive_units(base("bert"))
+    scores = {"heads": torch.zeros(alive["heads"].shape), "neurons": torch.ones(alive["neurons"].shape)}
+    plan = select_units(scores, alive, unit_costs(base("bert"), 32), 10**12, min_heads_per_layer=1)
+    assert all(HEADS - len(ids) >= 1 for ids in plan["heads"].values())
