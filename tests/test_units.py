@@ -252,3 +252,124 @@ def test_min_heads_per_layer_holds_under_a_flop_budget() -> None:
     scores = {"heads": torch.zeros(alive["heads"].shape), "neurons": torch.ones(alive["neurons"].shape)}
     plan = select_units(scores, alive, unit_costs(base("bert"), 32), 10**12, min_heads_per_layer=1)
     assert all(HEADS - len(ids) >= 1 for ids in plan["heads"].values())
+
+
+# --- criteria for neurons, and refusal at validate ----------------------------------------------------------
+
+BATCHES = [tiny_batch(batch=4, seq=9, seed=s) for s in range(2)]
+NEURON_CRITERIA = {"taylor": {}, "l0": {"steps": 20}, "magnitude": {}, "random": {}, "ablation": {"examples": 8}}
+
+
+def _masked_and_pruned(arch: str = "bert"):
+    """A model with neurons of layer 0 physically removed, and alive masks that also mask some of layer 2."""
+    model = pruned_copy(base(arch), {}, {0: every(arch)[:10]})
+    alive = alive_units(model)
+    alive["neurons"][2, 5:9] = False
+    return model, alive
+
+
+@pytest.mark.parametrize("name", sorted(NEURON_CRITERIA))
+def test_criteria_score_neurons_by_original_id(name: str) -> None:
+    """[layers, FFN width] scores: -inf exactly on removed or masked neurons, finite on every alive one."""
+    from compressor.units import score_all
+
+    model, alive = _masked_and_pruned()
+    scores = score_all(name, model, alive, BATCHES, NEURON_CRITERIA[name])
+    assert scores["neurons"].shape == (LAYERS, len(every("bert")))
+    assert torch.isfinite(scores["neurons"][alive["neurons"]]).all()
+    assert (scores["neurons"][~alive["neurons"]] == float("-inf")).all()
+    assert scores["heads"].shape == (LAYERS, HEADS)
+
+
+def _loss(model: torch.nn.Module, neurons: torch.Tensor | None = None) -> float:
+    with torch.no_grad(), gated(model, None, neurons):
+        return sum(float(model(**b).loss) * b["labels"].numel() for b in BATCHES) / sum(
+            b["labels"].numel() for b in BATCHES
+        )
+
+
+def test_ablation_neuron_score_is_the_loss_change_of_removing_it() -> None:
+    from compressor.units import score_all
+
+    model, alive = _masked_and_pruned()
+    scores = score_all("ablation", model, alive, BATCHES, {"examples": 8})["neurons"]
+    before = _loss(model, alive["neurons"].float())
+    for layer, neuron in [(0, 20), (1, 3), (2, 40)]:
+        without = alive["neurons"].clone()
+        without[layer, neuron] = False
+        assert scores[layer, neuron] == pytest.approx(_loss(model, without.float()) - before, abs=1e-5)
+
+
+def test_taylor_neuron_without_effect_scores_zero() -> None:
+    """A neuron whose W_2 column is zero cannot change the loss: its mask gradient, hence its score, is 0."""
+    from compressor.layout import arch_spec
+    from compressor.units import score_all
+
+    model = pruned_copy(base("bert"), {})
+    with torch.no_grad():
+        get_path(layers(model)[1], arch_spec(model).ffn_out).weight[:, 7] = 0.0
+    scores = score_all("taylor", model, alive_units(model), BATCHES, {"normalize": "none"})["neurons"]
+    assert scores[1, 7] == 0.0
+    assert (scores.flatten().topk(10).values > 0).all()
+
+
+def test_magnitude_neuron_scores_survive_surgery() -> None:
+    """Data-free magnitudes of present neurons are the same before and after removing others (original ids)."""
+    from compressor.units import score_all
+
+    model, alive = _masked_and_pruned()
+    full = score_all("magnitude", base("bert"), alive_units(base("bert")), BATCHES)["neurons"]
+    pruned = score_all("magnitude", model, alive_units(model), BATCHES)["neurons"]
+    present = neuron_presence_mask(model)
+    torch.testing.assert_close(pruned[present], full[present])
+
+
+def test_head_scores_with_neurons_masked_equal_scores_on_the_pruned_model() -> None:
+    """Scoring heads holds the neuron mask fixed: taylor on masked neurons == taylor after removing them."""
+    from compressor.units import score_all
+
+    model, alive = _masked_and_pruned()
+    masked = score_all("taylor", model, alive, BATCHES)["heads"]
+    removed = pruned_copy(model, {}, {2: list(range(5, 9))})
+    torch.testing.assert_close(score_all("taylor", removed, alive_units(removed), BATCHES)["heads"], masked)
+
+
+def test_criterion_that_cannot_score_neurons_is_refused() -> None:
+    from compressor import criteria
+    from compressor.recipe import RecipeError, parse_recipe
+
+    assert set(NEURON_CRITERIA) <= set(criteria.scoring("neurons"))
+    assert "confidence" not in criteria.scoring("neurons")
+    prune = {"units": ["heads", "neurons"], "budget": {"flops": 0.5}, "criterion": {"name": "confidence"}}
+    with pytest.raises(RecipeError, match=r"prune\.criterion\.name: 'confidence' cannot score neurons; expected one"):
+        parse_recipe({"prune": prune})
+    neurons = alive_units(base("bert"))["neurons"]
+    ctx = criteria.ScoreContext(model=base("bert"), alive=neurons, batches=BATCHES, unit="neurons")
+    with pytest.raises(ValueError, match="'entropy' cannot score neurons"):
+        criteria.score_units("entropy", ctx)
+
+
+@pytest.mark.parametrize(
+    ("prune", "message"),
+    [
+        ({"units": ["heads", "neurons"]}, "prune.units: 'neurons' needs budget"),
+        ({"target": 0.3, "budget": {"flops": 0.5}}, "prune.budget: give target"),
+        ({"uniform_ffn": True}, "prune.uniform_ffn: only applies"),
+        ({"budget": {"flops": 1.2}}, "prune.budget.flops: Input should be less than 1"),
+        ({"units": ["layers"]}, "prune.units.0: Input should be 'heads' or 'neurons'"),
+    ],
+)
+def test_unit_recipe_errors_name_the_field(prune: dict, message: str) -> None:
+    from compressor.recipe import RecipeError, parse_recipe
+
+    with pytest.raises(RecipeError, match=message.replace(".", r"\.")):
+        parse_recipe({"prune": prune})
+
+
+def test_head_only_recipes_are_unchanged() -> None:
+    from compressor.recipe import parse_recipe
+
+    spec = parse_recipe({"prune": {"target": 0.4}}).prune
+    assert spec.units == ["heads"] and spec.budget is None and spec.uniform_ffn is False and spec.target == 0.4
+    spec = parse_recipe({"prune": {"units": ["heads", "neurons"], "budget": {"flops": 0.5}, "uniform_ffn": True}})
+    assert spec.prune.budget.flops == 0.5 and spec.prune.budget.seq_len == 64
