@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
 from torch import nn
 
 from compressor.layout import (
@@ -53,6 +54,18 @@ def unit_costs(model: nn.Module, seq_len: int) -> UnitCosts:
     return UnitCosts(seq_len=t, head=head, neuron=neuron, layer=layer)
 
 
+def masked_flops(model: nn.Module, alive: dict[str, torch.Tensor], seq_len: int) -> int:
+    """Encoder FLOPs per example of `model` with only the units in `alive` ({"heads": .., "neurons": ..} bool
+    masks over original ids) kept: what physically removing the rest would leave. A kind missing from `alive`
+    counts as fully present."""
+    costs = unit_costs(model, seq_len)
+    heads = alive.get("heads")
+    neurons = alive.get("neurons")
+    n_heads = int(heads.sum()) if heads is not None else sum(len(h) for h in present_heads(model))
+    n_neurons = int(neurons.sum()) if neurons is not None else sum(len(n) for n in present_neurons(model))
+    return n_heads * costs.head + n_neurons * costs.neuron
+
+
 def count_parameters(model: nn.Module) -> int:
     """All parameters (embeddings and classifier included); a removed head's weights are simply absent."""
     return sum(p.numel() for p in model.parameters())
@@ -66,10 +79,7 @@ def encoder_flops(model: nn.Module, seq_len: int) -> int:
     classifier head are ignored (they do not change with pruning and are <1% of the total). A layer without
     heads costs only its feed-forward block; a removed layer costs nothing.
     """
-    costs = unit_costs(model, seq_len)
-    heads = sum(len(h) for h in present_heads(model))
-    neurons = sum(len(n) for n in present_neurons(model))
-    return heads * costs.head + neurons * costs.neuron
+    return masked_flops(model, {}, seq_len)
 
 
 def _side(model: nn.Module, seq_len: int) -> dict:

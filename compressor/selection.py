@@ -105,6 +105,32 @@ def mask_to_plan(alive: torch.Tensor) -> dict[int, list[int]]:
     return {layer: [int(h) for h in (~row).nonzero().flatten()] for layer, row in enumerate(alive) if (~row).any()}
 
 
+def check_flop_budget(
+    costs: UnitCosts,
+    shape: dict[str, tuple[int, int]],
+    flops: float,
+    units: list[str],
+    min_heads_per_layer: int = 0,
+    uniform_ffn: bool = False,
+) -> None:
+    """Raise RecipeError when removing the fraction `flops` of an unpruned model's encoder FLOPs is impossible
+    with the unit kinds in `units` under the per-layer limits. `shape` maps each kind to (layers, per layer)."""
+    layers, heads = shape["heads"]
+    width = shape["neurons"][1]
+    min_heads = max(min_heads_per_layer, 1 if uniform_ffn else 0)
+    if min_heads > heads:
+        raise RecipeError(f"prune.min_heads_per_layer: {min_heads} exceeds the {heads} heads per layer")
+    total = layers * costs.layer
+    removable = layers * (heads - min_heads) * costs.head
+    if "neurons" in units:
+        removable += layers * (width - (1 if uniform_ffn else 0)) * costs.neuron
+    if flops * total > removable:
+        raise RecipeError(
+            f"prune.budget.flops: {flops} cannot be reached with units {units}; expected ≤ "
+            f"{removable / total:.3f} (heads kept per layer ≥ {min_heads}{', uniform_ffn' if uniform_ffn else ''})"
+        )
+
+
 def flop_schedule(total_flops: int, target: float, steps: int) -> list[int]:
     """Cumulative encoder FLOPs removed after each step (evenly spread, the last step hits `target` × total)."""
     goal = target * total_flops
@@ -169,7 +195,11 @@ def select_units(
     the kinds present compete. Stops as soon as the goal is met, so the removed FLOPs exceed the goal by less
     than one unit's cost (a uniform neuron column counts as one unit). Ties break by kind, layer, id. Returns a
     unit plan `{kind: {layer: [original ids]}}` of the newly removed units.
+
+    `uniform_ffn` also keeps at least one head per layer, so the result stays loadable by plain transformers.
     """
+    if uniform_ffn:
+        min_heads_per_layer = max(min_heads_per_layer, 1)
     candidates: list[_Candidate] = []
     if "heads" in scores:
         candidates += _head_candidates(scores["heads"].float(), alive["heads"], costs.head)

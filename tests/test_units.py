@@ -194,19 +194,20 @@ def _budget_case(uniform: bool, flops: float, seed: int = 0):
     return model, plan, pruned_units_copy(model, plan), costs, total, goal, scores
 
 
-@pytest.mark.parametrize("flops", [0.1, 0.35, 0.6, 0.9])
+@pytest.mark.parametrize("flops", [0.1, 0.35, 0.6, 0.8])
 @pytest.mark.parametrize("uniform", [False, True])
 def test_flop_budget_lands_within_one_unit(flops: float, uniform: bool) -> None:
     """The pruned model's FLOPs are at or below the budget, by less than one unit (a uniform column is one)."""
-    from compressor.checkpoint import uniform_ffn_width
-    from compressor.cost import encoder_flops
+    from compressor.checkpoint import plain_loadable, uniform_ffn_width
+    from compressor.cost import encoder_flops, masked_flops
 
     model, plan, pruned, costs, total, goal, scores = _budget_case(uniform, flops)
     removed = total - encoder_flops(pruned, 32)
+    assert masked_flops(model, apply_plan_to_masks(plan, alive_units(model)), 32) == encoder_flops(pruned, 32)
     biggest = max(costs.head, costs.neuron * (LAYERS if uniform else 1))
     assert goal <= removed < goal + biggest
     if uniform:
-        assert uniform_ffn_width(pruned) not in (None, 0)
+        assert uniform_ffn_width(pruned) not in (None, 0) and plain_loadable(pruned)
         return
     # Greedy by importance per FLOP: every removed unit ranks below every kept one, whatever its kind.
     ratio = {kind: scores[kind] / costs.of(kind) for kind in scores}
@@ -214,6 +215,22 @@ def test_flop_budget_lands_within_one_unit(flops: float, uniform: bool) -> None:
     worst_removed = max(float(ratio[k][alive_units(model)[k] & ~kept[k]].max()) for k in ratio if plan[k])
     best_kept = min(float(ratio[k][kept[k]].min()) for k in ratio if kept[k].any())
     assert worst_removed <= best_kept
+
+
+def test_unreachable_flop_budget_is_refused() -> None:
+    """0.9 of the FLOPs cannot go when every layer keeps a head and a neuron (uniform_ffn), nor with heads only."""
+    from compressor.cost import unit_costs
+    from compressor.recipe import RecipeError
+    from compressor.selection import check_flop_budget
+
+    costs = unit_costs(base("bert"), 32)
+    shape = {kind: tuple(mask.shape) for kind, mask in alive_units(base("bert")).items()}
+    check_flop_budget(costs, shape, 0.9, ["heads", "neurons"])
+    check_flop_budget(costs, shape, 0.8, ["heads", "neurons"], uniform_ffn=True)
+    with pytest.raises(RecipeError, match=r"prune\.budget\.flops: 0\.9 cannot be reached .*expected ≤ 0\.847"):
+        check_flop_budget(costs, shape, 0.9, ["heads", "neurons"], uniform_ffn=True)
+    with pytest.raises(RecipeError, match=r"expected ≤ 0\.589"):
+        check_flop_budget(costs, shape, 0.6, ["heads"])
 
 
 def test_units_compete_on_importance_per_flop() -> None:
