@@ -382,3 +382,22 @@ def test_head_only_recipes_are_unchanged() -> None:
     assert spec.units == ["heads"] and spec.budget is None and spec.uniform_ffn is False and spec.target == 0.4
     spec = parse_recipe({"prune": {"units": ["heads", "neurons"], "budget": {"flops": 0.5}, "uniform_ffn": True}})
     assert spec.prune.budget.flops == 0.5 and spec.prune.budget.seq_len == 64
+
+
+def test_cli_validate_refuses_criterion_for_neurons_in_one_line(tmp_path) -> None:
+    import subprocess
+    import sys
+
+    import yaml
+
+    recipe = tmp_path / "r.yaml"
+    prune = {"units": ["heads", "neurons"], "budget": {"flops": 0.5}, "criterion": {"name": "attribution"}}
+    recipe.write_text(yaml.safe_dump({"prune": prune}))
+    result = subprocess.run(
+        [sys.executable, "-m", "compressor", "validate", str(recipe)], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        f"compressor: error: {recipe}: prune.criterion.name: 'attribution' cannot score neurons; expected one of "
+        "['ablation', 'l0', 'magnitude', 'random', 'taylor']"
+    ]
