@@ -6,6 +6,11 @@ A saved directory is a normal transformers model directory (safetensors weights,
 rebuilds it through transformers' own `prune_heads` whenever no layer lost every head; `load_pruned` handles every
 case by rebuilding the original architecture from the config, replaying the plan with our surgery, and loading the
 weights strictly.
+
+Pruned FFN neurons (`pruned_neurons`) and removed layers (`removed_layers`) are in the plan too. Vanilla
+transformers has one `intermediate_size` per model, so a model whose remaining layers all keep the same FFN width
+(the `prune.uniform_ffn` option), no removed layer and no layer without heads is saved with that width as
+`intermediate_size` and loads with plain `from_pretrained`; any other shape needs `load_pruned`.
 """
 
 from __future__ import annotations
@@ -21,14 +26,21 @@ from transformers import AutoConfig, AutoModelForSequenceClassification
 
 from compressor import atomic
 from compressor.cost import model_stats
-from compressor.layout import arch_spec, pruned_heads
-from compressor.surgery import empty_layers, prune_heads
+from compressor.layout import (
+    arch_spec,
+    original_ffn_size,
+    present_neurons,
+    pruned_heads,
+    pruned_neurons,
+    removed_layers,
+)
+from compressor.surgery import empty_layers, prune_heads, prune_neurons, remove_layers
 
 log = logging.getLogger(__name__)
 
 PLAN_FILE = "compressor_plan.json"
 CARD_FILE = "README.md"
-PLAN_FORMAT = 1
+PLAN_FORMAT = 2  # 2 adds pruned_neurons, removed_layers and ffn_size (format 1 files still load)
 WEIGHTS_FILE = "model.safetensors"
 WEIGHTS_INDEX = "model.safetensors.index.json"
 
@@ -52,16 +64,50 @@ def save_pruned(
         "model_type": model.config.model_type,
         "pruned_heads": {str(k): v for k, v in pruned_heads(model).items()},
         "empty_layers": empty_layers(model),
+        "pruned_neurons": {str(k): v for k, v in pruned_neurons(model).items()},
+        "removed_layers": removed_layers(model),
+        "ffn_size": original_ffn_size(model),
+        "plain_loadable": plain_loadable(model),
         "metadata": metadata or {},
     }
     with atomic.directory(out_dir) as tmp:
-        model.save_pretrained(tmp, safe_serialization=True)
+        _save_weights_and_config(model, tmp)
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
         if original is not None:
             plan["stats"] = write_model_card(tmp, original, model, seq_len, metadata)
         (tmp / PLAN_FILE).write_text(json.dumps(plan, indent=2))
     return Path(out_dir)
+
+
+def uniform_ffn_width(model: nn.Module) -> int | None:
+    """The FFN width shared by every layer of `model` (None when widths differ or a layer was removed)."""
+    widths = {len(n) for n in present_neurons(model)}
+    return widths.pop() if len(widths) == 1 and not removed_layers(model) else None
+
+
+def plain_loadable(model: nn.Module) -> bool:
+    """Whether plain `AutoModelForSequenceClassification.from_pretrained` can rebuild `model` once saved:
+    every layer keeps at least one head, the same FFN width (at least one neuron) and no layer was removed."""
+    return not empty_layers(model) and bool(uniform_ffn_width(model))
+
+
+def _save_weights_and_config(model: nn.Module, out_dir: Path) -> None:
+    """`save_pretrained`, writing a uniform FFN width as the config's own width so plain transformers builds it
+    (the original width goes under `compressor_ffn_size`); the in-memory config is restored afterwards."""
+    cfg = model.config
+    width_key = "intermediate_size" if hasattr(cfg, "intermediate_size") else "hidden_dim"
+    original, width = getattr(cfg, width_key), uniform_ffn_width(model)
+    if width is None or width == original_ffn_size(model) or not plain_loadable(model):
+        model.save_pretrained(out_dir, safe_serialization=True)
+        return
+    cfg.compressor_ffn_size = original_ffn_size(model)
+    setattr(cfg, width_key, width)
+    try:
+        model.save_pretrained(out_dir, safe_serialization=True)
+    finally:
+        setattr(cfg, width_key, original)
+        del cfg.compressor_ffn_size
 
 
 def _fmt(n: int) -> str:
@@ -80,6 +126,8 @@ def render_model_card(stats: dict, model_type: str, metadata: dict | None = None
         ("parameters", before["parameters"], after["parameters"]),
         (f"encoder FLOPs per example (T={t})", before["encoder_flops_per_example"], after["encoder_flops_per_example"]),
         ("attention heads", before["heads"], after["heads"]),
+        ("FFN neurons", before.get("ffn_neurons", 0), after.get("ffn_neurons", 0)),
+        ("layers", before.get("layers", 0), after.get("layers", 0)),
     ]
     lines = [
         "---",
@@ -113,7 +161,12 @@ def render_model_card(stats: dict, model_type: str, metadata: dict | None = None
     lines += ["", "## Loading", "", "```python", "import compressor", "", 'model = compressor.load_pruned("<dir>")']
     lines.append("```")
     lines.append("")
-    if stats["empty_layers"]:
+    if stats.get("removed_layers") or len(set(after.get("ffn_neurons_per_layer", [0]))) > 1:
+        lines.append(
+            "Layers have different FFN widths or were removed whole (plain transformers has one `intermediate_size` "
+            "and a fixed layer count): load with `compressor.load_pruned`."
+        )
+    elif stats["empty_layers"]:
         lines.append(
             f"Layer(s) {', '.join(map(str, stats['empty_layers']))} have no heads left (attention reduces to the "
             "output bias), which plain transformers cannot build: load with `compressor.load_pruned`."
@@ -138,13 +191,26 @@ def write_model_card(
 
 
 def read_plan(model_dir: str | Path) -> dict[int, list[int]]:
-    """The cumulative plan stored with a saved model ({} for an unpruned directory)."""
+    """The cumulative head plan stored with a saved model ({} for an unpruned directory)."""
+    return read_unit_plan(model_dir)["heads"]
+
+
+def read_unit_plan(model_dir: str | Path) -> dict:
+    """The cumulative plan of every unit kind: {"heads": {layer: ids}, "neurons": {layer: ids}, "layers": [ids],
+    "ffn_size": original FFN width or None}. Format-1 plan files and plain directories have no neurons or layers.
+    """
     path = Path(model_dir) / PLAN_FILE
     if path.exists():
         data = json.loads(path.read_text())
-        return {int(k): v for k, v in data["pruned_heads"].items()}
-    config = AutoConfig.from_pretrained(model_dir)
-    return {int(k): v for k, v in (config.pruned_heads or {}).items()}
+    else:
+        config = AutoConfig.from_pretrained(model_dir)
+        data = {"pruned_heads": config.pruned_heads or {}, "pruned_neurons": getattr(config, "pruned_neurons", {})}
+    return {
+        "heads": {int(k): v for k, v in data["pruned_heads"].items()},
+        "neurons": {int(k): v for k, v in (data.get("pruned_neurons") or {}).items()},
+        "layers": [int(i) for i in data.get("removed_layers") or []],
+        "ffn_size": data.get("ffn_size"),
+    }
 
 
 def _read_weights(model_dir: Path) -> dict[str, torch.Tensor]:
@@ -173,21 +239,34 @@ def _build(config, attn_implementation: str, dtype: torch.dtype) -> nn.Module:
         return AutoModelForSequenceClassification.from_config(config, attn_implementation="eager", dtype=dtype)
 
 
+def _original_shape(config, ffn_size: int | None) -> None:
+    """Reset `config` in place to the unpruned architecture the plan is replayed on."""
+    config.pruned_heads = {}
+    for key in ("pruned_neurons", "removed_layers", "compressor_ffn_size"):
+        if hasattr(config, key):
+            delattr(config, key)
+    if ffn_size is not None:
+        setattr(config, "intermediate_size" if hasattr(config, "intermediate_size") else "hidden_dim", ffn_size)
+
+
 def load_pruned(
     model_dir: str | Path, attn_implementation: str = "sdpa", dtype: torch.dtype = torch.float32
 ) -> nn.Module:
     """Rebuild the original architecture from the saved config, replay the plan, load the weights strictly.
 
-    Works for every plan, including layers that lost every head (which plain `from_pretrained` cannot build).
+    Works for every plan, including layers that lost every head, uneven FFN widths and removed layers (which
+    plain `from_pretrained` cannot build).
     """
     model_dir = Path(model_dir)
     config = AutoConfig.from_pretrained(model_dir)
     arch_spec(config.model_type)
-    plan = read_plan(model_dir)
+    plan = read_unit_plan(model_dir)
     state = _read_weights(model_dir)
-    config.pruned_heads = {}
+    _original_shape(config, plan["ffn_size"])
     model = _build(config, attn_implementation, dtype)
-    prune_heads(model, plan)
+    prune_heads(model, plan["heads"])
+    prune_neurons(model, plan["neurons"])
+    remove_layers(model, plan["layers"])
     try:
         missing, unexpected = model.load_state_dict(state, strict=False)
     except RuntimeError as err:

@@ -1,4 +1,4 @@
-"""Where attention heads live in each supported architecture.
+"""Where attention heads and feed-forward (FFN) neurons live in each supported architecture.
 
 Every other module (masking, surgery, criteria, analysis) goes through this table instead of hard-coding
 attribute names, so adding an encoder architecture means adding one `ArchSpec` here.
@@ -33,6 +33,9 @@ class ArchSpec:
     width_attr: str  # heads * head_size attribute on self_attn
     head_size_attr: str
     probs_dropout: str  # from self_attn: dropout applied to attention probabilities (our hook point)
+    ffn_in: str = "intermediate.dense"  # from a layer: the FFN's first Linear (one output row per neuron)
+    ffn_out: str = "output.dense"  # from a layer: the FFN's output Linear (one input column per neuron)
+    attentions_first: bool = False  # the layer returns (attentions, hidden) instead of (hidden, attentions)
 
 
 _BERT_LIKE = ArchSpec(
@@ -61,6 +64,9 @@ _DISTILBERT = ArchSpec(
     width_attr="dim",
     head_size_attr="attention_head_size",
     probs_dropout="dropout",
+    ffn_in="ffn.lin1",
+    ffn_out="ffn.lin2",
+    attentions_first=True,
 )
 
 ARCHITECTURES: dict[str, ArchSpec] = {
@@ -132,9 +138,11 @@ def pruned_heads(model: nn.Module) -> dict[int, list[int]]:
 
 def present_heads(model: nn.Module) -> list[list[int]]:
     """For each layer, the original indices of heads whose weights are still in the model, in weight order."""
-    removed = pruned_heads(model)
-    n = original_num_heads(model)
-    return [[h for h in range(n) if h not in set(removed.get(layer, []))] for layer in range(num_layers(model))]
+    removed, gone, n = pruned_heads(model), set(removed_layers(model)), original_num_heads(model)
+    return [
+        [] if layer in gone else [h for h in range(n) if h not in set(removed.get(layer, []))]
+        for layer in range(num_layers(model))
+    ]
 
 
 def presence_mask(model: nn.Module) -> torch.Tensor:
@@ -149,3 +157,44 @@ def config_head_counts(config) -> tuple[int, int]:
     """(layers, heads per layer) from a model config, before any weights load (DistilBERT names them differently)."""
     layers = config.num_hidden_layers if hasattr(config, "num_hidden_layers") else config.n_layers
     return layers, getattr(config, "num_attention_heads", None) or config.n_heads
+
+
+def _int_keyed(mapping: dict | None) -> dict[int, list[int]]:
+    """`{layer: sorted ids}` with int keys (JSON round trips turn them into strings), empty entries dropped."""
+    return {int(k): sorted(int(i) for i in v) for k, v in (mapping or {}).items() if v}
+
+
+def original_ffn_size(model: nn.Module) -> int:
+    """FFN neurons per layer before any pruning (`compressor_ffn_size` when a uniform-width save rewrote the
+    config's `intermediate_size`, else the config's own width)."""
+    cfg = model.config
+    saved = getattr(cfg, "compressor_ffn_size", None)
+    return int(saved or getattr(cfg, "intermediate_size", None) or cfg.hidden_dim)
+
+
+def pruned_neurons(model: nn.Module) -> dict[int, list[int]]:
+    """Physically removed FFN neurons per layer, as original ids (`config.pruned_neurons`)."""
+    return _int_keyed(getattr(model.config, "pruned_neurons", None))
+
+
+def removed_layers(model: nn.Module) -> list[int]:
+    """Layers removed whole (replaced by an identity), as original ids (`config.removed_layers`)."""
+    return sorted(int(i) for i in (getattr(model.config, "removed_layers", None) or []))
+
+
+def present_neurons(model: nn.Module) -> list[list[int]]:
+    """For each layer, the original ids of FFN neurons whose weights are still in the model, in weight order."""
+    removed, gone, n = pruned_neurons(model), set(removed_layers(model)), original_ffn_size(model)
+    out = []
+    for layer in range(num_layers(model)):
+        dead = set(removed.get(layer, []))
+        out.append([] if layer in gone else [i for i in range(n) if i not in dead])
+    return out
+
+
+def neuron_presence_mask(model: nn.Module) -> torch.Tensor:
+    """[layers, original FFN width] bool tensor, True where the neuron still has weights."""
+    mask = torch.zeros(num_layers(model), original_ffn_size(model), dtype=torch.bool)
+    for layer, ids in enumerate(present_neurons(model)):
+        mask[layer, ids] = True
+    return mask

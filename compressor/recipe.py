@@ -79,15 +79,57 @@ class CriterionSpec(Strict):
         return self
 
 
+class FlopBudget(Strict):
+    """Prune until this fraction of the encoder's FLOPs per example (at `seq_len` tokens) is removed."""
+
+    flops: float = Field(gt=0, lt=1, description="fraction of encoder FLOPs removed at the end")
+    seq_len: int = Field(64, ge=8, le=4096, description="tokens per example at which FLOPs are counted")
+
+
 class PruneSpec(Strict):
+    """What to prune and how far. Head-only recipes (`units: [heads]`, a head-fraction `target`) run as before;
+    `units: [heads, neurons]` with `budget: {flops: F}` lets heads and FFN neurons compete for a FLOP budget."""
+
     criterion: CriterionSpec = Field(default_factory=CriterionSpec)
     target: float = Field(0.5, gt=0, lt=1, description="fraction of all heads removed at the end")
+    units: list[Literal["heads", "neurons"]] = Field(
+        default_factory=lambda: ["heads"], min_length=1, description="unit kinds that compete for the budget"
+    )
+    budget: FlopBudget | None = Field(None, description="a FLOP budget instead of the head-fraction `target`")
+    uniform_ffn: bool = Field(
+        False, description="remove neurons in equal numbers per layer so plain transformers can load the result"
+    )
     steps: int = Field(4, ge=1, le=100)
     scope: Literal["global", "per_layer"] = "global"
     min_heads_per_layer: int = Field(0, ge=0)
     score_examples: int = Field(512, ge=1)
     score_batch_size: int = Field(32, ge=1)
     finetune: TrainSpec | None = Field(default_factory=lambda: TrainSpec(epochs=1.0, lr=3e-5))
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_budget(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "target" in data and data.get("budget") is not None:
+            raise ValueError("budget: give target (a head fraction) or budget (a FLOP fraction), not both")
+        return data
+
+    @model_validator(mode="after")
+    def _units_fit(self) -> PruneSpec:
+        from compressor import criteria
+
+        if len(set(self.units)) != len(self.units):
+            raise ValueError(f"units: expected distinct unit kinds, got {self.units}")
+        if "neurons" in self.units and self.budget is None:
+            raise ValueError("units: 'neurons' needs budget: {flops: F}; a head-fraction target counts heads only")
+        if self.uniform_ffn and "neurons" not in self.units:
+            raise ValueError("uniform_ffn: only applies when units include 'neurons'")
+        for unit in self.units:
+            if unit not in criteria.units_of(self.criterion.name):
+                raise ValueError(
+                    f"criterion.name: '{self.criterion.name}' cannot score {unit}; expected one of "
+                    f"{criteria.scoring(unit)}"
+                )
+        return self
 
 
 class ExportSpec(Strict):

@@ -1,9 +1,17 @@
-"""From scores to a pruning plan: which heads to remove at each step of the iterative schedule."""
+"""From scores to a pruning plan: which heads (or heads and FFN neurons) to remove at each step of the schedule.
+
+Heads alone: `select_heads` removes a count. Several unit kinds: `select_units` lets heads and neurons compete
+on one scale, importance per FLOP saved (score / `cost.unit_costs`), and removes the lowest until a FLOP goal
+is met, overshooting it by less than one unit.
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
+from compressor.cost import UnitCosts
 from compressor.recipe import RecipeError
 
 
@@ -95,3 +103,121 @@ def plan_to_mask(plan: dict[int, list[int]], alive: torch.Tensor) -> torch.Tenso
 def mask_to_plan(alive: torch.Tensor) -> dict[int, list[int]]:
     """Cumulative plan (original ids) of every dead head."""
     return {layer: [int(h) for h in (~row).nonzero().flatten()] for layer, row in enumerate(alive) if (~row).any()}
+
+
+def check_flop_budget(
+    costs: UnitCosts,
+    shape: dict[str, tuple[int, int]],
+    flops: float,
+    units: list[str],
+    min_heads_per_layer: int = 0,
+    uniform_ffn: bool = False,
+) -> None:
+    """Raise RecipeError when removing the fraction `flops` of an unpruned model's encoder FLOPs is impossible
+    with the unit kinds in `units` under the per-layer limits. `shape` maps each kind to (layers, per layer)."""
+    layers, heads = shape["heads"]
+    width = shape["neurons"][1]
+    min_heads = max(min_heads_per_layer, 1 if uniform_ffn else 0)
+    if min_heads > heads:
+        raise RecipeError(f"prune.min_heads_per_layer: {min_heads} exceeds the {heads} heads per layer")
+    total = layers * costs.layer
+    removable = layers * (heads - min_heads) * costs.head
+    if "neurons" in units:
+        removable += layers * (width - (1 if uniform_ffn else 0)) * costs.neuron
+    if flops * total > removable:
+        raise RecipeError(
+            f"prune.budget.flops: {flops} cannot be reached with units {units}; expected ≤ "
+            f"{removable / total:.3f} (heads kept per layer ≥ {min_heads}{', uniform_ffn' if uniform_ffn else ''})"
+        )
+
+
+def flop_schedule(total_flops: int, target: float, steps: int) -> list[int]:
+    """Cumulative encoder FLOPs removed after each step (evenly spread, the last step hits `target` × total)."""
+    goal = target * total_flops
+    return [round(goal * (k + 1) / steps) for k in range(steps)]
+
+
+@dataclass(frozen=True)
+class _Candidate:
+    """One removable unit (or, with uniform FFN widths, one neuron from every layer at once)."""
+
+    ratio: float  # importance per FLOP: lower goes first
+    kind: str
+    members: tuple[tuple[int, int], ...]  # (layer, original id) pairs removed together
+    cost: int
+
+
+def _head_candidates(scores: torch.Tensor, alive: torch.Tensor, cost: int) -> list[_Candidate]:
+    return [
+        _Candidate(float(scores[layer, head]) / cost, "heads", ((layer, head),), cost)
+        for layer, head in alive.nonzero().tolist()
+    ]
+
+
+def _neuron_candidates(scores: torch.Tensor, alive: torch.Tensor, cost: int, uniform: bool) -> list[_Candidate]:
+    """One candidate per alive neuron; with `uniform`, column k = every layer's k-th lowest alive neuron.
+
+    Uniform columns keep FFN widths equal across layers (the saved model then loads in plain transformers); the
+    last neuron of each layer is never offered, so no layer's FFN becomes empty.
+    """
+    if not uniform:
+        return [
+            _Candidate(float(scores[layer, n]) / cost, "neurons", ((layer, n),), cost)
+            for layer, n in alive.nonzero().tolist()
+        ]
+    rows = [layer for layer in range(alive.shape[0]) if alive[layer].any()]
+    widths = {int(alive[layer].sum()) for layer in rows}
+    if len(widths) > 1:
+        raise RecipeError(f"prune.uniform_ffn: FFN widths already differ across layers ({sorted(widths)})")
+    order = {
+        layer: alive[layer].nonzero().flatten()[torch.argsort(scores[layer][alive[layer]], stable=True)]
+        for layer in rows
+    }
+    width, out = (widths.pop() if widths else 0), []
+    for k in range(width - 1):
+        members = tuple((layer, int(order[layer][k])) for layer in rows)
+        total = sum(float(scores[m]) for m in members)
+        out.append(_Candidate(total / (cost * len(rows)), "neurons", members, cost * len(rows)))
+    return out
+
+
+def select_units(
+    scores: dict[str, torch.Tensor],
+    alive: dict[str, torch.Tensor],
+    costs: UnitCosts,
+    flops_to_remove: int,
+    min_heads_per_layer: int = 0,
+    uniform_ffn: bool = False,
+) -> dict[str, dict[int, list[int]]]:
+    """Remove the alive units with the lowest importance per FLOP until at least `flops_to_remove` FLOPs go.
+
+    `scores` / `alive` are keyed by unit kind ("heads" [layers, heads], "neurons" [layers, FFN width]); only
+    the kinds present compete. Stops as soon as the goal is met, so the removed FLOPs exceed the goal by less
+    than one unit's cost (a uniform neuron column counts as one unit). Ties break by kind, layer, id. Returns a
+    unit plan `{kind: {layer: [original ids]}}` of the newly removed units.
+
+    `uniform_ffn` also keeps at least one head per layer, so the result stays loadable by plain transformers.
+    """
+    if uniform_ffn:
+        min_heads_per_layer = max(min_heads_per_layer, 1)
+    candidates: list[_Candidate] = []
+    if "heads" in scores:
+        candidates += _head_candidates(scores["heads"].float(), alive["heads"], costs.head)
+    if "neurons" in scores:
+        candidates += _neuron_candidates(scores["neurons"].float(), alive["neurons"], costs.neuron, uniform_ffn)
+    candidates.sort(key=lambda c: (c.ratio, c.kind, c.members))
+    heads_left = alive["heads"].sum(1).tolist() if "heads" in alive else []
+    plan: dict[str, dict[int, list[int]]] = {kind: {} for kind in scores}
+    removed = 0
+    for cand in candidates:
+        if removed >= flops_to_remove:
+            break
+        if cand.kind == "heads":
+            layer = cand.members[0][0]
+            if heads_left[layer] <= min_heads_per_layer:
+                continue
+            heads_left[layer] -= 1
+        for layer, unit in cand.members:
+            plan[cand.kind].setdefault(layer, []).append(unit)
+        removed += cand.cost
+    return {kind: {k: sorted(v) for k, v in sorted(layers.items())} for kind, layers in plan.items()}

@@ -270,3 +270,45 @@ def test_cli_bad_options_exit_2(tmp_path, extra, message):
 def test_cli_missing_model_dir(tmp_path):
     result = CliRunner().invoke(app, ["export", str(tmp_path / "nope"), str(tmp_path / "onnx")])
     assert result.exit_code == 2 and "MODEL_DIR: directory" in result.output
+
+
+# ------------------------------------------------------------------------ FFN neurons and removed layers
+
+
+def saved_unit_model(root: Path, arch: str, uniform: bool) -> tuple[Path, torch.nn.Module, torch.Tensor]:
+    """A tiny model with heads and FFN neurons pruned (uneven widths, a removed layer, an FFN without neurons;
+    or equal widths), saved with a tokenizer; also returns the unpruned model and its masked logits on CHECK[0]."""
+    from transformers import AutoTokenizer
+
+    from compressor.layout import original_ffn_size
+    from compressor.masking import full_gates, full_neuron_gates, gated
+    from compressor.surgery import pruned_copy
+
+    model = tiny_model(arch, layers=LAYERS, heads=HEADS)
+    ids = list(range(original_ffn_size(model)))
+    if uniform:
+        heads, neurons = {0: [2]}, {layer: ids[layer::3] for layer in range(LAYERS)}
+    else:
+        heads, neurons = UNEVEN_EMPTY | {2: [2]}, {0: ids[::2], 1: ids, 2: ids}
+    gates, cells = full_gates(model), full_neuron_gates(model)
+    for layer, hs in heads.items():
+        gates[layer, hs] = 0.0
+    for layer, ns in neurons.items():
+        cells[layer, ns] = 0.0
+    inputs = {k: v for k, v in CHECK[0].items() if k != "labels"}
+    with torch.no_grad(), gated(model, gates, cells):
+        masked = model(**inputs).logits
+    tokenizer = AutoTokenizer.from_pretrained(make_tokenizer_dir(root / "tok"))
+    return save_pruned(pruned_copy(model, heads, neurons), root / f"{arch}-units", tokenizer), model, masked
+
+
+@pytest.mark.parametrize("uniform", [False, True], ids=["uneven-removed-layer", "uniform"])
+@pytest.mark.parametrize("arch", ARCHS)
+def test_neuron_and_layer_pruned_model_exports_with_parity(tmp_path, arch, uniform):
+    """masked == pruned == ONNX (fp32 and optimised) with FFN neurons and whole layers removed."""
+    model_dir, unpruned, masked = saved_unit_model(tmp_path, arch, uniform)
+    result = ex.export_onnx(model_dir, tmp_path / "onnx", ["fp32", "optimized"], CHECK[:2])
+    assert result["fp32"]["max_abs_diff"] <= 1e-4 and result["optimized"]["max_abs_diff"] <= 1e-4
+    onnx_logits = ex.OnnxClassifier(tmp_path / "onnx" / "fp32")(CHECK[0])
+    assert np.abs(onnx_logits - masked.numpy()).max() <= 1e-4
+    assert np.abs(onnx_logits - ex.torch_logits(unpruned, CHECK[0])).max() > 1e-2  # the pruning is visible

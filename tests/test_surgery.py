@@ -15,7 +15,15 @@ from torch.utils.flop_counter import FlopCounterMode
 from transformers import AutoModelForSequenceClassification
 
 from compressor.cost import encoder_flops
-from compressor.layout import UnsupportedArchitectureError, arch_spec, get_path, layers, present_heads
+from compressor.layout import (
+    UnsupportedArchitectureError,
+    arch_spec,
+    get_path,
+    layers,
+    present_heads,
+    present_neurons,
+    removed_layers,
+)
 from compressor.masking import full_gates, gated
 from compressor.surgery import EmptyAttention, PlanError, empty_layers, prune_heads, pruned_copy, validate_plan
 from compressor.testing import ARCHS, tiny_batch, tiny_model, tiny_unsupported_model
@@ -177,10 +185,15 @@ def test_empty_layers_export_to_onnx(arch: str) -> None:
     torch.testing.assert_close(torch.from_numpy(out), ref, atol=1e-5, rtol=0)
 
 
-@pytest.mark.parametrize("arch", ["bert", "distilbert"])
-def test_encoder_flops_match_flop_counter(arch: str) -> None:
-    """The analytic count equals torch's FLOP counter on the encoder, empty layer and uneven heads included."""
-    model = pruned_copy(base(arch), {0: [0, 1, 2, 3], 1: [1]})
+@pytest.mark.parametrize("with_neurons", [False, True], ids=["heads", "heads+neurons"])
+@pytest.mark.parametrize("arch", ARCHS)
+def test_encoder_flops_match_flop_counter(arch: str, with_neurons: bool) -> None:
+    """The analytic count equals torch's FLOP counter on the encoder, empty layer and uneven heads included; with
+    neurons also uneven FFN widths, an FFN without neurons (layer 1) and a removed layer (layer 2)."""
+    width = len(present_neurons(base(arch))[0])
+    neurons = {0: list(range(0, width, 3)), 1: list(range(width)), 2: list(range(width))} if with_neurons else None
+    model = pruned_copy(base(arch), {0: [0, 1, 2, 3], 1: [1]} | ({2: list(range(HEADS))} if neurons else {}), neurons)
+    assert removed_layers(model) == ([2] if with_neurons else [])
     counter = FlopCounterMode(display=False)
     with counter:
         model(input_ids=torch.randint(4, 100, (1, 16)))

@@ -10,11 +10,10 @@ from pydantic import Field
 
 from compressor.criteria.confidence import attention_maps, model_inputs
 from compressor.criteria.registry import ScoreContext, mean_over_processes, register
-from compressor.layout import arch_spec, get_path, head_size, layers, present_heads
-from compressor.masking import gated
+from compressor.layout import arch_spec, get_path, head_size, layers, present_heads, present_neurons
 
 
-@register("random")
+@register("random", units=("heads", "neurons"))
 def random(ctx: ScoreContext) -> torch.Tensor:
     """[layers, heads] uniform scores from a generator seeded with `ctx.seed`: a seeded random ranking.
 
@@ -25,12 +24,15 @@ def random(ctx: ScoreContext) -> torch.Tensor:
     return torch.rand(tuple(ctx.alive.shape), generator=generator)
 
 
-@register("magnitude")
+@register("magnitude", units=("heads", "neurons"))
 def magnitude(ctx: ScoreContext) -> torch.Tensor:
     """[layers, heads]: L2 norm of the head's slices of W_Q, W_K, W_V (rows) and W_O (columns), biases included.
+    For neurons, [layers, FFN width]: L2 norm of the neuron's W_1 row (with its bias) and W_2 column.
 
-    Data-free. Works on physically pruned models: present heads are mapped back to original ids.
+    Data-free. Works on physically pruned models: present units are mapped back to original ids.
     """
+    if ctx.unit == "neurons":
+        return _neuron_magnitude(ctx)
     model, spec, size = ctx.model, arch_spec(ctx.model), head_size(ctx.model)
     scores = torch.zeros(tuple(ctx.alive.shape))
     with torch.no_grad():
@@ -48,6 +50,21 @@ def magnitude(ctx: ScoreContext) -> torch.Tensor:
             out = get_path(module, spec.out_proj).weight.float()  # [hidden, heads * size]
             squared += out.pow(2).sum(0).reshape(len(heads), size).sum(1).cpu()
             scores[layer, heads] = squared.sqrt()
+    return scores
+
+
+def _neuron_magnitude(ctx: ScoreContext) -> torch.Tensor:
+    model, spec = ctx.model, arch_spec(ctx.model)
+    scores = torch.zeros(tuple(ctx.alive.shape))
+    with torch.no_grad():
+        for layer, (module, ids) in enumerate(zip(layers(model), present_neurons(model), strict=True)):
+            if not ids:
+                continue
+            first, second = get_path(module, spec.ffn_in), get_path(module, spec.ffn_out)
+            squared = first.weight.float().pow(2).sum(1) + second.weight.float().pow(2).sum(0)
+            if first.bias is not None:
+                squared = squared + first.bias.float().pow(2)
+            scores[layer, ids] = squared.sqrt().cpu()
     return scores
 
 
@@ -72,7 +89,7 @@ def entropy(ctx: ScoreContext, *, keep: Literal["low", "high"] = "low") -> torch
 def _metric(ctx: ScoreContext, gates: torch.Tensor, metric: str, batches: list[dict]) -> float:
     """Mean accuracy or cross-entropy of the gated model over `batches` (no grad)."""
     total, count = 0.0, 0
-    with torch.no_grad(), gated(ctx.model, gates):
+    with torch.no_grad(), ctx.gated(gates):
         for batch in batches:
             logits = ctx.model(**model_inputs(batch, ctx.device)).logits.float()
             labels = batch["labels"].to(ctx.device)
@@ -85,14 +102,15 @@ def _metric(ctx: ScoreContext, gates: torch.Tensor, metric: str, batches: list[d
     return float(reduced)
 
 
-@register("ablation")
+@register("ablation", units=("heads", "neurons"))
 def ablation(
     ctx: ScoreContext,
     *,
     metric: Literal["loss", "accuracy"] = "loss",
     examples: Annotated[int, Field(ge=1)] = 128,
 ) -> torch.Tensor:
-    """[layers, heads]: how much worse the model gets when that head alone is masked (the expensive oracle).
+    """[layers, units]: how much worse the model gets when that head (or FFN neuron) alone is masked (the
+    expensive oracle: one pass per alive unit).
 
     Score = loss(head masked) − loss(current model) for `metric='loss'` (the default: smooth, so few ties), or
     accuracy(current) − accuracy(head masked). One forward pass over `examples` scoring examples per alive
@@ -110,8 +128,8 @@ def ablation(
     base = _metric(ctx, base_gates, metric, batches)
     scores = torch.zeros(tuple(ctx.alive.shape))
     sign = 1.0 if metric == "loss" else -1.0
-    for layer, head in ctx.alive.nonzero().tolist():
+    for layer, unit in ctx.alive.nonzero().tolist():
         gates = base_gates.clone()
-        gates[layer, head] = 0.0
-        scores[layer, head] = sign * (_metric(ctx, gates, metric, batches) - base)
+        gates[layer, unit] = 0.0
+        scores[layer, unit] = sign * (_metric(ctx, gates, metric, batches) - base)
     return scores

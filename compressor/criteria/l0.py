@@ -35,7 +35,6 @@ from torch import nn
 
 from compressor.criteria.confidence import model_inputs
 from compressor.criteria.registry import ScoreContext, register
-from compressor.masking import gated
 
 BETA, GAMMA, ZETA = 2.0 / 3.0, -0.1, 1.1
 
@@ -75,7 +74,7 @@ def _cycle(batches: Sequence[dict], steps: int) -> Iterator[dict]:
         yield batches[step % len(batches)]
 
 
-@register("l0")
+@register("l0", units=("heads", "neurons"))
 def l0(
     ctx: ScoreContext,
     *,
@@ -109,7 +108,7 @@ def l0(
     with frozen(model):
         for step, batch in enumerate(_cycle(batches, steps)):
             gates = sample_gates(log_alpha, generator) * alive
-            with gated(model, gates):
+            with ctx.gated(gates):
                 logits = model(**model_inputs(batch, device)).logits.float()
             loss = F.cross_entropy(logits, batch["labels"].to(device))
             expected = (open_probability(log_alpha) * alive).sum()

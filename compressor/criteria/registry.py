@@ -1,9 +1,12 @@
-"""One registry and one signature for every head-importance criterion.
+"""One registry and one signature for every importance criterion (heads, and FFN neurons where declared).
 
-A criterion is a plain function `fn(ctx: ScoreContext, *, <params>) -> Tensor[layers, heads]` (higher = keep),
-registered with `@register("name")`. Its keyword-only parameters *are* its recipe schema: `check_params` compares a
+A criterion is a plain function `fn(ctx: ScoreContext, *, <params>) -> Tensor[layers, units]` (higher = keep),
+registered with `@register("name", units=(...))`: `units` declares the unit kinds it can score ("heads", and
+"neurons" for criteria that read `ctx.unit`), so a recipe asking for another kind fails at validate.
+Its keyword-only parameters *are* its recipe schema: `check_params` compares a
 recipe's `params` against the signature, so a typo fails at `compressor validate` before any model loads.
-`score_heads` is the only entry point callers use: it runs the criterion and sets dead heads to -inf.
+`score_units` (alias `score_heads`) is the only entry point callers use: it runs the criterion and sets dead
+units to -inf.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import functools
 import inspect
 import typing
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,6 +25,7 @@ from torch import nn
 
 Criterion = Callable[..., torch.Tensor]
 _REGISTRY: dict[str, Criterion] = {}
+_UNITS: dict[str, tuple[str, ...]] = {}
 
 
 @dataclass(frozen=True)
@@ -28,7 +33,9 @@ class ScoreContext:
     """Everything a criterion may use.
 
     model: the classifier (eval mode unless the criterion trains), attention implementation 'eager'.
-    alive: [layers, heads] bool over original head ids; False for heads removed or masked.
+    alive: [layers, units] bool over original ids of the kind being scored; False for units removed or masked.
+    unit: the kind being scored, "heads" ([layers, heads]) or "neurons" ([layers, FFN width]).
+    masks: alive masks of the *other* unit kinds, held fixed while scoring (`gated` applies them).
     batches: tokenised batches (dicts of tensors with `labels`) to score on.
     accelerator: an `accelerate.Accelerator` (device placement, distributed reductions), or None.
     target_remove: how many more heads the caller will remove after this scoring (lets `l0` aim its sparsity).
@@ -44,6 +51,8 @@ class ScoreContext:
     train_batches: Callable[[], Sequence[dict[str, torch.Tensor]]] | None = None
     seed: int = 0
     extras: dict[str, Any] = field(default_factory=dict)
+    unit: str = "heads"
+    masks: dict[str, torch.Tensor] = field(default_factory=dict)
 
     @property
     def device(self) -> torch.device:
@@ -53,14 +62,27 @@ class ScoreContext:
         """Gate tensor equal to the current mask (1 alive, 0 dead), float, on the model's device."""
         return self.alive.to(self.device, torch.float32).clone()
 
+    def gated(self, gates: torch.Tensor) -> AbstractContextManager:
+        """`masking.gated` with `gates` on the scored unit kind and the fixed `masks` on the others."""
+        from compressor.masking import gated
 
-def register(name: str) -> Callable[[Criterion], Criterion]:
-    """Decorator: make `fn` available to recipes as `criterion: {name: ...}`."""
+        def pick(kind: str) -> torch.Tensor | None:
+            if kind == self.unit:
+                return gates
+            mask = self.masks.get(kind)
+            return None if mask is None else mask.to(self.device, torch.float32)
+
+        return gated(self.model, pick("heads"), pick("neurons"))
+
+
+def register(name: str, units: tuple[str, ...] = ("heads",)) -> Callable[[Criterion], Criterion]:
+    """Decorator: make `fn` available to recipes as `criterion: {name: ...}`, for the unit kinds in `units`."""
 
     def wrap(fn: Criterion) -> Criterion:
         if name in _REGISTRY:
             raise ValueError(f"criterion '{name}' registered twice")
         _REGISTRY[name] = fn
+        _UNITS[name] = tuple(units)
         return fn
 
     return wrap
@@ -68,6 +90,17 @@ def register(name: str) -> Callable[[Criterion], Criterion]:
 
 def available() -> list[str]:
     return sorted(_REGISTRY)
+
+
+def units_of(name: str) -> tuple[str, ...]:
+    """The unit kinds criterion `name` can score (unknown names raise as `get` does)."""
+    get(name)
+    return _UNITS[name]
+
+
+def scoring(unit: str) -> list[str]:
+    """Names of the criteria that can score `unit`."""
+    return sorted(name for name, units in _UNITS.items() if unit in units)
 
 
 def get(name: str) -> Criterion:
@@ -114,10 +147,15 @@ def _params_model(name: str) -> type[BaseModel]:
     return create_model(f"{name}_params", __config__=ConfigDict(extra="forbid", strict=True), **fields)
 
 
-def score_heads(name: str, ctx: ScoreContext, params: dict[str, Any] | None = None) -> torch.Tensor:
-    """Run criterion `name` and return float [layers, heads] scores on CPU, -inf for dead heads."""
+def score_units(name: str, ctx: ScoreContext, params: dict[str, Any] | None = None) -> torch.Tensor:
+    """Run criterion `name` on `ctx.unit` and return float [layers, units] scores on CPU, -inf for dead units.
+
+    A criterion that cannot score `ctx.unit` raises ValueError naming the criteria that can.
+    """
     params = params or {}
     check_params(name, params)
+    if ctx.unit not in units_of(name):
+        raise ValueError(f"prune.criterion.name: '{name}' cannot score {ctx.unit}; expected one of {scoring(ctx.unit)}")
     scores = get(name)(ctx, **params).detach().float().cpu()
     if tuple(scores.shape) != tuple(ctx.alive.shape):
         raise RuntimeError(
@@ -132,3 +170,6 @@ def mean_over_processes(total: torch.Tensor, count: int, accelerator: Any) -> to
         total = accelerator.reduce(total, reduction="sum")
         count = int(accelerator.reduce(torch.tensor(count, device=total.device), reduction="sum"))
     return total / max(count, 1)
+
+
+score_heads = score_units  # the head-only name, kept for existing callers

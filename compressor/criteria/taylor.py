@@ -8,7 +8,6 @@ import torch
 import torch.nn.functional as F
 
 from compressor.criteria.registry import ScoreContext, mean_over_processes, register
-from compressor.masking import gated
 
 
 def normalize_scores(scores: torch.Tensor, alive: torch.Tensor, mode: str) -> torch.Tensor:
@@ -22,11 +21,12 @@ def normalize_scores(scores: torch.Tensor, alive: torch.Tensor, mode: str) -> to
     return scores / norm
 
 
-@register("taylor")
+@register("taylor", units=("heads", "neurons"))
 def taylor(
     ctx: ScoreContext, *, normalize: Literal["layer", "none"] = "layer", label_free: bool = False
 ) -> torch.Tensor:
-    """[layers, heads] importance: |∂L/∂ξ_h| per batch, summed over batches, divided by the number of examples.
+    """[layers, units] importance: |∂L/∂ξ_u| per batch (ξ a head gate, or an FFN neuron gate for neurons),
+    summed over batches, divided by the number of examples.
 
     The absolute value is taken per batch (as in Michel's released code) rather than per example, which would
     need one backward pass per example. `label_free=True` replaces gold labels by the model's own argmax
@@ -39,7 +39,7 @@ def taylor(
     gates = ctx.gates().requires_grad_(True)
     total = torch.zeros_like(gates)
     count = 0
-    with gated(model, gates):
+    with ctx.gated(gates):
         for batch in ctx.batches:
             batch = {k: v.to(ctx.device) for k, v in batch.items()}
             labels = batch.pop("labels", None)

@@ -1,0 +1,403 @@
+"""FFN neurons and whole layers as prunable units: masked == pruned == reloaded, across architectures."""
+
+from __future__ import annotations
+
+import json
+from functools import cache
+
+import pytest
+import torch
+from transformers import AutoModelForSequenceClassification
+
+from compressor.checkpoint import PLAN_FILE, load_pruned, save_pruned
+from compressor.layout import (
+    get_path,
+    layers,
+    neuron_presence_mask,
+    original_ffn_size,
+    present_heads,
+    present_neurons,
+    removed_layers,
+)
+from compressor.masking import full_gates, full_neuron_gates, gated
+from compressor.surgery import PlanError, SkippedLayer, prune_neurons, pruned_copy, remove_layers
+from compressor.testing import ARCHS, tiny_batch, tiny_model
+from compressor.units import alive_units, apply_plan_to_masks
+
+LAYERS, HEADS = 3, 4
+INPUTS = {k: v for k, v in tiny_batch(batch=3, seq=9).items() if k != "labels"}
+
+
+@cache
+def base(arch: str) -> torch.nn.Module:
+    return tiny_model(arch, layers=LAYERS, heads=HEADS, head_size=8)
+
+
+def every(arch: str) -> list[int]:
+    return list(range(original_ffn_size(base(arch))))
+
+
+def uneven_plan(arch: str) -> tuple[dict[int, list[int]], dict[int, list[int]]]:
+    """Layer 0: some heads and every other neuron; layer 1: everything (removed); layer 2: no neuron left."""
+    heads = {0: [1, 3], 1: list(range(HEADS)), 2: [2]}
+    return heads, {0: every(arch)[::2], 1: every(arch), 2: every(arch)}
+
+
+def gates_for(arch: str, heads: dict, neurons: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    g, n = full_gates(base(arch)), full_neuron_gates(base(arch))
+    for layer, ids in heads.items():
+        g[layer, ids] = 0.0
+    for layer, ids in neurons.items():
+        n[layer, ids] = 0.0
+    return g, n
+
+
+def logits(model: torch.nn.Module, gates=None, neurons=None, **kwargs) -> torch.Tensor:
+    with torch.no_grad(), gated(model, gates, neurons):
+        return model(**INPUTS, **kwargs).logits
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_neuron_and_layer_removal_matches_masking(arch: str) -> None:
+    """Gating units to 0 (the dead layer skipped) gives the pruned model's logits, with and without attentions."""
+    heads, neurons = uneven_plan(arch)
+    pruned = pruned_copy(base(arch), heads, neurons)
+    ref = logits(base(arch), *gates_for(arch, heads, neurons))
+    torch.testing.assert_close(logits(pruned), ref, atol=1e-5, rtol=0)
+    torch.testing.assert_close(logits(pruned, output_attentions=True), ref, atol=1e-5, rtol=0)
+    assert removed_layers(pruned) == [1]
+    assert isinstance(layers(pruned)[1], SkippedLayer) and not list(layers(pruned)[1].parameters())
+    assert [len(n) for n in present_neurons(pruned)] == [len(every(arch)) - len(every(arch)[::2]), 0, 0]
+    assert present_heads(pruned) == [[0, 2], [], [0, 1, 3]]
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_skipped_layer_is_identity(arch: str) -> None:
+    """A removed layer passes its input through: removing every layer leaves embeddings → classifier."""
+    model = remove_layers(pruned_copy(base(arch), {}), range(LAYERS))
+    hidden = model(**INPUTS, output_hidden_states=True).hidden_states
+    for before, after in zip(hidden, hidden[1:], strict=False):
+        torch.testing.assert_close(before, after, atol=0, rtol=0)
+
+
+def test_layer_is_not_skipped_while_a_unit_is_open() -> None:
+    """Heads at 0 but one neuron open: the layer still runs (output differs from the skipped layer)."""
+    heads, neurons = {1: list(range(HEADS))}, {1: every("bert")[1:]}
+    open_one = logits(base("bert"), *gates_for("bert", heads, neurons))
+    skipped = logits(base("bert"), *gates_for("bert", heads, {1: every("bert")}))
+    assert not torch.allclose(open_one, skipped, atol=1e-4)
+    torch.testing.assert_close(logits(pruned_copy(base("bert"), heads, neurons)), open_one, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_neuron_gates_on_pruned_model_index_original_ids(arch: str) -> None:
+    """Random neuron gates on a neuron-pruned model == the same gates on the original with removed ones at 0."""
+    pruned = pruned_copy(base(arch), {}, {0: every(arch)[::3], 2: every(arch)[1::2]})
+    gates = torch.rand(LAYERS, len(every(arch)), generator=torch.Generator().manual_seed(0)) * 1.5
+    ref = logits(base(arch), None, gates * neuron_presence_mask(pruned).float())
+    torch.testing.assert_close(logits(pruned, None, gates), ref, atol=1e-5, rtol=0)
+
+
+def test_neuron_rounds_compose_and_replay_idempotently() -> None:
+    """Two rounds == one round with the union; replaying the cumulative plan changes nothing."""
+    first, second = {0: [1, 5]}, {0: [2], 2: [7]}
+    twice = prune_neurons(pruned_copy(base("bert"), {}, first), second)
+    once = pruned_copy(base("bert"), {}, {0: [1, 2, 5], 2: [7]})
+    torch.testing.assert_close(logits(twice), logits(once), atol=1e-6, rtol=0)
+    before = logits(twice)
+    prune_neurons(twice, {0: [1, 2, 5], 2: [7]})
+    torch.testing.assert_close(logits(twice), before, atol=0, rtol=0)
+    assert twice.config.pruned_neurons == {0: [1, 2, 5], 2: [7]}
+
+
+@pytest.mark.parametrize(
+    ("plan", "message"),
+    [({0: [10_000]}, r"layer 0 neurons \[10000\] out of range; expected 0\.\.66"), ({5: [1]}, "layer 5 out of range")],
+)
+def test_bad_neuron_plan_is_refused_before_changes(plan: dict, message: str) -> None:
+    model = pruned_copy(base("bert"), {})
+    with pytest.raises(PlanError, match=message):
+        prune_neurons(model, plan)
+    assert present_neurons(model) == present_neurons(base("bert"))
+    with pytest.raises(PlanError, match="layers \\[7\\] out of range"):
+        remove_layers(model, [7])
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_uneven_widths_and_removed_layers_reload(arch: str, tmp_path) -> None:
+    """load_pruned rebuilds uneven FFN widths and removed layers exactly; plain transformers is not promised."""
+    heads, neurons = uneven_plan(arch)
+    pruned = pruned_copy(base(arch), heads, neurons)
+    save_pruned(pruned, tmp_path / "m", original=base(arch))
+    plan = json.loads((tmp_path / "m" / PLAN_FILE).read_text())
+    assert plan["removed_layers"] == [1] and plan["plain_loadable"] is False
+    assert "load with `compressor.load_pruned`" in (tmp_path / "m" / "README.md").read_text()
+    loaded = load_pruned(tmp_path / "m", attn_implementation="eager")
+    torch.testing.assert_close(logits(loaded), logits(pruned), atol=0, rtol=0)
+    assert present_neurons(loaded) == present_neurons(pruned)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_uniform_widths_reload_in_plain_transformers(arch: str, tmp_path) -> None:
+    """Equal FFN widths in every layer: the saved model also loads with AutoModelForSequenceClassification."""
+    neurons = {layer: every(arch)[layer::4] for layer in range(LAYERS)}
+    pruned = pruned_copy(base(arch), {0: [1]}, neurons)
+    save_pruned(pruned, tmp_path / "m", original=base(arch))
+    assert json.loads((tmp_path / "m" / PLAN_FILE).read_text())["plain_loadable"] is True
+    card = (tmp_path / "m" / "README.md").read_text()
+    assert "`AutoModelForSequenceClassification.from_pretrained` works too" in card
+    plain = AutoModelForSequenceClassification.from_pretrained(tmp_path / "m", attn_implementation="eager").eval()
+    torch.testing.assert_close(logits(plain), logits(pruned), atol=1e-5, rtol=0)
+    assert present_neurons(plain) == present_neurons(pruned)  # original ids survive the plain load
+    ours = load_pruned(tmp_path / "m", attn_implementation="eager")
+    torch.testing.assert_close(logits(ours), logits(pruned), atol=0, rtol=0)
+    assert original_ffn_size(ours) == len(every(arch))
+    assert pruned.config.to_dict().get("compressor_ffn_size") is None  # the in-memory config is left as it was
+
+
+def test_ffn_paths_point_at_the_feed_forward_linears() -> None:
+    from compressor.layout import arch_spec
+
+    for arch in ARCHS:
+        spec, layer = arch_spec(base(arch)), layers(base(arch))[0]
+        width = len(every(arch))
+        assert get_path(layer, spec.ffn_in).out_features == width
+        assert get_path(layer, spec.ffn_out).in_features == width
+
+
+# --- cost, selection under a FLOP budget --------------------------------------------------------------------
+
+
+def test_unit_costs_add_up_to_the_model() -> None:
+    """Every original layer costs its heads plus its neurons, and the encoder is its layers."""
+    from compressor.cost import encoder_flops, unit_costs
+
+    costs = unit_costs(base("bert"), 16)
+    assert costs.layer == HEADS * costs.head + len(every("bert")) * costs.neuron
+    assert encoder_flops(base("bert"), 16) == LAYERS * costs.layer
+    assert encoder_flops(pruned_copy(base("bert"), {}, {0: [1, 2]}), 16) == LAYERS * costs.layer - 2 * costs.neuron
+
+
+def _budget_case(uniform: bool, flops: float, seed: int = 0):
+    from compressor.cost import encoder_flops, unit_costs
+    from compressor.selection import flop_schedule, select_units
+    from compressor.units import pruned_units_copy
+
+    model = base("bert")
+    g = torch.Generator().manual_seed(seed)
+    alive = alive_units(model)
+    scores = {kind: torch.rand(mask.shape, generator=g) for kind, mask in alive.items()}
+    costs = unit_costs(model, 32)
+    total = encoder_flops(model, 32)
+    (goal,) = flop_schedule(total, flops, steps=1)
+    plan = select_units(scores, alive, costs, goal, uniform_ffn=uniform)
+    return model, plan, pruned_units_copy(model, plan), costs, total, goal, scores
+
+
+@pytest.mark.parametrize("flops", [0.1, 0.35, 0.6, 0.8])
+@pytest.mark.parametrize("uniform", [False, True])
+def test_flop_budget_lands_within_one_unit(flops: float, uniform: bool) -> None:
+    """The pruned model's FLOPs are at or below the budget, by less than one unit (a uniform column is one)."""
+    from compressor.checkpoint import plain_loadable, uniform_ffn_width
+    from compressor.cost import encoder_flops, masked_flops
+
+    model, plan, pruned, costs, total, goal, scores = _budget_case(uniform, flops)
+    removed = total - encoder_flops(pruned, 32)
+    assert masked_flops(model, apply_plan_to_masks(plan, alive_units(model)), 32) == encoder_flops(pruned, 32)
+    biggest = max(costs.head, costs.neuron * (LAYERS if uniform else 1))
+    assert goal <= removed < goal + biggest
+    if uniform:
+        assert uniform_ffn_width(pruned) not in (None, 0) and plain_loadable(pruned)
+        return
+    # Greedy by importance per FLOP: every removed unit ranks below every kept one, whatever its kind.
+    ratio = {kind: scores[kind] / costs.of(kind) for kind in scores}
+    kept = apply_plan_to_masks(plan, alive_units(model))
+    worst_removed = max(float(ratio[k][alive_units(model)[k] & ~kept[k]].max()) for k in ratio if plan[k])
+    best_kept = min(float(ratio[k][kept[k]].min()) for k in ratio if kept[k].any())
+    assert worst_removed <= best_kept
+
+
+def test_unreachable_flop_budget_is_refused() -> None:
+    """0.9 of the FLOPs cannot go when every layer keeps a head and a neuron (uniform_ffn), nor with heads only."""
+    from compressor.cost import unit_costs
+    from compressor.recipe import RecipeError
+    from compressor.selection import check_flop_budget
+
+    costs = unit_costs(base("bert"), 32)
+    shape = {kind: tuple(mask.shape) for kind, mask in alive_units(base("bert")).items()}
+    check_flop_budget(costs, shape, 0.9, ["heads", "neurons"])
+    check_flop_budget(costs, shape, 0.8, ["heads", "neurons"], uniform_ffn=True)
+    with pytest.raises(RecipeError, match=r"prune\.budget\.flops: 0\.9 cannot be reached .*expected ≤ 0\.847"):
+        check_flop_budget(costs, shape, 0.9, ["heads", "neurons"], uniform_ffn=True)
+    with pytest.raises(RecipeError, match=r"expected ≤ 0\.589"):
+        check_flop_budget(costs, shape, 0.6, ["heads"])
+
+
+def test_units_compete_on_importance_per_flop() -> None:
+    """Heads score twice their cost, neurons once theirs, except one head at half its cost: that head goes first,
+    then neurons (lower importance per FLOP than the other heads), though each head's raw score is far higher."""
+    from compressor.cost import unit_costs
+    from compressor.selection import select_units
+
+    model = base("bert")
+    alive = alive_units(model)
+    costs = unit_costs(model, 32)
+    scores = {
+        "heads": torch.full(alive["heads"].shape, 2.0 * costs.head),
+        "neurons": torch.ones(alive["neurons"].shape),
+    }
+    scores["heads"][1, 2] = 0.5 * costs.head  # half a neuron's importance per FLOP: cheapest to lose
+    scores["neurons"] *= costs.neuron
+    plan = select_units(scores, alive, costs, costs.head + 3 * costs.neuron)
+    assert plan["heads"] == {1: [2]}
+    assert sum(len(v) for v in plan["neurons"].values()) == 3
+
+
+def test_min_heads_per_layer_holds_under_a_flop_budget() -> None:
+    from compressor.cost import unit_costs
+    from compressor.selection import select_units
+
+    alive = alive_units(base("bert"))
+    scores = {"heads": torch.zeros(alive["heads"].shape), "neurons": torch.ones(alive["neurons"].shape)}
+    plan = select_units(scores, alive, unit_costs(base("bert"), 32), 10**12, min_heads_per_layer=1)
+    assert all(HEADS - len(ids) >= 1 for ids in plan["heads"].values())
+
+
+# --- criteria for neurons, and refusal at validate ----------------------------------------------------------
+
+BATCHES = [tiny_batch(batch=4, seq=9, seed=s) for s in range(2)]
+NEURON_CRITERIA = {"taylor": {}, "l0": {"steps": 20}, "magnitude": {}, "random": {}, "ablation": {"examples": 8}}
+
+
+def _masked_and_pruned(arch: str = "bert"):
+    """A model with neurons of layer 0 physically removed, and alive masks that also mask some of layer 2."""
+    model = pruned_copy(base(arch), {}, {0: every(arch)[:10]})
+    alive = alive_units(model)
+    alive["neurons"][2, 5:9] = False
+    return model, alive
+
+
+@pytest.mark.parametrize("name", sorted(NEURON_CRITERIA))
+def test_criteria_score_neurons_by_original_id(name: str) -> None:
+    """[layers, FFN width] scores: -inf exactly on removed or masked neurons, finite on every alive one."""
+    from compressor.units import score_all
+
+    model, alive = _masked_and_pruned()
+    scores = score_all(name, model, alive, BATCHES, NEURON_CRITERIA[name])
+    assert scores["neurons"].shape == (LAYERS, len(every("bert")))
+    assert torch.isfinite(scores["neurons"][alive["neurons"]]).all()
+    assert (scores["neurons"][~alive["neurons"]] == float("-inf")).all()
+    assert scores["heads"].shape == (LAYERS, HEADS)
+
+
+def _loss(model: torch.nn.Module, neurons: torch.Tensor | None = None) -> float:
+    with torch.no_grad(), gated(model, None, neurons):
+        return sum(float(model(**b).loss) * b["labels"].numel() for b in BATCHES) / sum(
+            b["labels"].numel() for b in BATCHES
+        )
+
+
+def test_ablation_neuron_score_is_the_loss_change_of_removing_it() -> None:
+    from compressor.units import score_all
+
+    model, alive = _masked_and_pruned()
+    scores = score_all("ablation", model, alive, BATCHES, {"examples": 8})["neurons"]
+    before = _loss(model, alive["neurons"].float())
+    for layer, neuron in [(0, 20), (1, 3), (2, 40)]:
+        without = alive["neurons"].clone()
+        without[layer, neuron] = False
+        assert scores[layer, neuron] == pytest.approx(_loss(model, without.float()) - before, abs=1e-5)
+
+
+def test_taylor_neuron_without_effect_scores_zero() -> None:
+    """A neuron whose W_2 column is zero cannot change the loss: its mask gradient, hence its score, is 0."""
+    from compressor.layout import arch_spec
+    from compressor.units import score_all
+
+    model = pruned_copy(base("bert"), {})
+    with torch.no_grad():
+        get_path(layers(model)[1], arch_spec(model).ffn_out).weight[:, 7] = 0.0
+    scores = score_all("taylor", model, alive_units(model), BATCHES, {"normalize": "none"})["neurons"]
+    assert scores[1, 7] == 0.0
+    assert (scores.flatten().topk(10).values > 0).all()
+
+
+def test_magnitude_neuron_scores_survive_surgery() -> None:
+    """Data-free magnitudes of present neurons are the same before and after removing others (original ids)."""
+    from compressor.units import score_all
+
+    model, alive = _masked_and_pruned()
+    full = score_all("magnitude", base("bert"), alive_units(base("bert")), BATCHES)["neurons"]
+    pruned = score_all("magnitude", model, alive_units(model), BATCHES)["neurons"]
+    present = neuron_presence_mask(model)
+    torch.testing.assert_close(pruned[present], full[present])
+
+
+def test_head_scores_with_neurons_masked_equal_scores_on_the_pruned_model() -> None:
+    """Scoring heads holds the neuron mask fixed: taylor on masked neurons == taylor after removing them."""
+    from compressor.units import score_all
+
+    model, alive = _masked_and_pruned()
+    masked = score_all("taylor", model, alive, BATCHES)["heads"]
+    removed = pruned_copy(model, {}, {2: list(range(5, 9))})
+    torch.testing.assert_close(score_all("taylor", removed, alive_units(removed), BATCHES)["heads"], masked)
+
+
+def test_criterion_that_cannot_score_neurons_is_refused() -> None:
+    from compressor import criteria
+    from compressor.recipe import RecipeError, parse_recipe
+
+    assert set(NEURON_CRITERIA) <= set(criteria.scoring("neurons"))
+    assert "confidence" not in criteria.scoring("neurons")
+    prune = {"units": ["heads", "neurons"], "budget": {"flops": 0.5}, "criterion": {"name": "confidence"}}
+    with pytest.raises(RecipeError, match=r"prune\.criterion\.name: 'confidence' cannot score neurons; expected one"):
+        parse_recipe({"prune": prune})
+    neurons = alive_units(base("bert"))["neurons"]
+    ctx = criteria.ScoreContext(model=base("bert"), alive=neurons, batches=BATCHES, unit="neurons")
+    with pytest.raises(ValueError, match="'entropy' cannot score neurons"):
+        criteria.score_units("entropy", ctx)
+
+
+@pytest.mark.parametrize(
+    ("prune", "message"),
+    [
+        ({"units": ["heads", "neurons"]}, "prune.units: 'neurons' needs budget"),
+        ({"target": 0.3, "budget": {"flops": 0.5}}, "prune.budget: give target"),
+        ({"uniform_ffn": True}, "prune.uniform_ffn: only applies"),
+        ({"budget": {"flops": 1.2}}, "prune.budget.flops: Input should be less than 1"),
+        ({"units": ["layers"]}, "prune.units.0: Input should be 'heads' or 'neurons'"),
+    ],
+)
+def test_unit_recipe_errors_name_the_field(prune: dict, message: str) -> None:
+    from compressor.recipe import RecipeError, parse_recipe
+
+    with pytest.raises(RecipeError, match=message.replace(".", r"\.")):
+        parse_recipe({"prune": prune})
+
+
+def test_head_only_recipes_are_unchanged() -> None:
+    from compressor.recipe import parse_recipe
+
+    spec = parse_recipe({"prune": {"target": 0.4}}).prune
+    assert spec.units == ["heads"] and spec.budget is None and spec.uniform_ffn is False and spec.target == 0.4
+    spec = parse_recipe({"prune": {"units": ["heads", "neurons"], "budget": {"flops": 0.5}, "uniform_ffn": True}})
+    assert spec.prune.budget.flops == 0.5 and spec.prune.budget.seq_len == 64
+
+
+def test_cli_validate_refuses_criterion_for_neurons_in_one_line(tmp_path) -> None:
+    import subprocess
+    import sys
+
+    import yaml
+
+    recipe = tmp_path / "r.yaml"
+    prune = {"units": ["heads", "neurons"], "budget": {"flops": 0.5}, "criterion": {"name": "attribution"}}
+    recipe.write_text(yaml.safe_dump({"prune": prune}))
+    result = subprocess.run(
+        [sys.executable, "-m", "compressor", "validate", str(recipe)], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        f"compressor: error: {recipe}: prune.criterion.name: 'attribution' cannot score neurons; expected one of "
+        "['ablation', 'l0', 'magnitude', 'random', 'taylor']"
+    ]
