@@ -206,6 +206,32 @@ class Recipe(Strict):
     analysis: AnalysisSpec = Field(default_factory=AnalysisSpec)
 
 
+def check_against_model(recipe: Recipe, total_heads: int, max_positions: int | None) -> None:
+    """Checks that need the model's config (read before any weights or data load).
+
+    `prune.steps` is refused (not clamped) when some step would remove no head: the schedule is part of the
+    experiment, so changing it silently would report a different run than the recipe describes.
+    """
+    goal = round(recipe.prune.target * total_heads)
+    cumulative = [round(goal * (k + 1) / recipe.prune.steps) for k in range(recipe.prune.steps)]
+    if any(b <= a for a, b in zip([0, *cumulative], cumulative, strict=False)):
+        raise RecipeError(
+            f"prune.steps: {recipe.prune.steps} steps for {goal} heads to remove (target {recipe.prune.target} of "
+            f"{total_heads}) leaves a step removing none; expected at most {goal}"
+        )
+    if max_positions is None:
+        return
+    lengths = {"data.max_length": recipe.data.max_length}
+    if recipe.bench.enabled:
+        lengths["bench.seq_lens"] = max(recipe.bench.seq_lens)
+    for field, length in lengths.items():
+        if length > max_positions:
+            raise RecipeError(
+                f"{field}: {length} tokens exceed the model's {max_positions} position embeddings; "
+                f"expected at most {max_positions}"
+            )
+
+
 def short(value: Any) -> str:
     """`repr(value)` cut to a short prefix, in bounded time and memory (nested and shared values included), so an
     error message never echoes a huge value."""

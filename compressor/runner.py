@@ -12,8 +12,6 @@ import hashlib
 import json
 import logging
 import os
-import shutil
-import tempfile
 import time
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -26,17 +24,17 @@ from accelerate import Accelerator
 from accelerate.utils import InitProcessGroupKwargs, broadcast, set_seed
 from safetensors.torch import load_file, save_file
 
-from compressor import atomic, criteria
+from compressor import atomic, criteria, outdir
 from compressor.checkpoint import load_pruned, save_pruned
 from compressor.cost import model_stats
 from compressor.errors import UserError
 from compressor.layout import num_layers, original_num_heads
-from compressor.recipe import Recipe, RecipeError, dump_recipe, parse_recipe
+from compressor.recipe import Recipe, RecipeError, check_against_model, dump_recipe, parse_recipe
 from compressor.selection import check_feasible, mask_to_plan, plan_to_mask, schedule, select_heads
 from compressor.sources import TaskData, load_model, load_task_data, load_tokenizer
 from compressor.sources.data import BUILTIN_RT
 from compressor.sources.fingerprint import source_fingerprint
-from compressor.sources.models import BUILTIN_MINILM, load_config
+from compressor.sources.models import BUILTIN_MINILM, load_config, max_positions
 from compressor.surgery import pruned_copy
 from compressor.train import evaluate, sample_batches, tokenize, train
 
@@ -56,42 +54,6 @@ def cache_root() -> Path:
     return Path(os.environ.get("COMPRESSOR_CACHE", Path.home() / ".cache" / "compressor"))
 
 
-def _check_writable(out: Path) -> None:
-    """The output directory (or its nearest existing parent) must be a writable directory; nothing is created."""
-    probe = out
-    while not probe.exists():
-        probe = probe.parent
-    if not probe.is_dir():
-        raise UserError(f"output_dir: '{out}' is not usable ('{probe}' is a file); expected a writable directory")
-    try:
-        with tempfile.TemporaryFile(dir=probe):
-            pass
-    except OSError as err:
-        raise UserError(
-            f"output_dir: '{out}' is not writable ({err.strerror}); expected a writable directory"
-        ) from None
-
-
-RUN_MARKERS = (DONE_FILE, RESOLVED_FILE, "state", "run.log")  # what only a compressor run directory holds
-
-
-def _check_replaceable(out: Path) -> None:
-    """`--force` deletes `out`: allow it only for an empty directory or one a compressor run wrote.
-
-    A typo such as `output_dir: .` or a home directory must never be wiped.
-    """
-    if not out.exists():
-        return
-    resolved, cwd = out.resolve(), Path.cwd().resolve()
-    if resolved == Path.home().resolve() or resolved == cwd or resolved in cwd.parents:
-        raise UserError(f"output_dir: '{out}' is the working or home directory; expected a directory of its own")
-    if out.is_dir() and any(out.iterdir()) and not any((out / m).exists() for m in RUN_MARKERS):
-        raise UserError(
-            f"output_dir: '{out}' is not empty and holds no compressor run, so --force will not delete it; "
-            "expected a new, empty or earlier run's directory"
-        )
-
-
 def _same_recipe(resolved: Path, recipe: Recipe) -> bool:
     """Whether the recipe an unfinished run was started with equals `recipe`, compared as parsed recipes (so a
     newer compressor that spells a default or a renamed key differently still resumes the same run)."""
@@ -103,22 +65,12 @@ def _same_recipe(resolved: Path, recipe: Recipe) -> bool:
 
 def preflight(recipe: Recipe, force: bool) -> Path:
     """Check, before any weights load or anything is written, that the run can start."""
-    out = Path(recipe.output_dir)
-    if force:
-        _check_replaceable(out)
-    if (out / DONE_FILE).exists() and not force:
-        raise UserError(f"output_dir: '{out}' holds a finished run; pass --force to overwrite it")
-    resolved = out / RESOLVED_FILE
-    if not force and (out / "state").exists() and resolved.exists() and not _same_recipe(resolved, recipe):
-        raise UserError(
-            f"output_dir: '{out}' holds an unfinished run of a different recipe; pass --force to start over "
-            "or choose another output_dir"
-        )
-    _check_writable(out)
+    out = outdir.check_run_dir(recipe.output_dir, force, partial(_same_recipe, recipe=recipe)).path
     config = load_config(recipe.model)
     layers = config.num_hidden_layers if hasattr(config, "num_hidden_layers") else config.n_layers
     heads = getattr(config, "num_attention_heads", None) or config.n_heads
     check_feasible(layers, heads, recipe.prune.target, recipe.prune.min_heads_per_layer)
+    check_against_model(recipe, layers * heads, max_positions(config))
     return out
 
 
@@ -293,14 +245,15 @@ def prune_loop(run: Run, model: torch.nn.Module) -> tuple[torch.Tensor, list[dic
 
 
 def prepare(recipe: Recipe, accelerator: Accelerator | None = None, force: bool = False) -> Run:
-    """Load and check data and tokenizer; only then clear the output directory (with `force`), log, tokenise."""
+    """Load and check data and tokenizer; only then take the output directory (`outdir.claim`), log, tokenise."""
     accelerator = accelerator or make_accelerator()
-    out = Path(recipe.output_dir)
+    target = outdir.check_run_dir(recipe.output_dir, force, partial(_same_recipe, recipe=recipe))
+    out = target.path
     data = load_task_data(recipe.data)
     check_labels(recipe, data)
     tokenizer = load_tokenizer(recipe.model)
-    if force and accelerator.is_main_process and out.exists():
-        shutil.rmtree(out)  # --force starts over: a finished run or an unfinished one's checkpoints
+    if accelerator.is_main_process:
+        outdir.claim(target, dump_recipe(recipe))  # lock; with --force the earlier run moves aside only now
     accelerator.wait_for_everyone()
     _setup_logging(out, accelerator.is_main_process)
     run = Run(recipe, out, accelerator, data, tokenizer)
