@@ -46,17 +46,21 @@ class Strict(BaseModel):
 
 
 class ModelSpec(Strict):
-    source: str = Field("builtin:minilm-l6", description="'builtin:minilm-l6', a hub id, or a local directory")
-    revision: str | None = None
+    source: str = Field(
+        "builtin:minilm-l6", max_length=4096, description="'builtin:minilm-l6', a hub id, or a local directory"
+    )
+    revision: str | None = Field(None, max_length=256)
     task_tuned: bool = Field(False, description="true if the model is already fine-tuned on this task")
     trust_remote_code: bool = False
 
 
 class DataSpec(Strict):
-    source: str = Field("builtin:rotten_tomatoes", description="'builtin:rotten_tomatoes', a hub dataset, or a path")
-    config: str | None = None
+    source: str = Field(
+        "builtin:rotten_tomatoes", max_length=4096, description="'builtin:rotten_tomatoes', a hub dataset, or a path"
+    )
+    config: str | None = Field(None, max_length=256)
     text_fields: list[str] = Field(default_factory=lambda: ["text"], min_length=1, max_length=2)
-    label_field: str = "label"
+    label_field: str = Field("label", max_length=256)
     splits: dict[Literal["train", "validation", "test"], str] = Field(
         default_factory=lambda: {"train": "train", "validation": "validation", "test": "test"},
         description="split names for train and validation (required) and test (defaults to the validation split)",
@@ -151,18 +155,18 @@ class BenchSpec(Strict):
     @classmethod
     def _positive(cls, v: list[int]) -> list[int]:
         if any(b <= 0 for b in v):
-            raise ValueError(f"expected positive batch sizes, got {v}")
+            raise ValueError(f"expected positive batch sizes, got {short(v)}")
         if len(set(v)) != len(v):
-            raise ValueError(f"expected distinct batch sizes, got {v}")
+            raise ValueError(f"expected distinct batch sizes, got {short(v)}")
         return v
 
     @field_validator("seq_lens")
     @classmethod
     def _lengths(cls, v: list[int]) -> list[int]:
         if any(not 8 <= s <= 4096 for s in v):
-            raise ValueError(f"expected sequence lengths from 8 to 4096 tokens, got {v}")
+            raise ValueError(f"expected sequence lengths from 8 to 4096 tokens, got {short(v)}")
         if len(set(v)) != len(v):
-            raise ValueError(f"expected distinct sequence lengths, got {v}")
+            raise ValueError(f"expected distinct sequence lengths, got {short(v)}")
         return v
 
     @property
@@ -255,7 +259,8 @@ def format_validation_error(err: ValidationError, prefix: str = "") -> str:
     if first["type"] == "extra_forbidden":
         msg = "unknown key (not allowed here)"
     got = first.get("input")
-    tail = "" if first["type"] in ("extra_forbidden", "missing") or isinstance(got, dict) else f" (got {short(got)})"
+    quiet = first["type"] in ("extra_forbidden", "missing") or isinstance(got, dict) or "got " in msg
+    tail = "" if quiet else f" (got {short(got)})"
     if loc and not loc.endswith(".") and re.match(r"[\w.]+: ", msg):  # a validator's message naming a sub-field
         return f"{loc}.{msg}{tail}"
     return f"{loc.rstrip('.')}: {msg}{tail}" if loc.rstrip(".") else f"{msg}{tail}"
