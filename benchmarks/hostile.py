@@ -234,7 +234,7 @@ def run_case(case: Case, world: World, recipe_file: Path) -> dict:
         "nothing_written": _snapshot(root) == before,
         "message_chars": len(result.stderr),
         "seconds": round(seconds, 2),
-        "message": " ".join(result.stderr.split())[:160],
+        "message": " ".join(result.stderr.split()).replace(str(root.parent), "<tmp>")[:160],
     }
     row["clean"] = row["exit"] == 2 and all(row[k] for k in ("one_line", "names_field", "no_traceback"))
     row["clean"] = row["clean"] and row["nothing_written"] and row["message_chars"] < 600
@@ -242,6 +242,9 @@ def run_case(case: Case, world: World, recipe_file: Path) -> dict:
 
 
 def sweep(model_source: str, work: Path) -> list[dict]:
+    import compressor.cli  # noqa: F401  (imported once up front, so the first case's time is its own)
+    import compressor.runner  # noqa: F401
+
     world = build_world(work / "world", model_source)
     return [run_case(case, world, work / "recipe.yaml") for case in CASES]
 
@@ -256,7 +259,7 @@ def main() -> None:
     print("| case | section | exit | clean | s | message |\n|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['case']} | {r['section']} | {r['exit']} | {'yes' if r['clean'] else 'NO'} | {r['seconds']} "
-              f"| {r['message'][19:100]} |")  # fmt: skip
+              f"| {r['message'][19:110]} |")  # fmt: skip
     summary = {"cases": len(rows), "clean": clean, "clean_pct": round(100 * clean / len(rows), 1)}
     print(f"\n{clean}/{len(rows)} clean ({summary['clean_pct']}%); cache untouched: {not (work / 'cache').exists()}")
     out = ROOT / "benchmarks" / "results" / "hostile.json"

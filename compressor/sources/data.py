@@ -118,12 +118,16 @@ def _csv(kind: str) -> dict:
 
 def _load_local(path: Path, expected: str, loader, *args, **kwargs):
     """`loader(*args, **kwargs)`, with a malformed file reported as one line naming `data.source` and the file."""
+    verbosity = datasets.logging.get_verbosity()
+    datasets.logging.set_verbosity(datasets.logging.CRITICAL)  # its own log line would be a second line of output
     try:
         return loader(*args, **kwargs)
     except Exception as err:  # parser errors come wrapped in DatasetGenerationError; report the innermost cause
         raise UserError(
             f"data.source: could not read '{path}' ({_innermost(err)}); expected a valid {expected}"
         ) from None
+    finally:
+        datasets.logging.set_verbosity(verbosity)
 
 
 def _innermost(err: BaseException) -> str:
