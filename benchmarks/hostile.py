@@ -234,7 +234,7 @@ def run_case(case: Case, world: World, recipe_file: Path) -> dict:
         "nothing_written": _snapshot(root) == before,
         "message_chars": len(result.stderr),
         "seconds": round(seconds, 2),
-        "message": " ".join(result.stderr.split()).replace(str(root.parent), "<tmp>")[:160],
+        "message": " ".join(result.stderr.split()).replace(str(root.parent), "$TMP")[:160],
     }
     row["clean"] = row["exit"] == 2 and all(row[k] for k in ("one_line", "names_field", "no_traceback"))
     row["clean"] = row["clean"] and row["nothing_written"] and row["message_chars"] < 600
