@@ -22,7 +22,7 @@ import json
 import os
 import shutil
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -54,22 +54,6 @@ def target_path(output_dir: str) -> Path:
             "its own, e.g. runs/NAME"
         )
     return path
-
-
-def check_own_dir(out: Path, own: Iterable[str], what: str) -> Path:
-    """For writers that replace a whole directory: `out` may be absent, or a real directory holding only `own`
-    entries (an earlier output of the same writer); a symbolic link, a file or foreign entries are refused."""
-    if out.is_symlink():
-        raise UserError(f"{what}: '{out}' is a symbolic link; expected a real directory (give the link's target)")
-    if out.exists() and not out.is_dir():
-        raise UserError(f"{what}: '{out}' is a file; expected a directory")
-    foreign = sorted(p.name for p in out.iterdir() if p.name not in set(own)) if out.exists() else []
-    if foreign:
-        shown = ", ".join(foreign[:3]) + (", ..." if len(foreign) > 3 else "")
-        raise UserError(
-            f"{what}: '{out}' holds other files ({shown}); expected a new, empty or earlier output directory"
-        )
-    return out
 
 
 def is_run(out: Path) -> bool:

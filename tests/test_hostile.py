@@ -108,6 +108,9 @@ def test_bom_duplicates_and_long_documents_load(tmp_path) -> None:
     data = load_task_data(DataSpec(source=str(path)))
     assert data.label_names == ["a", "b"] and data.train.column_names == ["text", "label"]
     assert len(data.train) + len(data.validation) + len(data.test) == 20
+    jsonl = tmp_path / "empty_texts.jsonl"
+    jsonl.write_text("".join(json.dumps({"text": "" if i % 2 else "a b", "label": i % 2}) + "\n" for i in range(20)))
+    assert "" in load_task_data(DataSpec(source=str(jsonl))).train["text"], "an empty document is kept"
 
 
 def fake_finished_run(out: Path, resolved: str) -> None:
