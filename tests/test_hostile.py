@@ -89,6 +89,7 @@ def test_text_labels_run_end_to_end_and_keep_their_names(tmp_path, tiny_model_di
     names = ["negative", "neutral", "positive"]  # sorted names of the training split
     report = json.loads((out / "report.json").read_text())
     assert report["labels"] == names
+    assert "labels: negative, neutral, positive" in (out / "report.md").read_text()
     id2label = {str(i): n for i, n in enumerate(names)}
     config = json.loads((out / "model" / "config.json").read_text())
     assert config["id2label"] == id2label and config["label2id"] == {n: i for i, n in enumerate(names)}
