@@ -10,12 +10,20 @@ from contextlib import contextmanager
 from pathlib import Path
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def write_text(path: str | Path, text: str) -> None:
-    """Write a file via a temp file in the same directory and a rename."""
+    """Write a file via a temp file in the same directory and a rename; the file gets the mode any other file
+    would (0644 under the usual umask), not mkstemp's private 0600."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
+        os.fchmod(fd, 0o666 & ~_umask())
         with os.fdopen(fd, "w") as fh:
             fh.write(text)
         os.replace(tmp, path)
@@ -39,7 +47,7 @@ def directory(out_dir: str | Path) -> Iterator[Path]:
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
     try:
         yield tmp
-        tmp.chmod(0o755)  # mkdtemp makes it private; outputs are meant to be shared
+        tmp.chmod(0o777 & ~_umask())  # mkdtemp makes it private; outputs are meant to be shared
         _swap_in(tmp, out_dir)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

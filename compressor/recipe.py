@@ -8,6 +8,7 @@ expected (the CLI prints it as one line and exits 2).
 from __future__ import annotations
 
 import re
+import reprlib
 from pathlib import Path
 from typing import Any, Literal
 
@@ -21,29 +22,54 @@ class RecipeError(UserError, ValueError):
     """A recipe (or its inputs) is invalid; the message is one line naming the field."""
 
 
+MAX_RECIPE_BYTES = 1 << 20  # a recipe is a page of YAML; refuse anything that could take real memory to parse
+MAX_ALIASES = 100  # YAML aliases may share nodes; a few are normal, thousands are an expansion bomb
+
+
+class _ShortRepr(reprlib.Repr):
+    """`reprlib` limits for containers; strings and big numbers keep only a prefix (never head...tail)."""
+
+    def repr_str(self, x: str, level: int) -> str:
+        return repr(x) if len(x) <= self.maxstring else repr(x[: self.maxstring]) + "..."
+
+    def repr_int(self, x: int, level: int) -> str:
+        return str(x) if x.bit_length() < 128 else f"an integer of {x.bit_length()} bits"
+
+
+_SHORT = _ShortRepr()
+_SHORT.maxlevel, _SHORT.maxstring, _SHORT.maxother = 2, 60, 60
+_SHORT.maxdict = _SHORT.maxlist = _SHORT.maxtuple = _SHORT.maxset = _SHORT.maxfrozenset = 4
+
+
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    """Unknown keys are errors and every float must be finite (`.inf` epochs would train forever)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class ModelSpec(Strict):
-    source: str = Field("builtin:minilm-l6", description="'builtin:minilm-l6', a hub id, or a local directory")
-    revision: str | None = None
+    source: str = Field(
+        "builtin:minilm-l6", max_length=4096, description="'builtin:minilm-l6', a hub id, or a local directory"
+    )
+    revision: str | None = Field(None, max_length=256)
     task_tuned: bool = Field(False, description="true if the model is already fine-tuned on this task")
     trust_remote_code: bool = False
 
 
 class DataSpec(Strict):
-    source: str = Field("builtin:rotten_tomatoes", description="'builtin:rotten_tomatoes', a hub dataset, or a path")
-    config: str | None = None
+    source: str = Field(
+        "builtin:rotten_tomatoes", max_length=4096, description="'builtin:rotten_tomatoes', a hub dataset, or a path"
+    )
+    config: str | None = Field(None, max_length=256)
     text_fields: list[str] = Field(default_factory=lambda: ["text"], min_length=1, max_length=2)
-    label_field: str = "label"
+    label_field: str = Field("label", max_length=256)
     splits: dict[Literal["train", "validation", "test"], str] = Field(
         default_factory=lambda: {"train": "train", "validation": "validation", "test": "test"},
         description="split names for train and validation (required) and test (defaults to the validation split)",
     )
-    max_length: int = Field(128, ge=8, le=4096)
-    max_train_examples: int | None = Field(None, ge=1)
-    max_eval_examples: int | None = Field(None, ge=1)
+    max_length: int = Field(128, ge=8, le=4096, description="also checked against the model's position embeddings")
+    max_train_examples: int | None = Field(None, ge=1, le=10**9)
+    max_eval_examples: int | None = Field(None, ge=1, le=10**9)
     split_seed: int = Field(0, ge=0, lt=2**32)
 
     @field_validator("splits")
@@ -56,12 +82,12 @@ class DataSpec(Strict):
 
 
 class TrainSpec(Strict):
-    epochs: float = Field(1.0, gt=0)
+    epochs: float = Field(1.0, gt=0, le=1000)
     lr: float = Field(3e-5, gt=0, lt=1)
-    batch_size: int = Field(32, ge=1)
-    weight_decay: float = Field(0.01, ge=0)
+    batch_size: int = Field(32, ge=1, le=65536)
+    weight_decay: float = Field(0.01, ge=0, le=10)
     warmup_ratio: float = Field(0.06, ge=0, lt=1)
-    max_examples: int | None = Field(None, ge=1, description="cap on training examples per epoch")
+    max_examples: int | None = Field(None, ge=1, le=10**9, description="cap on training examples per epoch")
 
 
 class CriterionSpec(Strict):
@@ -99,11 +125,11 @@ class PruneSpec(Strict):
     uniform_ffn: bool = Field(
         False, description="remove neurons in equal numbers per layer so plain transformers can load the result"
     )
-    steps: int = Field(4, ge=1, le=100)
+    steps: int = Field(4, ge=1, le=100, description="refused at run time when a step would remove no head")
     scope: Literal["global", "per_layer"] = "global"
-    min_heads_per_layer: int = Field(0, ge=0)
-    score_examples: int = Field(512, ge=1)
-    score_batch_size: int = Field(32, ge=1)
+    min_heads_per_layer: int = Field(0, ge=0, le=4096)
+    score_examples: int = Field(512, ge=1, le=10**7)
+    score_batch_size: int = Field(32, ge=1, le=65536)
     finetune: TrainSpec | None = Field(default_factory=lambda: TrainSpec(epochs=1.0, lr=3e-5))
 
     @model_validator(mode="before")
@@ -135,8 +161,8 @@ class PruneSpec(Strict):
 class ExportSpec(Strict):
     enabled: bool = True
     variants: list[Literal["fp32", "optimized", "int8"]] = Field(default_factory=lambda: ["fp32", "optimized", "int8"])
-    atol: float = Field(1e-4, gt=0)
-    opset: int | None = Field(None, ge=11)
+    atol: float = Field(1e-4, gt=0, le=1)
+    opset: int | None = Field(None, ge=11, le=30)
 
 
 class BenchSpec(Strict):
@@ -152,11 +178,11 @@ class BenchSpec(Strict):
     seq_lens: list[int] = Field(
         default_factory=lambda: [64], min_length=1, description="tokens per synthetic timing example, 8 to 4096"
     )
-    rounds: int = Field(5, ge=1)
-    warmup: int = Field(2, ge=0)
-    min_time_s: float = Field(0.5, gt=0, description="minimum timed duration of one measurement")
-    threads: int | None = Field(None, ge=1)
-    eval_examples: int | None = Field(None, ge=1)
+    rounds: int = Field(5, ge=1, le=1000)
+    warmup: int = Field(2, ge=0, le=1000)
+    min_time_s: float = Field(0.5, gt=0, le=3600, description="minimum timed duration of one measurement")
+    threads: int | None = Field(None, ge=1, le=4096)
+    eval_examples: int | None = Field(None, ge=1, le=10**9)
 
     @model_validator(mode="before")
     @classmethod
@@ -173,18 +199,18 @@ class BenchSpec(Strict):
     @classmethod
     def _positive(cls, v: list[int]) -> list[int]:
         if any(b <= 0 for b in v):
-            raise ValueError(f"expected positive batch sizes, got {v}")
+            raise ValueError(f"expected positive batch sizes, got {short(v)}")
         if len(set(v)) != len(v):
-            raise ValueError(f"expected distinct batch sizes, got {v}")
+            raise ValueError(f"expected distinct batch sizes, got {short(v)}")
         return v
 
     @field_validator("seq_lens")
     @classmethod
     def _lengths(cls, v: list[int]) -> list[int]:
         if any(not 8 <= s <= 4096 for s in v):
-            raise ValueError(f"expected sequence lengths from 8 to 4096 tokens, got {v}")
+            raise ValueError(f"expected sequence lengths from 8 to 4096 tokens, got {short(v)}")
         if len(set(v)) != len(v):
-            raise ValueError(f"expected distinct sequence lengths, got {v}")
+            raise ValueError(f"expected distinct sequence lengths, got {short(v)}")
         return v
 
     @property
@@ -200,25 +226,25 @@ class AnalysisSpec(Strict):
         """The detectors' thresholds; `compressor.analysis.RoleConfig` is this model."""
 
         positional_threshold: float = Field(0.9, gt=0, le=1, description="share of queries at one offset")
-        rare_top_k: int = Field(500, ge=0, description="most frequent training pieces never counted as rare")
+        rare_top_k: int = Field(500, ge=0, le=10**7, description="most frequent training pieces never counted as rare")
         rare_threshold: float = Field(0.5, gt=0, le=1, description="share of queries on the rarest piece")
         delimiter_threshold: float = Field(0.5, gt=0, le=1, description="attention share on [CLS]/[SEP]/punct")
         syntactic_margin: float = Field(0.10, ge=0, le=1, description="accuracy points above the offset baseline")
-        min_relation_count: int = Field(30, ge=1, description="instances a relation/direction needs to count")
-        sieve_tau: float = Field(2.0, gt=0, description="sieve bias that H0 allows (1 = no preference)")
+        min_relation_count: int = Field(30, ge=1, le=10**7, description="instances a relation/direction needs to count")
+        sieve_tau: float = Field(2.0, gt=0, le=1000, description="sieve bias that H0 allows (1 = no preference)")
         sieve_alpha: float = Field(0.05, gt=0, lt=1, description="significance level after correction")
         sieve_test: Literal["t", "wilcoxon"] = "t"
         sieve_correction: Literal["holm", "bh", "bonferroni", "none"] = "holm"
 
     enabled: bool = True
-    examples: int = Field(256, ge=8)
+    examples: int = Field(256, ge=8, le=10**6)
     roles: Roles = Field(default_factory=Roles)
 
 
 class Recipe(Strict):
-    name: str = "run"
+    name: str = Field("run", max_length=200)
     seed: int = Field(0, ge=0, lt=2**32)
-    output_dir: str = Field("runs/out", min_length=1)
+    output_dir: str = Field("runs/out", min_length=1, max_length=4096)
     model: ModelSpec = Field(default_factory=ModelSpec)
     data: DataSpec = Field(default_factory=DataSpec)
     base_finetune: TrainSpec = Field(default_factory=lambda: TrainSpec(epochs=2.0, lr=5e-5))
@@ -257,17 +283,60 @@ class BudgetSpec(Strict):
         return self
 
 
-def _format_error(err: ValidationError) -> str:
-    first = err.errors()[0]
-    loc = ".".join(str(p) for p in first["loc"])
+def check_against_model(recipe: Recipe, total_heads: int, max_positions: int | None) -> None:
+    """Checks that need the model's config (read before any weights or data load).
+
+    `prune.steps` is refused (not clamped) when some step would remove no head: the schedule is part of the
+    experiment, so changing it silently would report a different run than the recipe describes.
+    """
+    goal = round(recipe.prune.target * total_heads)
+    cumulative = [round(goal * (k + 1) / recipe.prune.steps) for k in range(recipe.prune.steps)]
+    if any(b <= a for a, b in zip([0, *cumulative], cumulative, strict=False)):
+        raise RecipeError(
+            f"prune.steps: {recipe.prune.steps} steps for {goal} heads to remove (target {recipe.prune.target} of "
+            f"{total_heads}) leaves a step removing none; expected at most {goal}"
+        )
+    if max_positions is None:
+        return
+    lengths = {"data.max_length": recipe.data.max_length}
+    if recipe.bench.enabled:
+        lengths["bench.seq_lens"] = max(recipe.bench.seq_lens)
+    for field, length in lengths.items():
+        if length > max_positions:
+            raise RecipeError(
+                f"{field}: {length} tokens exceed the model's {max_positions} position embeddings; "
+                f"expected at most {max_positions}"
+            )
+
+
+def short(value: Any) -> str:
+    """`repr(value)` cut to a short prefix, in bounded time and memory (nested and shared values included), so an
+    error message never echoes a huge value."""
+    return _SHORT.repr(value)
+
+
+def short_key(key: Any) -> str:
+    """A recipe key for an error message: as written, cut to a short prefix."""
+    text = str(key)
+    return text if len(text) <= _SHORT.maxstring else text[: _SHORT.maxstring] + "..."
+
+
+def format_validation_error(err: ValidationError, prefix: str = "") -> str:
+    """ONE line for a pydantic error: `<prefix><field>: <what was expected> (got <short value>)`.
+
+    Used for recipes, criterion parameters and command-line settings alike; the value is quoted by `short`.
+    """
+    first = err.errors(include_url=False)[0]
+    loc = prefix + ".".join(short_key(p) for p in first["loc"])
     msg = first["msg"].removeprefix("Value error, ")
     if first["type"] == "extra_forbidden":
         msg = "unknown key (not allowed here)"
     got = first.get("input")
-    tail = "" if first["type"] in ("extra_forbidden", "missing") or isinstance(got, dict) else f" (got {got!r})"
-    if loc and re.match(r"[\w.]+: ", msg):  # a validator's message naming a sub-field continues the location
+    quiet = first["type"] in ("extra_forbidden", "missing") or isinstance(got, dict) or "got " in msg
+    tail = "" if quiet else f" (got {short(got)})"
+    if loc and not loc.endswith(".") and re.match(r"[\w.]+: ", msg):  # a validator's message naming a sub-field
         return f"{loc}.{msg}{tail}"
-    return f"{loc}: {msg}{tail}" if loc else f"{msg}{tail}"
+    return f"{loc.rstrip('.')}: {msg}{tail}" if loc.rstrip(".") else f"{msg}{tail}"
 
 
 def parse_recipe(data: Any, origin: str = "recipe") -> Recipe:
@@ -276,16 +345,33 @@ def parse_recipe(data: Any, origin: str = "recipe") -> Recipe:
     try:
         return Recipe.model_validate(data)
     except ValidationError as err:
-        raise RecipeError(f"{origin}: {_format_error(err)}") from None
+        raise RecipeError(f"{origin}: {format_validation_error(err)}") from None
 
 
-def load_recipe(path: str | Path, overrides: dict[str, Any] | None = None) -> Recipe:
-    """Read a YAML recipe safely (yaml.safe_load) and validate it; relative output_dir stays relative to cwd."""
-    path = Path(path)
-    if not path.is_file():
-        raise RecipeError(f"recipe: file '{path}' not found")
+class _BoundedLoader(yaml.SafeLoader):
+    """`yaml.SafeLoader` that refuses more than `MAX_ALIASES` aliases (a nested-alias 'billion laughs' document
+    builds a tiny graph that any later walk of it, validation or printing, would expand exponentially)."""
+
+    aliases = 0
+
+    def compose_node(self, parent, index):  # noqa: ANN001, ANN201 (PyYAML's signature)
+        if self.check_event(yaml.AliasEvent):
+            self.aliases += 1
+            if self.aliases > MAX_ALIASES:
+                raise RecipeError(f"recipe: more than {MAX_ALIASES} YAML aliases (*name); expected a plain recipe")
+        return super().compose_node(parent, index)
+
+
+def read_yaml(path: Path) -> Any:
+    """Parse a recipe file with bounded size and alias count; problems become one-line `RecipeError`s."""
+    if path.stat().st_size > MAX_RECIPE_BYTES:
+        raise RecipeError(f"{path}: {path.stat().st_size} bytes; expected a recipe under {MAX_RECIPE_BYTES} bytes")
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        loader = _BoundedLoader(path.read_text(encoding="utf-8"))
+        try:
+            return loader.get_single_data()
+        finally:
+            loader.dispose()
     except UnicodeDecodeError as err:
         raise RecipeError(
             f"{path}: not a UTF-8 text file ({err.reason} at byte {err.start}); expected a YAML recipe"
@@ -293,7 +379,15 @@ def load_recipe(path: str | Path, overrides: dict[str, Any] | None = None) -> Re
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise RecipeError(f"{path}: malformed YAML{where}: {getattr(err, 'problem', err)}") from None
+        raise RecipeError(f"{path}: malformed YAML{where}: {short(getattr(err, 'problem', err))}") from None
+
+
+def load_recipe(path: str | Path, overrides: dict[str, Any] | None = None) -> Recipe:
+    """Read a YAML recipe safely (bounded safe loading) and validate it; relative output_dir stays relative to cwd."""
+    path = Path(path)
+    if not path.is_file():
+        raise RecipeError(f"recipe: file '{short(str(path))}' not found")
+    data = read_yaml(path)
     if overrides and isinstance(data, dict):
         data = {**data, **overrides}
     return parse_recipe(data, origin=str(path))

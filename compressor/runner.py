@@ -14,11 +14,10 @@ import hashlib
 import json
 import logging
 import os
-import shutil
-import tempfile
 import time
 from dataclasses import dataclass
 from datetime import timedelta
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -27,25 +26,24 @@ from accelerate import Accelerator
 from accelerate.utils import InitProcessGroupKwargs, set_seed
 from safetensors.torch import load_file, save_file
 
-from compressor import atomic
+from compressor import atomic, outdir
 from compressor.api import Masks, PruneState, StepRecord, prune
 from compressor.checkpoint import load_pruned, save_pruned
 from compressor.errors import UserError
 from compressor.layout import config_head_counts
 from compressor.pipeline import RunState, run_stages
-from compressor.recipe import Recipe, RecipeError, dump_recipe, parse_recipe
+from compressor.recipe import Recipe, RecipeError, check_against_model, dump_recipe, parse_recipe
 from compressor.report import write_run_report
 from compressor.selection import check_feasible, plan_to_mask
 from compressor.sources import TaskData, load_model, load_task_data, load_tokenizer
 from compressor.sources.data import BUILTIN_RT
 from compressor.sources.fingerprint import source_fingerprint
-from compressor.sources.models import BUILTIN_MINILM, load_config
+from compressor.sources.models import BUILTIN_MINILM, load_config, max_positions
 from compressor.train import evaluate, tokenize, train
 
 log = logging.getLogger("compressor")
 REPORT_SCHEMA = 1
-DONE_FILE = "report.json"  # written last and atomically: its presence means the run finished
-RESOLVED_FILE = "recipe.resolved.yaml"  # what an unfinished run in the directory was started with
+DONE_FILE = outdir.DONE_FILE  # written last and atomically: its presence means the run finished
 
 
 def make_accelerator() -> Accelerator:
@@ -56,42 +54,6 @@ def make_accelerator() -> Accelerator:
 
 def cache_root() -> Path:
     return Path(os.environ.get("COMPRESSOR_CACHE", Path.home() / ".cache" / "compressor"))
-
-
-def _check_writable(out: Path) -> None:
-    """The output directory (or its nearest existing parent) must be a writable directory; nothing is created."""
-    probe = out
-    while not probe.exists():
-        probe = probe.parent
-    if not probe.is_dir():
-        raise UserError(f"output_dir: '{out}' is not usable ('{probe}' is a file); expected a writable directory")
-    try:
-        with tempfile.TemporaryFile(dir=probe):
-            pass
-    except OSError as err:
-        raise UserError(
-            f"output_dir: '{out}' is not writable ({err.strerror}); expected a writable directory"
-        ) from None
-
-
-RUN_MARKERS = (DONE_FILE, RESOLVED_FILE, "state", "run.log")  # what only a compressor run directory holds
-
-
-def _check_replaceable(out: Path) -> None:
-    """`--force` deletes `out`: allow it only for an empty directory or one a compressor run wrote.
-
-    A typo such as `output_dir: .` or a home directory must never be wiped.
-    """
-    if not out.exists():
-        return
-    resolved, cwd = out.resolve(), Path.cwd().resolve()
-    if resolved == Path.home().resolve() or resolved == cwd or resolved in cwd.parents:
-        raise UserError(f"output_dir: '{out}' is the working or home directory; expected a directory of its own")
-    if out.is_dir() and any(out.iterdir()) and not any((out / m).exists() for m in RUN_MARKERS):
-        raise UserError(
-            f"output_dir: '{out}' is not empty and holds no compressor run, so --force will not delete it; "
-            "expected a new, empty or earlier run's directory"
-        )
 
 
 def _same_recipe(resolved: Path, recipe: Recipe) -> bool:
@@ -105,20 +67,11 @@ def _same_recipe(resolved: Path, recipe: Recipe) -> bool:
 
 def preflight(recipe: Recipe, force: bool) -> Path:
     """Check, before any weights load or anything is written, that the run can start."""
-    out = Path(recipe.output_dir)
-    if force:
-        _check_replaceable(out)
-    if (out / DONE_FILE).exists() and not force:
-        raise UserError(f"output_dir: '{out}' holds a finished run; pass --force to overwrite it")
-    resolved = out / RESOLVED_FILE
-    if not force and (out / "state").exists() and resolved.exists() and not _same_recipe(resolved, recipe):
-        raise UserError(
-            f"output_dir: '{out}' holds an unfinished run of a different recipe; pass --force to start over "
-            "or choose another output_dir"
-        )
-    _check_writable(out)
-    layers, heads = config_head_counts(load_config(recipe.model))
+    out = outdir.check_run_dir(recipe.output_dir, force, partial(_same_recipe, recipe=recipe)).path
+    config = load_config(recipe.model)
+    layers, heads = config_head_counts(config)
     check_feasible(layers, heads, recipe.prune.target, recipe.prune.min_heads_per_layer)
+    check_against_model(recipe, layers * heads, max_positions(config))
     return out
 
 
@@ -225,14 +178,15 @@ def _records(step_dir: Path, steps_log: list[dict], full: torch.Tensor) -> tuple
 
 
 def prepare(recipe: Recipe, accelerator: Accelerator | None = None, force: bool = False) -> RunState:
-    """Load and check data and tokenizer; only then clear the output directory (with `force`), log, tokenise."""
+    """Load and check data and tokenizer; only then take the output directory (`outdir.claim`), log, tokenise."""
     accelerator = accelerator or make_accelerator()
-    out = Path(recipe.output_dir)
+    target = outdir.check_run_dir(recipe.output_dir, force, partial(_same_recipe, recipe=recipe))
+    out = target.path
     data = load_task_data(recipe.data)
     check_labels(recipe, data)
     tokenizer = load_tokenizer(recipe.model)
-    if force and accelerator.is_main_process and out.exists():
-        shutil.rmtree(out)  # --force starts over: a finished run or an unfinished one's checkpoints
+    if accelerator.is_main_process:
+        outdir.claim(target, dump_recipe(recipe))  # lock; with --force the earlier run moves aside only now
     accelerator.wait_for_everyone()
     _setup_logging(out, accelerator.is_main_process)
     run = RunState(recipe, out, accelerator, data, tokenizer)
@@ -276,8 +230,6 @@ def run_recipe(recipe: Recipe, force: bool = False, accelerator: Accelerator | N
     out = preflight(recipe, force)
     run = prepare(recipe, accelerator or make_accelerator(), force)
     accelerator = run.accelerator
-    if run.main:
-        atomic.write_text(out / RESOLVED_FILE, dump_recipe(recipe))
     t0 = time.perf_counter()
     model, base_info = base_model(run)
     model = model.to(accelerator.device)
@@ -302,6 +254,7 @@ def run_recipe(recipe: Recipe, force: bool = False, accelerator: Accelerator | N
     run.report["seconds"] = time.perf_counter() - t0
     write_run_report(run.report, out)
     atomic.write_text(out / DONE_FILE, json.dumps(run.report, indent=2, default=str))
+    outdir.finish(out)  # the run it replaced (with --force) goes only now; the lock is released
     log.info("done in %.0fs: %s", run.report["seconds"], out / "report.md")
     accelerator.wait_for_everyone()
     return run.report

@@ -11,7 +11,9 @@ import yaml
 from conftest import make_rows, tiny_recipe
 from typer.testing import CliRunner
 
+from compressor import outdir
 from compressor.cli import app
+from compressor.recipe import dump_recipe, load_recipe
 from compressor.testing import tiny_model
 
 
@@ -122,12 +124,19 @@ def test_bad_input_one_line_exit_2(tmp_path, world, cache_dir, overrides, expect
     assert not cache_dir.exists()
 
 
-def test_unfinished_run_is_not_finished(tmp_path, tiny_model_dir, tiny_csv, cache_dir) -> None:
-    """A directory with checkpoints but no report.json is resumed, never treated as done (no --force needed)."""
-    out = tmp_path / "out"
+def fake_run(out: Path, resolved: str) -> None:
+    """An unfinished compressor run in `out` (identity, resolved recipe, an empty checkpoint folder)."""
     (out / "state").mkdir(parents=True)
+    outdir.claim(outdir.RunDir(out, "new"), resolved)
+    outdir.finish(out)
+
+
+def test_unfinished_run_is_not_finished(tmp_path, tiny_model_dir, tiny_csv, cache_dir) -> None:
+    """A run directory with no report.json is resumed, never treated as done (no --force needed)."""
+    out = tmp_path / "out"
     recipe = tmp_path / "r.yaml"
     recipe.write_text(yaml.safe_dump(tiny_recipe(tiny_model_dir, tiny_csv, out)))
+    fake_run(out, dump_recipe(load_recipe(recipe)))
     result = CliRunner().invoke(app, ["run", str(recipe)])
     assert result.exit_code == 0, result.output
     assert json.loads((out / "report.json").read_text())["status"] == "complete"
@@ -138,8 +147,8 @@ def test_unfinished_run_is_not_finished(tmp_path, tiny_model_dir, tiny_csv, cach
 def test_unfinished_run_of_another_recipe_is_refused(tmp_path, tiny_model_dir, tiny_csv, cache_dir) -> None:
     """Checkpoints are never resumed under a changed recipe; --force starts over."""
     out = tmp_path / "out"
-    (out / "state" / "step_000").mkdir(parents=True)
-    (out / "recipe.resolved.yaml").write_text("name: something else\n")
+    fake_run(out, "name: something else\n")
+    (out / "state" / "step_000").mkdir()
     recipe = tmp_path / "r.yaml"
     recipe.write_text(yaml.safe_dump(tiny_recipe(tiny_model_dir, tiny_csv, out)))
     result = CliRunner().invoke(app, ["run", str(recipe)])
@@ -180,8 +189,7 @@ def test_unfinished_run_resumes_when_only_the_spelling_changed(tmp_path, tiny_mo
     out = tmp_path / "out"
     recipe = tiny_recipe(tiny_model_dir, tiny_csv, out, bench={"enabled": False, "seq_lens": [16]})
     old = {**recipe, "bench": {"enabled": False, "seq_len": 16}}
-    (out / "state").mkdir(parents=True)
-    (out / "recipe.resolved.yaml").write_text(yaml.safe_dump(old))
+    fake_run(out, yaml.safe_dump(old))
     path = tmp_path / "r.yaml"
     path.write_text(yaml.safe_dump(recipe))
     result = CliRunner().invoke(app, ["run", str(path)])

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from compressor.recipe import Recipe, RecipeError, load_recipe, parse_recipe
+from compressor.recipe import Recipe, RecipeError, check_against_model, load_recipe, parse_recipe
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -44,6 +44,11 @@ BAD = [
     ({"data": {"text_fields": []}}, "data.text_fields"),
     ({"export": {"variants": ["fp16"]}}, "export.variants.0"),
     ({"prune": {"min_heads_per_layer": -1}}, "prune.min_heads_per_layer"),
+    ({"base_finetune": {"epochs": float("inf")}}, "base_finetune.epochs: Input should be a finite number"),
+    ({"prune": {"finetune": {"lr": float("nan")}}}, "prune.finetune.lr: Input should be a finite number"),
+    ({"bench": {"min_time_s": float("-inf")}}, "bench.min_time_s: Input should be a finite number"),
+    ({"base_finetune": {"epochs": 1e6}}, "base_finetune.epochs: Input should be less than or equal to 1000"),
+    ({"prune": {"criterion": {"name": "l0", "params": {"lam": float("inf")}}}}, "params.lam: Input should be a finite"),
 ]
 
 
@@ -96,3 +101,70 @@ def test_cli_validate_ok() -> None:
     result = _cli("validate", str(ROOT / "recipes" / "bert_mnli_50pct.yaml"), cwd=ROOT)
     assert result.returncode == 0, result.stderr
     assert "criterion taylor" in result.stdout
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        {"name": "x" * 10**6},
+        {"x" * 10**6: 1},
+        {"bench": {"batch_sizes": [0] * 10**5}},
+        {"data": {"text_fields": [list(range(10**5))]}},
+        {"prune": {"criterion": {"name": "taylor", "params": {"normalize": "y" * 10**6}}}},
+        {"seed": 10**5000},
+    ],
+    ids=["long string", "long key", "long list", "nested list", "criterion param", "huge int"],
+)
+def test_messages_quote_a_short_prefix_of_the_value(data: dict) -> None:
+    with pytest.raises(RecipeError) as err:
+        parse_recipe(data)
+    assert len(str(err.value)) < 300 and "\n" not in str(err.value)
+
+
+def test_alias_bomb_and_oversized_files_are_refused_quickly(tmp_path: Path) -> None:
+    import time
+
+    lines = ["a0: &a0 [" + ", ".join(["lol"] * 10) + "]"]
+    lines += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]" for i in range(1, 30)]
+    bomb = tmp_path / "bomb.yaml"
+    bomb.write_text("\n".join([*lines, "name: *a29"]))
+    start = time.perf_counter()
+    with pytest.raises(RecipeError, match="more than 100 YAML aliases"):
+        load_recipe(bomb)
+    assert time.perf_counter() - start < 2
+    big = tmp_path / "big.yaml"
+    big.write_text("name: x\n" + "# padding\n" * 200_000)
+    with pytest.raises(RecipeError, match="expected a recipe under 1048576 bytes"):
+        load_recipe(big)
+
+
+def test_a_few_aliases_are_fine(tmp_path: Path) -> None:
+    path = tmp_path / "r.yaml"
+    path.write_text("base: &ft {epochs: 1, lr: 1.0e-4}\n")
+    with pytest.raises(RecipeError, match="base: unknown key"):  # the alias works; the helper key is refused
+        load_recipe(path)
+    path.write_text("base_finetune: &ft {epochs: 1, lr: 1.0e-4}\nprune: {finetune: *ft}\n")
+    assert load_recipe(path).prune.finetune.lr == 1e-4
+
+
+@pytest.mark.parametrize(
+    ("target", "steps", "heads", "ok"),
+    [(0.5, 6, 12, True), (0.5, 7, 12, False), (0.25, 3, 12, True), (0.1, 2, 12, False)],
+)
+def test_steps_that_would_remove_no_head_are_refused(target: float, steps: int, heads: int, ok: bool) -> None:
+    recipe = parse_recipe({"prune": {"target": target, "steps": steps}})
+    if ok:
+        check_against_model(recipe, heads, 512)
+    else:
+        with pytest.raises(RecipeError, match=r"^prune\.steps: .* expected at most"):
+            check_against_model(recipe, heads, 512)
+
+
+def test_lengths_are_checked_against_position_embeddings() -> None:
+    recipe = parse_recipe({"data": {"max_length": 600}, "bench": {"enabled": False}})
+    with pytest.raises(RecipeError, match=r"^data\.max_length: 600 tokens exceed the model's 512"):
+        check_against_model(recipe, 12, 512)
+    check_against_model(recipe, 12, None)  # no position limit (e.g. relative positions)
+    bench = parse_recipe({"data": {"max_length": 64}, "bench": {"seq_lens": [64, 1024]}})
+    with pytest.raises(RecipeError, match=r"^bench\.seq_lens: 1024"):
+        check_against_model(bench, 12, 512)

@@ -28,16 +28,14 @@ def bench_spec(recipe, **overrides):
     """The recipe's `bench` section (or the defaults) with command-line values laid over it."""
     from pydantic import ValidationError
 
-    from compressor.recipe import BenchSpec, RecipeError
+    from compressor.recipe import BenchSpec, RecipeError, format_validation_error
 
     base = recipe.bench.model_dump() if recipe is not None else {}
     base.update({k: v for k, v in overrides.items() if v is not None})
     try:
         return BenchSpec.model_validate(base)
     except ValidationError as err:
-        first = err.errors()[0]
-        field = ".".join(str(p) for p in first["loc"])
-        raise RecipeError(f"bench.{field}: {first['msg'].removeprefix('Value error, ')}") from None
+        raise RecipeError(format_validation_error(err, prefix="bench.")) from None
 
 
 def _model_dir(path: Path, option: str) -> Path:

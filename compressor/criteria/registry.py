@@ -115,6 +115,8 @@ def check_params(name: str, params: dict[str, Any]) -> None:
     The criterion's keyword-only signature is its schema: a strict pydantic model is built from it, so types,
     `Literal` choices and `Annotated[..., Field(ge=...)]` bounds are all checked here, at `validate` time.
     """
+    from compressor.recipe import format_validation_error, short, short_key
+
     model = _params_model(name)
     try:
         model.model_validate(params)
@@ -124,14 +126,14 @@ def check_params(name: str, params: dict[str, Any]) -> None:
         if first["type"] == "extra_forbidden":
             accepted = sorted(model.model_fields)
             raise ValueError(
-                f"prune.criterion.params.{key}: unknown parameter for '{name}'; expected one of {accepted}"
+                f"prune.criterion.params.{short_key(key)}: unknown parameter for '{name}'; expected one of {accepted}"
             ) from None
         if first["type"] == "literal_error":
             choices = typing.get_args(model.model_fields[key].annotation)
             raise ValueError(
-                f"prune.criterion.params.{key}: expected one of {list(choices)}, got {params[key]!r}"
+                f"prune.criterion.params.{key}: expected one of {list(choices)}, got {short(params[key])}"
             ) from None
-        raise ValueError(f"prune.criterion.params.{key}: {first['msg']} (got {first['input']!r})") from None
+        raise ValueError(format_validation_error(err, prefix="prune.criterion.params.")) from None
 
 
 @functools.cache
@@ -144,7 +146,9 @@ def _params_model(name: str) -> type[BaseModel]:
         for p in inspect.signature(fn).parameters.values()
         if p.kind is inspect.Parameter.KEYWORD_ONLY
     }
-    return create_model(f"{name}_params", __config__=ConfigDict(extra="forbid", strict=True), **fields)
+    return create_model(
+        f"{name}_params", __config__=ConfigDict(extra="forbid", strict=True, allow_inf_nan=False), **fields
+    )
 
 
 def score_units(name: str, ctx: ScoreContext, params: dict[str, Any] | None = None) -> torch.Tensor:

@@ -15,7 +15,7 @@ from pathlib import Path
 import datasets
 
 from compressor.errors import UserError
-from compressor.recipe import DataSpec, RecipeError
+from compressor.recipe import DataSpec, RecipeError, short
 
 # Our own progress bars cover training; per-split "Generating/Filter/Map" bars only clutter stderr.
 datasets.disable_progress_bars()
@@ -90,28 +90,44 @@ def _local(path: Path, seed: int) -> datasets.DatasetDict:
         loaded = {}
         for split, file in files.items():
             one = _load_local(
-                file, f"{file.suffix[1:]} file", datasets.load_dataset, kind, data_files={split: str(file)}
+                file,
+                f"{file.suffix[1:]} file",
+                datasets.load_dataset,
+                kind,
+                data_files={split: str(file)},
+                **_csv(kind),
             )
             loaded[split] = one[split]
         return datasets.DatasetDict(loaded)
     if path.suffix not in _LOCAL_SUFFIXES:
         raise RecipeError(f"data.source: '{path}' is not a .csv/.jsonl/.json/.parquet file or a dataset directory")
+    kind = _LOCAL_SUFFIXES[path.suffix]
     whole = _load_local(
-        path, f"{path.suffix[1:]} file", datasets.load_dataset, _LOCAL_SUFFIXES[path.suffix], data_files=str(path)
+        path, f"{path.suffix[1:]} file", datasets.load_dataset, kind, data_files=str(path), **_csv(kind)
     )["train"]
     first = whole.train_test_split(test_size=0.2, seed=seed)
     rest = first["test"].train_test_split(test_size=0.5, seed=seed)
     return datasets.DatasetDict(train=first["train"], validation=rest["train"], test=rest["test"])
 
 
+def _csv(kind: str) -> dict:
+    """Reader options: CSV files may start with a byte-order mark (Excel writes one), which must not end up in the
+    first column's name."""
+    return {"encoding": "utf-8-sig"} if kind == "csv" else {}
+
+
 def _load_local(path: Path, expected: str, loader, *args, **kwargs):
     """`loader(*args, **kwargs)`, with a malformed file reported as one line naming `data.source` and the file."""
+    verbosity = datasets.logging.get_verbosity()
+    datasets.logging.set_verbosity(datasets.logging.CRITICAL)  # its own log line would be a second line of output
     try:
         return loader(*args, **kwargs)
     except Exception as err:  # parser errors come wrapped in DatasetGenerationError; report the innermost cause
         raise UserError(
             f"data.source: could not read '{path}' ({_innermost(err)}); expected a valid {expected}"
         ) from None
+    finally:
+        datasets.logging.set_verbosity(verbosity)
 
 
 def _innermost(err: BaseException) -> str:
@@ -151,29 +167,81 @@ def _raw(spec: DataSpec) -> datasets.DatasetDict:
         ) from None
 
 
-def _labels(
-    ds: datasets.DatasetDict, field: str, split_names: dict[str, str]
-) -> tuple[datasets.DatasetDict, list[str]]:
-    """Integer `label` column and label names (ClassLabel names, sorted strings, or 0..max for integers)."""
-    first = ds[split_names["train"]]
-    feature = first.features[field]
+def _label_names(ds: datasets.DatasetDict, field: str, used: dict[str, str]) -> list[str]:
+    """Class names: a `ClassLabel`'s names, the sorted text names of the training split, or "0".."max" for integer
+    ids in the training split. Missing labels, mixed kinds and a single training class are one-line errors."""
+    feature = ds[used["train"]].features[field]
     if isinstance(feature, datasets.ClassLabel):
-        names = list(feature.names)
+        return list(feature.names)
+    seen = [_check_value(v, used["train"], field, i) for i, v in enumerate(ds[used["train"]][field])]
+    kinds = {type(v) for v in seen if v != -1}
+    if len(kinds) > 1:
+        raise UserError(
+            f"data.label_field: '{field}' in split '{used['train']}' mixes text and numbers "
+            f"({short(sorted(map(str, set(seen)))[:4])}); expected all class names or all integer ids"
+        )
+    distinct = sorted(set(seen) - {-1})
+    if len(distinct) < 2:
+        raise UserError(
+            f"data.label_field: split '{used['train']}' has {len(distinct)} class(es) {short(distinct)}; "
+            "expected at least two classes to train a classifier"
+        )
+    if kinds == {int}:
+        return [str(i) for i in range(distinct[-1] + 1)]
+    return [str(v) for v in distinct]
+
+
+def _check_value(value: object, split: str, field: str, row: int) -> str | int:
+    """One label as a class name (str) or id (int, -1 = unlabelled as in hub test splits); else a one-line error."""
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)  # pandas reads an integer column with a blank cell as floats
+    if isinstance(value, str) and value.strip():
+        return value
+    if isinstance(value, int) and not isinstance(value, bool) and value >= -1:
+        return value
+    what = "is missing" if value is None or value == "" or value != value else f"is {short(value)}"
+    raise UserError(
+        f"data.label_field: '{field}' {what} in split '{split}' (row {row}); expected a class name or an id ≥ 0"
+    )
+
+
+def _encode_labels(
+    ds: datasets.Dataset, split: str, field: str, names: list[str], text_fields: list[str]
+) -> datasets.Dataset:
+    """The text fields and an integer `label` column made from `field` (ids into `names`); unlabelled rows (-1) go.
+
+    A label that the training split never saw is a one-line error naming the split and the value.
+    """
+    feature = ds.features[field]
+    if isinstance(feature, datasets.ClassLabel):
+        ids = list(ds[field])
     else:
-        values = sorted({v for split in ds.values() for v in split[field] if v is not None and v != -1})
-        if values and all(isinstance(v, str) for v in values):
-            names = list(values)
-            lookup = {n: i for i, n in enumerate(names)}
-            ds = ds.map(lambda ex: {field: lookup.get(ex[field], -1)})
-        elif values and all(isinstance(v, int) and not isinstance(v, bool) for v in values):
-            if min(values) < 0:
-                raise RecipeError(f"data.label_field: '{field}' has negative labels {values[:3]}; expected 0..N-1")
-            names = [str(i) for i in range(max(values) + 1)]
-        else:
-            raise RecipeError(f"data.label_field: '{field}' must hold integers or strings, got {values[:3]}")
-    if field != "label":
-        ds = ds.rename_column(field, "label") if "label" not in first.column_names else ds
-    return ds, names
+        lookup = {name: i for i, name in enumerate(names)}
+        ids = []
+        for row, value in enumerate(ds[field]):
+            value = _check_value(value, split, field, row)
+            if value == -1:
+                ids.append(-1)
+            elif (i := lookup.get(str(value))) is None:
+                raise UserError(
+                    f"data.label_field: label {short(value)} in split '{split}' (row {row}) never occurs in the "
+                    f"training split; expected one of {short(names)}"
+                )
+            else:
+                ids.append(i)
+    ds = ds.select_columns(text_fields).add_column("label", ids).cast_column("label", datasets.Value("int64"))
+    return ds.filter(lambda ex: ex["label"] >= 0)
+
+
+def _check_texts(ds: datasets.Dataset, split: str, fields: list[str]) -> None:
+    """Every text field holds a string in every row (an empty string is fine: it tokenises to [CLS] [SEP])."""
+    for field in fields:
+        for row, value in enumerate(ds[field]):
+            if not isinstance(value, str):
+                what = "is missing" if value is None else f"is not text ({short(value)})"
+                raise UserError(
+                    f"data.text_fields: '{field}' {what} in split '{split}' (row {row}); expected text in every row"
+                )
 
 
 def load_task_data(spec: DataSpec) -> TaskData:
@@ -193,16 +261,15 @@ def load_task_data(spec: DataSpec) -> TaskData:
                     f"data.{which}: field '{field}' not in dataset split '{split}' (data.splits.{role}); "
                     f"expected it in every used split; columns found {columns}"
                 )
-    raw = datasets.DatasetDict({split: raw[split] for split in dict.fromkeys(used.values())})  # unused splits out
-    raw, names = _labels(raw, spec.label_field, spec.splits)
-    keep = [*spec.text_fields, "label"]
+    names = _label_names(raw, spec.label_field, used)
     out = {}
     for role, split in used.items():
-        ds = raw[split].select_columns(keep).filter(lambda ex: ex["label"] is not None and ex["label"] >= 0)
+        ds = _encode_labels(raw[split], split, spec.label_field, names, list(spec.text_fields))
         cap = spec.max_train_examples if role == "train" else spec.max_eval_examples
         if cap is not None and len(ds) > cap:
             ds = ds.shuffle(seed=spec.split_seed).select(range(cap))
         if len(ds) == 0:
             raise RecipeError(f"data.splits.{role}: split '{split}' is empty; expected at least one labelled row")
+        _check_texts(ds, split, spec.text_fields)
         out[role] = ds
     return TaskData(**out, label_names=names, text_fields=list(spec.text_fields))

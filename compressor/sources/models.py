@@ -63,6 +63,19 @@ def load_config(spec: ModelSpec):
     return config
 
 
+def max_positions(config) -> int | None:
+    """How many tokens (special ones included) the model's position embeddings cover, or None when unbounded.
+
+    RoBERTa-style models reserve the first `pad_token_id + 1` positions, so 514 embeddings take 512 tokens.
+    """
+    limit = getattr(config, "max_position_embeddings", None)
+    if not isinstance(limit, int):
+        return None
+    if getattr(config, "model_type", "") in ("roberta", "xlm-roberta", "camembert"):
+        limit -= (getattr(config, "pad_token_id", None) or 0) + 1
+    return limit
+
+
 def _check_local_weights(spec: ModelSpec, source: str) -> None:
     """A local model directory must hold safetensors weights: `from_pretrained(use_safetensors=True)` would only
     fail after the run has started, and pickled `pytorch_model.bin` files are refused on purpose (safe loading)."""
