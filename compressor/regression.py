@@ -340,7 +340,7 @@ def _change(v: Verdict, x: float | None) -> str:
 def regression_table(verdicts: Sequence[Verdict]) -> list[str]:
     """Markdown table rows (header included) for the given verdicts."""
     lines = [
-        "| metric | direction | was | now | change | confidence bound | tolerance | status |",
+        "| metric | direction | was | now | change | best plausible change (one-sided CI) | tolerance | status |",
         "|---|---|---:|---:|---:|---:|---:|---|",
     ]
     for v in verdicts:

@@ -131,10 +131,12 @@ def run_bench(
     baseline: Path | None = None,
     roles: tuple[str, str] = ("reference", "candidate"),
     options: tuple[str, str] = ("--reference", "--candidate"),
+    tolerances: dict | None = None,
 ) -> int:
     """Benchmark `candidate` (and ONNX variants) against `reference`; optionally save a baseline or check one.
 
-    `batches_for(candidate_dir, num_labels)` gives the evaluation batches (None: time only). Everything that can be
+    `batches_for(candidate_dir, num_labels)` gives the evaluation batches (None: time only); `tolerances`
+    ({kind: {"relative"|"absolute": x}}) override the defaults written into a new baseline. Everything that can be
     refused (options, baseline file, identity) is refused before anything is timed. Returns the exit code: 0 pass,
     1 regression; invalid input raises UserError (exit 2).
     """
@@ -166,7 +168,7 @@ def run_bench(
     print_summary(result, out)
     if save_baseline is not None:
         prints = {c: regression.fingerprint(p) for c, p in zip(names, (*dirs, *variants.values()), strict=True)}
-        regression.save_baseline(regression.new_baseline(result, identity, prints), save_baseline)
+        regression.save_baseline(regression.new_baseline(result, identity, prints, tolerances), save_baseline)
         typer.echo(f"baseline written: {save_baseline}")
     if expected is None:
         return 0
