@@ -26,13 +26,11 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from transformers import AutoTokenizer
 
 from compressor import atomic, bench
-from compressor.checkpoint import load_pruned
 from compressor.commands.bench import eval_batches, run_bench
 from compressor.recipe import BenchSpec, ModelSpec
-from compressor.sources.models import resolve_model_path
+from compressor.sources.models import load_model, load_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "regression_check.json"
@@ -67,11 +65,11 @@ def bias_for_drop(logits: np.ndarray, labels: np.ndarray, drop: float) -> np.nda
     raise ValueError(f"no bias shift lowers accuracy by {drop}")
 
 
-def prepare(source: str, work: Path, examples: int, drop: float) -> tuple[dict[str, Path], list]:
+def prepare(spec: ModelSpec, work: Path, examples: int, drop: float) -> tuple[dict[str, Path], list]:
     """Save the release, slower and worse models under `work`; returns their dirs and the evaluation batches."""
     torch.manual_seed(0)  # a base encoder gets a seeded classifier head: the same release on every run
-    model = load_pruned(source, attn_implementation="sdpa").eval()
-    tokenizer = AutoTokenizer.from_pretrained(source)
+    model = load_model(spec).eval()
+    tokenizer = load_tokenizer(spec)
     release = save(model, tokenizer, work / "release")
     batches = eval_batches(None, release, model.config.num_labels, examples)
     candidate = bench.pytorch_candidate("release", model, 64)
@@ -86,6 +84,11 @@ def prepare(source: str, work: Path, examples: int, drop: float) -> tuple[dict[s
         "worse": save(worse, tokenizer, work / "worse"),
     }
     return dirs, batches
+
+
+def model_spec(source: str) -> ModelSpec:
+    """builtin:minilm-l6 is a base encoder (gets a seeded head); a local directory is taken as task-tuned."""
+    return ModelSpec(source=source, task_tuned=not source.startswith("builtin:"))
 
 
 def one_check(dirs: dict, scenario: str, spec: BenchSpec, batches: list, baseline: Path, out: Path) -> dict:
@@ -139,7 +142,7 @@ def main() -> int:
     bench.set_threads(args.threads)
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        dirs, batches = prepare(resolve_model_path(ModelSpec(source=args.model)), work, args.eval_examples, args.drop)
+        dirs, batches = prepare(model_spec(args.model), work, args.eval_examples, args.drop)
         baseline = work / "baseline.json"
         start = time.perf_counter()
         run_bench(dirs["unchanged"], dirs["unchanged"], work / "first", spec, batches_for=lambda _d, _n: batches,
