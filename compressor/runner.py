@@ -29,6 +29,7 @@ from safetensors.torch import load_file, save_file
 from compressor import atomic, criteria
 from compressor.checkpoint import load_pruned, save_pruned
 from compressor.cost import model_stats
+from compressor.distill import load_or_compute
 from compressor.errors import UserError
 from compressor.layout import num_layers, original_num_heads
 from compressor.recipe import Recipe, RecipeError, dump_recipe, parse_recipe
@@ -223,6 +224,12 @@ def prune_loop(run: Run, model: torch.nn.Module) -> tuple[torch.Tensor, list[dic
     r, acc = run.recipe, run.accelerator
     p = r.prune
     full = torch.ones(num_layers(model), original_num_heads(model), dtype=torch.bool)
+    distill = p.finetune.distill if p.finetune is not None else None  # teacher = the model before any step
+    teacher = (
+        None
+        if distill is None
+        else load_or_compute(run.out / "state" / "teacher", model, run.splits["train"], run.tokenizer, acc, distill)
+    )
     start, alive, steps_log = load_last_step(run, model)
     alive = full if alive is None else alive
     cumulative = schedule(full.numel(), p.target, p.steps)
@@ -272,6 +279,7 @@ def prune_loop(run: Run, model: torch.nn.Module) -> tuple[torch.Tensor, list[dic
                 gates,
                 seed=r.seed + step,
                 desc=f"step {step + 1}",
+                teacher=teacher,
             )
             entry["val_after_finetune"] = evaluate(model, run.splits["validation"], run.tokenizer, acc, gates)
         entry["seconds"] = time.perf_counter() - t0

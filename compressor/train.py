@@ -10,6 +10,7 @@ import math
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import nullcontext
+from typing import TYPE_CHECKING
 
 import datasets
 import torch
@@ -22,6 +23,9 @@ from transformers import DataCollatorWithPadding, get_linear_schedule_with_warmu
 
 from compressor.masking import gated
 from compressor.recipe import TrainSpec
+
+if TYPE_CHECKING:
+    from compressor.distill import TeacherTargets
 
 MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 
@@ -75,11 +79,18 @@ def train(
     gates: torch.Tensor | None = None,
     seed: int = 0,
     desc: str = "fine-tune",
+    teacher: TeacherTargets | None = None,
 ) -> dict:
     """Fine-tune `model` in place with AdamW + linear warm-up/decay; returns loss and timing.
 
-    `spec.epochs` may be fractional; `spec.max_examples` caps the examples seen per epoch (seeded subset).
+    `spec.epochs` may be fractional; `spec.max_examples` caps the examples seen per epoch (seeded subset). With
+    `teacher` (cached targets for every example of `train_ds`, see `compressor.distill`) the loss mixes the task
+    loss with distillation; the examples and their order are exactly those of plain fine-tuning.
     """
+    from compressor.distill import mixed_loss, with_index
+
+    if teacher is not None:
+        train_ds = with_index(train_ds)
     if spec.max_examples is not None and len(train_ds) > spec.max_examples:
         train_ds = train_ds.shuffle(seed=seed).select(range(spec.max_examples))
     dl = loader(train_ds, tokenizer, spec.batch_size, shuffle=True, seed=seed)
@@ -102,7 +113,7 @@ def train(
     with gated(model, gates) if gates is not None else nullcontext():
         while step < total:
             for batch in dl:
-                loss = F.cross_entropy(wrapped(**model_inputs(batch)).logits, batch["labels"])
+                loss = mixed_loss(wrapped, model_inputs(batch), batch, teacher)
                 accelerator.backward(loss)
                 optimizer.step()
                 scheduler.step()
@@ -117,7 +128,8 @@ def train(
     wrapped.eval()
     model.eval()
     accelerator.free_memory()
-    return {"steps": step, "train_loss": running / max(step, 1), "seconds": time.perf_counter() - start}
+    stats = {"steps": step, "train_loss": running / max(step, 1), "seconds": time.perf_counter() - start}
+    return {**stats, "distill": teacher.spec.model_dump()} if teacher is not None else stats
 
 
 @torch.inference_mode()

@@ -88,9 +88,12 @@ def _cli_env(cache: Path) -> dict:
     return {**os.environ, "COMPRESSOR_CACHE": str(cache), "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
 
 
-def test_resume_after_sigkill(tmp_path, tiny_model_dir, tiny_csv, cache_dir) -> None:
-    """Kill a real `compressor run` after its first checkpoint; rerunning finishes like an uninterrupted run."""
-    overrides = {"prune.steps": 3, "prune.finetune": {"epochs": 2, "lr": 5e-4, "batch_size": 8, "max_examples": 160}}
+@pytest.mark.parametrize("distill", [None, {"alpha": 0.7, "hidden_weight": 0.5}], ids=["plain", "distill"])
+def test_resume_after_sigkill(tmp_path, tiny_model_dir, tiny_csv, cache_dir, distill) -> None:
+    """Kill a real `compressor run` after its first checkpoint; rerunning finishes like an uninterrupted run (with
+    distillation: reusing the teacher targets the killed attempt cached)."""
+    finetune = {"epochs": 2, "lr": 5e-4, "batch_size": 8, "max_examples": 160, "distill": distill}
+    overrides = {"prune.steps": 3, "prune.finetune": finetune}
     reference = _run(tmp_path, tiny_model_dir, tiny_csv, name="ref", **overrides)  # also fills the base cache
     out = tmp_path / "killed"
     recipe_path = tmp_path / "killed.yaml"
@@ -109,6 +112,7 @@ def test_resume_after_sigkill(tmp_path, tiny_model_dir, tiny_csv, cache_dir) -> 
     done = subprocess.run(cmd, env=_cli_env(cache_dir), capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "resuming after step" in (out / "run.log").read_text()
+    assert ("teacher targets: reusing 240 cached logits" in (out / "run.log").read_text()) == bool(distill)
     resumed = json.loads((out / "report.json").read_text())
     assert resumed["pruned"]["plan"] == reference["pruned"]["plan"]
     for a, b in zip(resumed["steps"], reference["steps"], strict=True):
