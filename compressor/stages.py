@@ -11,6 +11,7 @@ from pathlib import Path
 
 import torch
 
+from compressor.checkpoint import add_deployment_section
 from compressor.selection import plan_to_mask
 from compressor.train import sample_batches
 
@@ -19,10 +20,12 @@ log = logging.getLogger("compressor")
 
 def export_stage(run, model_dir: Path) -> dict:
     from compressor.export import export_onnx
+    from compressor.quantize import int8_options
 
     spec = run.recipe.export
     batches = sample_batches(run.splits["validation"], run.tokenizer, 128, 32, seed=1)
-    result = export_onnx(model_dir, run.out / "onnx", spec.variants, batches, atol=spec.atol, opset=spec.opset)
+    int8 = int8_options(spec.int8, spec.variants, run.splits["train"], run.splits["validation"], run.tokenizer)
+    result = export_onnx(model_dir, run.out / "onnx", spec.variants, batches, spec.atol, spec.opset, int8)
     for name, info in result.items():
         log.info(
             "export %s: %.1f MB, max |Δlogit| vs PyTorch %.2e, agreement %.4f",
@@ -124,6 +127,8 @@ def after_prune(run, original, pruned, model_dir: Path, alive, steps_log: list[d
     if recipe.export.enabled:
         exported = export_stage(run, model_dir)
         report["export"] = exported
+    distill = recipe.prune.finetune.distill if recipe.prune.finetune is not None else None
+    add_deployment_section(model_dir, exported or None, distill and distill.model_dump())
     if recipe.bench.enabled:
         report["bench"] = bench_stage(run, original, pruned, model_dir, exported)
     if recipe.analysis.enabled:
