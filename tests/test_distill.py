@@ -132,3 +132,28 @@ def test_run_computes_teacher_targets_once_and_reports_distillation(
     assert len(calls) == 1 and calls[0] == 240  # the whole train split (80% of 300), once for both steps
     assert all(step["finetune"]["distill"]["alpha"] == 0.7 for step in report["steps"])
     assert (tmp_path / "out" / "state" / "teacher" / distill.LOGITS_FILE).exists()
+
+
+@pytest.mark.parametrize(
+    ("section", "value", "message"),
+    [
+        ("prune", {"finetune": {"distill": {"alpha": 1.5}}}, "prune.finetune.distill.alpha: Input should be less"),
+        ("prune", {"finetune": {"distill": {"temperature": 0}}}, "prune.finetune.distill.temperature: Input should"),
+        ("prune", {"finetune": {"distill": {"weight": 1}}}, "prune.finetune.distill.weight: unknown key"),
+        ("base_finetune", {"distill": {"alpha": 0.5}}, "base_finetune.distill: unknown key"),
+        ("export", {"int8": {"max_drop": -0.1}}, "export.int8.max_drop: Input should be greater than or equal to 0"),
+        ("export", {"variants": ["int8_dynamic"]}, "export.variants.0: Input should be 'fp32', 'optimized', 'int8'"),
+    ],
+)
+def test_bad_distill_and_int8_settings_name_the_field(section, value, message) -> None:
+    from compressor.recipe import RecipeError
+
+    with pytest.raises(RecipeError, match=message):
+        parse_recipe({section: value})
+
+
+def test_distill_and_int8_settings_parse_with_defaults() -> None:
+    recipe = parse_recipe({"prune": {"finetune": {"distill": {}}}, "export": {"variants": ["fp32", "int8_static"]}})
+    assert recipe.prune.finetune.distill == DistillSpec(alpha=0.5, temperature=2.0, hidden_weight=0.0)
+    assert recipe.export.int8.max_drop == 0.005 and recipe.export.int8.per_channel
+    assert parse_recipe({}).prune.finetune.distill is None  # off unless asked for
