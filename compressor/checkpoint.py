@@ -137,15 +137,23 @@ def write_model_card(
     return stats
 
 
+def describe_distillation(distill: dict | None) -> str:
+    """How recovery fine-tuning learned, in words: distillation settings, or that it was off."""
+    if not distill:
+        return "plain task loss (distillation off)"
+    hidden = f", hidden-state matching weight {distill['hidden_weight']:g}" if distill.get("hidden_weight") else ""
+    return f"distilled from the unpruned model (KL weight {distill['alpha']:g}, T={distill['temperature']:g}{hidden})"
+
+
 def render_deployment_section(export: dict | None, distill: dict | None) -> str:
     """Model-card section on how the weights were recovered (distillation on/off) and which ONNX variants exist,
     with each int8 variant's validation gate: a rejected variant is listed as such and must not be deployed."""
-    if distill:
-        how = f"distilled from the unpruned model (KL weight {distill['alpha']:g}, T={distill['temperature']:g}"
-        how += f", hidden-state weight {distill['hidden_weight']:g})" if distill.get("hidden_weight") else ")"
-    else:
-        how = "plain task loss (distillation off)"
-    lines = ["", "## Recovery and deployment", "", f"Fine-tuning between pruning steps: {how}."]
+    lines = [
+        "",
+        "## Recovery and deployment",
+        "",
+        f"Fine-tuning between pruning steps: {describe_distillation(distill)}.",
+    ]
     if export:
         lines += ["", "| ONNX variant | validation accuracy vs fp32 | status |", "|---|---|---|"]
         for name, info in export.items():

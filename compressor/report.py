@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from compressor import atomic
+from compressor.checkpoint import describe_distillation
 
 
 def _pct(x: float | None) -> str:
@@ -66,14 +67,7 @@ def distillation(report: dict) -> dict | None:
 
 
 def _distillation_line(report: dict) -> str:
-    d = distillation(report)
-    if d is None:
-        return "Recovery fine-tuning: plain (distillation off)."
-    hidden = f", hidden-state matching weight {d['hidden_weight']:g}" if d["hidden_weight"] else ""
-    return (
-        f"Recovery fine-tuning: distilled from the original (KL weight {d['alpha']:g}, temperature "
-        f"{d['temperature']:g}{hidden})."
-    )
+    return f"Recovery fine-tuning: {describe_distillation(distillation(report))}."
 
 
 def recommendation(report: dict) -> dict | None:
