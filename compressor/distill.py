@@ -134,7 +134,7 @@ def mixed_loss(model: nn.Module, inputs: dict, batch: dict, targets: TeacherTarg
     if targets is None:
         return task
     spec = targets.spec
-    teacher_logits = targets.logits.to(out.logits.device)[batch[INDEX_COLUMN]]
+    teacher_logits = targets.logits[batch[INDEX_COLUMN].cpu()].to(out.logits.device)
     loss = (1 - spec.alpha) * task + spec.alpha * kd_loss(out.logits, teacher_logits, spec.temperature)
     if hidden:
         with torch.no_grad():

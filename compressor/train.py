@@ -10,7 +10,6 @@ import math
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import nullcontext
-from typing import TYPE_CHECKING
 
 import datasets
 import torch
@@ -21,11 +20,9 @@ from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 from transformers import DataCollatorWithPadding, get_linear_schedule_with_warmup
 
+from compressor.distill import TeacherTargets, mixed_loss, with_index
 from compressor.masking import gated
 from compressor.recipe import TrainSpec
-
-if TYPE_CHECKING:
-    from compressor.distill import TeacherTargets
 
 MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 
@@ -87,8 +84,6 @@ def train(
     `teacher` (cached targets for every example of `train_ds`, see `compressor.distill`) the loss mixes the task
     loss with distillation; the examples and their order are exactly those of plain fine-tuning.
     """
-    from compressor.distill import mixed_loss, with_index
-
     if teacher is not None:
         train_ds = with_index(train_ds)
     if spec.max_examples is not None and len(train_ds) > spec.max_examples:
