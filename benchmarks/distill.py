@@ -60,21 +60,47 @@ def row(name: str, report: dict) -> dict:
     return out
 
 
+COLUMNS = {  # header → alignment
+    "recipe": "---",
+    "removed": "---:",
+    "distillation": "---",
+    "original": "---:",
+    "pruned": "---:",
+    "Δ": "---:",
+    "McNemar p": "---:",
+    "wall time (s)": "---:",
+    "int8 gate (val Δ)": "---",
+    "recommended": "---",
+}
+
+
 def table(rows: list[dict]) -> str:
-    lines = [
-        "| recipe | removed | distillation | original | pruned | Δ | McNemar p | wall time (s) | int8 gate (val Δ) "
-        "| recommended |",
-        "|---|---:|---|---:|---:|---:|---:|---:|---|---|",
-    ]
+    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "|".join(COLUMNS.values()) + "|"]
     for r in rows:
-        gates = ", ".join(f"{k}: {v['status']} ({-100 * (v['drop'] or 0):+.2f})" for k, v in r["int8"].items()) or "–"
+        gates = ", ".join(f"{k}: {v['status']} ({-100 * (v['drop'] or 0):+.2f})" for k, v in r["int8"].items())
         ratio = f" ({r['wall_time_ratio']:.2f}×)" if "wall_time_ratio" in r else ""
-        lines.append(
-            f"| {r['recipe']} | {r['fraction_removed']:.0%} | {'on' if r['distillation'] else 'off'} | "
-            f"{r['original_test_accuracy']:.2f} | {r['pruned_test_accuracy']:.2f} | {-r['drop_points']:+.2f} | "
-            f"{r['mcnemar_p']:.3g} | {r['run_seconds']}{ratio} | {gates} | {r['recommendation'] or '–'} |"
-        )
+        cells = [
+            r["recipe"],
+            f"{r['fraction_removed']:.0%}",
+            "on" if r["distillation"] else "off",
+            *(f"{r[k]:.2f}" for k in ("original_test_accuracy", "pruned_test_accuracy")),
+            f"{-r['drop_points']:+.2f}",
+            f"{r['mcnemar_p']:.3g}",
+            f"{r['run_seconds']}{ratio}",
+            gates or "–",
+            r["recommendation"] or "–",
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def on_and_off(name: str, rerun: bool) -> list[dict]:
+    """Rows of the distillation-off twin and of the recipe itself (which distils), wall-time ratio on the latter."""
+    recipe = ROOT / "recipes" / f"{name}.yaml"
+    off = row(f"{name}_nodistill", finished_report(off_twin(recipe), rerun))
+    on = row(name, finished_report(recipe, rerun))
+    on["wall_time_ratio"] = on["run_seconds"] / max(off["run_seconds"], 1)
+    return [off, on]
 
 
 def main() -> None:
@@ -82,17 +108,10 @@ def main() -> None:
     parser.add_argument("--recipes", nargs="+", default=DEFAULT_RECIPES, help="distilling recipe names under recipes/")
     parser.add_argument("--rerun", action="store_true", help="run every recipe again (--force) even if finished")
     args = parser.parse_args()
-    rows = []
-    for name in args.recipes:
-        recipe = ROOT / "recipes" / f"{name}.yaml"
-        off = row(f"{name}_nodistill", finished_report(off_twin(recipe), args.rerun))
-        on = row(name, finished_report(recipe, args.rerun))
-        on["wall_time_ratio"] = on["run_seconds"] / max(off["run_seconds"], 1)
-        rows += [off, on]
-    print(table(rows))
+    rows = [r for name in args.recipes for r in on_and_off(name, args.rerun)]
     out = ROOT / "benchmarks" / "results" / "distill.json"
     out.write_text(json.dumps(rows, indent=2) + "\n")
-    print(f"wrote {out}")
+    print(f"{table(rows)}\nwrote {out}")
 
 
 if __name__ == "__main__":
