@@ -28,6 +28,8 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from compressor import criteria
+from compressor.distill import TeacherTargets, load_or_compute
+from compressor.errors import UserError
 from compressor.layout import num_layers, original_num_heads
 from compressor.recipe import PruneSpec
 from compressor.selection import mask_to_plan, plan_to_mask, schedule, select_heads
@@ -120,6 +122,7 @@ class _Loop:
     accelerator: Accelerator
     seed: int
     score_batches: list[dict]
+    teacher: TeacherTargets | None = None
 
 
 def prune(
@@ -129,7 +132,7 @@ def prune(
     config: PruneSpec | None = None,
     *,
     validation: datasets.Dataset | None = None,
-    teacher: nn.Module | None = None,
+    teacher: nn.Module | TeacherTargets | None = None,
     seed: int = 0,
     accelerator: Accelerator | None = None,
     hook: StepHook | None = None,
@@ -138,17 +141,18 @@ def prune(
 
     `train` and `validation` are tokenised splits (`compressor.train.tokenize`: model inputs plus `labels`);
     without `validation` the step log has no accuracies. The model should use eager attention (criteria read
-    attention weights). `teacher` is reserved for distillation and not supported yet.
+    attention weights). With `config.finetune.distill` the recovery fine-tuning distils from `teacher`: the
+    unpruned model (default: `model` as passed in, before any step), or targets the caller cached
+    (`compressor.distill.load_or_compute`, as the runner does so a resumed run reuses them).
     """
-    if teacher is not None:
-        raise NotImplementedError("teacher: distillation during pruning is not supported yet")
     config = config or PruneSpec()
     accelerator = accelerator or Accelerator()
     model = model.to(accelerator.device)
+    targets = _teacher_targets(teacher, model, train, tokenizer, config, accelerator)
     score_batches = sample_batches(
         train, tokenizer, config.score_examples, config.score_batch_size, seed=seed, accelerator=accelerator
     )
-    loop = _Loop(model, tokenizer, train, validation, config, accelerator, seed, score_batches)
+    loop = _Loop(model, tokenizer, train, validation, config, accelerator, seed, score_batches, targets)
     fresh = PruneState(Masks.full(model))
     state = hook.resume(model, fresh) if hook is not None else fresh
     cumulative = schedule(fresh.masks.heads.numel(), config.target, config.steps)
@@ -170,6 +174,20 @@ def prune(
         steps=state.log,
         step_masks=[s.masks for s in state.steps],
     )
+
+
+def _teacher_targets(
+    teacher: nn.Module | TeacherTargets | None, model: nn.Module, train_ds, tokenizer, config: PruneSpec, accelerator
+) -> TeacherTargets | None:
+    """Teacher logits for every training example, computed once (or the caller's), when distillation is on."""
+    distill = config.finetune.distill if config.finetune is not None else None
+    if distill is None:
+        if teacher is not None:
+            raise UserError("teacher: given, but prune.finetune.distill is off; expected distill settings to use it")
+        return None
+    if isinstance(teacher, TeacherTargets):
+        return teacher
+    return load_or_compute(None, teacher if teacher is not None else model, train_ds, tokenizer, accelerator, distill)
 
 
 def _score(loop: _Loop, masks: Masks, step: int, n_remove: int) -> tuple[torch.Tensor, dict]:
@@ -231,6 +249,7 @@ def _step(loop: _Loop, masks: Masks, step: int, removed_after: int) -> StepRecor
             gates,
             seed=loop.seed + step,
             desc=desc,
+            teacher=loop.teacher,
         )
         if (after_finetune := _validate(loop, masks)) is not None:
             entry["val_after_finetune"] = after_finetune

@@ -190,6 +190,42 @@ def write_model_card(
     return stats
 
 
+def describe_distillation(distill: dict | None) -> str:
+    """How recovery fine-tuning learned, in words: distillation settings, or that it was off."""
+    if not distill:
+        return "plain task loss (distillation off)"
+    hidden = f", hidden-state matching weight {distill['hidden_weight']:g}" if distill.get("hidden_weight") else ""
+    return f"distilled from the unpruned model (KL weight {distill['alpha']:g}, T={distill['temperature']:g}{hidden})"
+
+
+def render_deployment_section(export: dict | None, distill: dict | None) -> str:
+    """Model-card section on how the weights were recovered (distillation on/off) and which ONNX variants exist,
+    with each int8 variant's validation gate: a rejected variant is listed as such and must not be deployed."""
+    lines = [
+        "",
+        "## Recovery and deployment",
+        "",
+        f"Fine-tuning between pruning steps: {describe_distillation(distill)}.",
+    ]
+    if export:
+        lines += ["", "| ONNX variant | validation accuracy vs fp32 | status |", "|---|---|---|"]
+        for name, info in export.items():
+            gate = info.get("gate")
+            acc = "–" if gate is None else f"{100 * gate['accuracy']:.2f}% vs {100 * gate['fp32_accuracy']:.2f}%"
+            status = info.get("status", "passed parity")
+            lines.append(
+                f"| {name} | {acc} | {'REJECTED (failed the int8 gate)' if status == 'rejected' else status} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def add_deployment_section(model_dir: str | Path, export: dict | None, distill: dict | None) -> None:
+    """Append `render_deployment_section` to the model card of a saved model (written after export ran)."""
+    card = Path(model_dir) / CARD_FILE
+    before = card.read_text() if card.exists() else ""
+    atomic.write_text(card, before + render_deployment_section(export, distill))
+
+
 def read_plan(model_dir: str | Path) -> dict[int, list[int]]:
     """The cumulative head plan stored with a saved model ({} for an unpruned directory)."""
     return read_unit_plan(model_dir)["heads"]

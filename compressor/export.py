@@ -11,6 +11,7 @@ bare `onnxruntime.InferenceSession`; tokenizer files and `config.json` sit besid
     out_dir/fp32/model.onnx        torch → ONNX, dynamic batch and sequence axes
     out_dir/optimized/model.onnx   onnxruntime.transformers optimizer (fused Attention with per-layer head counts)
     out_dir/int8/model.onnx        dynamic int8 quantisation of the optimised graph (else of fp32)
+    out_dir/int8_static/model.onnx static QDQ int8 of the same graph, calibrated on training examples
     out_dir/export.json            what `export_onnx` returned
 """
 
@@ -31,10 +32,15 @@ from torch import nn
 from compressor import atomic
 from compressor.batches import MODEL_INPUTS as INPUT_NAMES
 from compressor.errors import UserError
+from compressor.quantize import INT8_VARIANTS, Int8Options, build_int8, quantize_graph
+from compressor.quantize import gate as int8_gate
+from compressor.quantize import status as int8_status
+
+__all__ = ["Int8Options", "export_onnx", "quantize_graph"]  # quantize_graph stays importable from here
 
 log = logging.getLogger(__name__)
 
-VARIANTS = ("fp32", "optimized", "int8")
+VARIANTS = ("fp32", "optimized", *INT8_VARIANTS)
 ONNX_FILE = "model.onnx"
 MANIFEST = "export.json"
 ATTENTION_OPS = ("Attention", "MultiHeadAttention", "QAttention")
@@ -235,38 +241,6 @@ def optimize_graph(src: Path, dest: Path, fuse_attention: bool = True) -> dict:
     return {"fused_ops": {k: int(v) for k, v in fused.items() if v}}
 
 
-def quantize_graph(
-    src: Path,
-    dest: Path,
-    per_channel: bool = True,
-    reduce_range: bool = False,
-    nodes_to_exclude: Sequence[str] = (),
-) -> None:
-    """Dynamic int8 quantisation (int8 weights, activations quantised per batch at run time) of `src`.
-
-    Weights are quantised per output channel by default: on the pruned MiniLM that raised prediction agreement
-    with fp32 from 95.9% to 98.5% (test split, `benchmarks/int8.py`) at the same speed and ~0.4% larger file. The other
-    options are ORT's, exposed for `benchmarks/int8.py`, which measures what each costs and buys.
-
-    `DefaultTensorType` lets the quantiser handle outputs of contrib ops (fused Attention, SkipLayerNorm) whose
-    types ONNX shape inference cannot infer.
-    """
-    import onnx
-    from onnxruntime.quantization import QuantType, quantize_dynamic
-
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    with _quiet_ort():
-        quantize_dynamic(
-            str(src),
-            str(dest),
-            weight_type=QuantType.QInt8,
-            per_channel=per_channel,
-            reduce_range=reduce_range,
-            nodes_to_exclude=list(nodes_to_exclude),
-            extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
-        )
-
-
 def attention_nodes(file: Path) -> dict[str, list[int]]:
     """`{op_type: [num_heads of each node]}` of the fused attention nodes in a graph (empty when none fused)."""
     import onnx
@@ -354,13 +328,16 @@ def export_onnx(
     check_batches: Sequence[Mapping[str, torch.Tensor]],
     atol: float = 1e-4,
     opset: int | None = None,
+    int8: Int8Options | None = None,
 ) -> dict[str, dict]:
     """Export a saved (pruned) model to ONNX variants under `out_dir`, each checked against PyTorch.
 
     fp32 is always exported (it is the parity gate and the source of the others). Its max |Δlogit| against the
     PyTorch model on `check_batches` (dicts with input_ids, attention_mask, maybe token_type_ids and labels) must be
     ≤ `atol`, and so must the optimised graph's; otherwise `ExportParityError` is raised and `out_dir` is left as it
-    was. int8 has no gate: its max |Δlogit| and prediction agreement are reported. Everything is built in a sibling
+    was. int8 variants (built as `int8` says) report max |Δlogit| and agreement, and with `int8.validation`
+    batches also "gate" (validation accuracy vs the fp32 graph, `compressor.quantize.gate`) and "status":
+    accepted, rejected (kept on disk) or ungated. Everything is built in a sibling
     temp directory renamed to `out_dir` when complete (a previous export there is replaced).
 
     Returns `{variant: {"dir", "file", "size_bytes", "max_abs_diff", "agreement", "check_accuracy",
@@ -371,6 +348,9 @@ def export_onnx(
     from compressor.layout import present_heads
 
     names = check_variants(variants)
+    options = int8 or Int8Options()
+    if "int8_static" in names and not options.calibration:
+        raise UserError("export.int8: int8_static needs calibration batches; expected training examples")
     if not check_batches:
         raise UserError("export: no check batches given; expected real evaluation batches for the parity gate")
     model_dir, out_dir = Path(model_dir), Path(out_dir)
@@ -383,29 +363,53 @@ def export_onnx(
         results = _build_all(
             model, model_dir, tmp, out_dir, names, check_batches, reference, atol, opset, attention_layers
         )
+        results.update(_build_int8(tmp, out_dir, names, results, check_batches, reference, options))
         (tmp / MANIFEST).write_text(json.dumps(results, indent=2))
     return results
 
 
 def _build_all(model, model_dir, tmp, out_dir, names, batches, reference, atol, opset, attention_layers) -> dict:
-    """fp32 (gated), then the requested optimised / int8 variants, each in its own directory under `tmp`."""
+    """fp32 (parity-gated), then the optimised variant if requested, each in its own directory under `tmp`."""
     fp32 = export_fp32(model, tmp / "fp32", opset)
     _copy_side_files(model_dir, tmp / "fp32")
     stats = _check(fp32, batches, reference)
     _gate("fp32", stats, atol)
     results = {"fp32": _variant_entry("fp32", fp32, stats, {}, out_dir)}
-    source = fp32
     if "optimized" in names:
         dest = _sibling_dir(tmp, "optimized", tmp / "fp32")
         stats, extra = _build_optimized(fp32, dest, batches, reference, atol, attention_layers)
         results["optimized"] = _variant_entry("optimized", dest / ONNX_FILE, stats, extra, out_dir)
-        source = dest / ONNX_FILE
-    if "int8" in names:
-        dest = _sibling_dir(tmp, "int8", tmp / "fp32")
-        quantize_graph(source, dest / ONNX_FILE)
-        stats = _check(dest / ONNX_FILE, batches, reference)
-        extra = {"quantized_from": source.parent.name, "weights": "int8 per channel, activations dynamic"}
-        results["int8"] = _variant_entry("int8", dest / ONNX_FILE, stats, extra, out_dir)
+    return results
+
+
+def _build_int8(tmp, out_dir, names, built: dict, batches, reference: dict, options: Int8Options) -> dict:
+    """The requested int8 variants of the last float graph built (optimised, else fp32), each checked and gated."""
+    wanted = [n for n in INT8_VARIANTS if n in names]
+    source_name = "optimized" if "optimized" in built else "fp32"
+    source = tmp / source_name / ONNX_FILE
+    fp32_val = evaluate_variant(OnnxClassifier(tmp / "fp32"), options.validation) if options.validation else None
+    results = {}
+    for name in wanted:
+        dest = _sibling_dir(tmp, name, tmp / "fp32")
+        how = build_int8(name, source, dest / ONNX_FILE, options, OnnxClassifier(source).feed)
+        entry = _variant_entry(name, dest / ONNX_FILE, _check(dest / ONNX_FILE, batches, reference), {}, out_dir)
+        entry.update(quantized_from=source_name, weights=how, per_channel=options.per_channel)
+        entry["excluded_nodes"] = list(options.exclude_nodes)
+        if fp32_val is not None:
+            variant_val = evaluate_variant(OnnxClassifier(dest / ONNX_FILE), options.validation)
+            entry["gate"] = int8_gate(variant_val, fp32_val, options.max_drop)
+        entry["status"] = int8_status(entry)
+        if entry["status"] == "rejected":
+            g = entry["gate"]
+            log.warning(
+                "export: %s rejected: validation accuracy %.4f vs fp32 %.4f (drop %.4f > max_drop %g); kept on disk",
+                name,
+                g["accuracy"],
+                g["fp32_accuracy"],
+                g["drop"],
+                g["max_drop"],
+            )
+        results[name] = entry
     return results
 
 

@@ -114,12 +114,13 @@ def save_stage(state: RunState) -> dict:
 def export_stage(state: RunState) -> dict:
     """ONNX variants of the saved model, each checked against PyTorch on validation batches."""
     from compressor.export import export_onnx
+    from compressor.quantize import int8_options
 
-    spec = state.recipe.export
-    batches = sample_batches(state.splits["validation"], state.tokenizer, 128, 32, seed=1)
-    state.exported = export_onnx(
-        state.model_dir, state.out / "onnx", spec.variants, batches, atol=spec.atol, opset=spec.opset
-    )
+    spec, splits = state.recipe.export, state.splits
+    batches = sample_batches(splits["validation"], state.tokenizer, 128, 32, seed=1)
+    int8 = int8_options(spec.int8, spec.variants, splits["train"], splits["validation"], state.tokenizer)
+    out = state.out / "onnx"
+    state.exported = export_onnx(state.model_dir, out, spec.variants, batches, spec.atol, spec.opset, int8)
     for name, info in state.exported.items():
         log.info(
             "export %s: %.1f MB, max |Δlogit| vs PyTorch %.2e, agreement %.4f",
@@ -209,6 +210,17 @@ def analysis_stage(state: RunState) -> dict:
     }
 
 
+def card_stage(state: RunState) -> dict:
+    """The model card's recovery and deployment section: whether distillation was on, and each export's gate
+    verdict (a rejected int8 variant is marked there too)."""
+    from compressor.checkpoint import CARD_FILE, add_deployment_section
+
+    finetune = state.recipe.prune.finetune
+    distill = finetune.distill.model_dump() if finetune is not None and finetune.distill is not None else None
+    add_deployment_section(state.model_dir, state.exported or None, distill)
+    return {"file": str(state.model_dir / CARD_FILE), "distillation": distill}
+
+
 def _finite_or_nan(scores: torch.Tensor) -> torch.Tensor:
     """Scores with removed heads (-inf) as NaN, as the analysis maps expect."""
     return scores.float().masked_fill(torch.isneginf(scores), float("nan"))
@@ -217,6 +229,7 @@ def _finite_or_nan(scores: torch.Tensor) -> torch.Tensor:
 STAGES: tuple[Stage, ...] = (
     Stage("pruned", save_stage),
     Stage("export", export_stage, lambda recipe: recipe.export.enabled),
+    Stage("model_card", card_stage),
     Stage("bench", bench_stage, lambda recipe: recipe.bench.enabled),
     Stage("analysis", analysis_stage, lambda recipe: recipe.analysis.enabled),
 )

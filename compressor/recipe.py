@@ -90,6 +90,29 @@ class TrainSpec(Strict):
     max_examples: int | None = Field(None, ge=1, le=10**9, description="cap on training examples per epoch")
 
 
+class DistillSpec(Strict):
+    """Distillation from the task-tuned original (the teacher) during recovery fine-tuning.
+
+    The loss is `(1 - alpha) * task CE + alpha * T² · KL(teacher_T || student_T)` on temperature-`T` softened
+    logits, plus `hidden_weight` × the mean squared error between each layer's hidden states and the teacher's.
+    Teacher logits are computed once per training example and cached; teacher hidden states are only computed
+    (during training) when `hidden_weight` > 0.
+    """
+
+    alpha: float = Field(0.5, ge=0, le=1, description="weight of the KL term; the task loss gets 1 - alpha")
+    temperature: float = Field(2.0, gt=0, le=100, description="softening temperature of both logit distributions")
+    hidden_weight: float = Field(
+        0.0, ge=0, le=1000, description="weight of layer-wise hidden-state MSE; 0 turns it off"
+    )
+    teacher_batch_size: int = Field(64, ge=1, le=65536, description="batch size of the one-off teacher pass")
+
+
+class FinetuneSpec(TrainSpec):
+    """Recovery fine-tuning between pruning steps: a `TrainSpec` plus optional distillation (null = off)."""
+
+    distill: DistillSpec | None = None
+
+
 class CriterionSpec(Strict):
     name: str = "taylor"
     params: dict[str, Any] = Field(default_factory=dict)
@@ -130,7 +153,13 @@ class PruneSpec(Strict):
     min_heads_per_layer: int = Field(0, ge=0, le=4096)
     score_examples: int = Field(512, ge=1, le=10**7)
     score_batch_size: int = Field(32, ge=1, le=65536)
-    finetune: TrainSpec | None = Field(default_factory=lambda: TrainSpec(epochs=1.0, lr=3e-5))
+    finetune: FinetuneSpec | None = Field(default_factory=lambda: FinetuneSpec(epochs=1.0, lr=3e-5))
+
+    @field_validator("finetune", mode="before")
+    @classmethod
+    def _plain_train_spec(cls, value: Any) -> Any:
+        """A plain `TrainSpec` (from Python) is a `FinetuneSpec` without distillation."""
+        return value.model_dump() if isinstance(value, TrainSpec) and not isinstance(value, FinetuneSpec) else value
 
     @model_validator(mode="before")
     @classmethod
@@ -158,9 +187,26 @@ class PruneSpec(Strict):
         return self
 
 
+class Int8Spec(Strict):
+    """int8 variants: `int8` is dynamic quantisation, `int8_static` static QDQ calibrated on training examples.
+
+    Each requested int8 variant's validation accuracy is compared with its fp32 graph's; one that drops more than
+    `max_drop` (a fraction: 0.003 = 0.3 points) is kept on disk but marked rejected and never recommended.
+    """
+
+    per_channel: bool = Field(True, description="int8 weights per output channel (else per tensor)")
+    exclude_nodes: list[str] = Field(default_factory=list, description="ONNX node names kept in fp32")
+    calibration_examples: int = Field(256, ge=1, le=10**6, description="training examples that calibrate int8_static")
+    max_drop: float | None = Field(0.005, ge=0, lt=1, description="allowed validation accuracy drop; null = no gate")
+    eval_examples: int | None = Field(None, ge=1, le=10**9, description="validation examples for the gate; null = all")
+
+
 class ExportSpec(Strict):
     enabled: bool = True
-    variants: list[Literal["fp32", "optimized", "int8"]] = Field(default_factory=lambda: ["fp32", "optimized", "int8"])
+    variants: list[Literal["fp32", "optimized", "int8", "int8_static"]] = Field(
+        default_factory=lambda: ["fp32", "optimized", "int8"]
+    )
+    int8: Int8Spec = Field(default_factory=Int8Spec)
     atol: float = Field(1e-4, gt=0, le=1)
     opset: int | None = Field(None, ge=11, le=30)
 

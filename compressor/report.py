@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from compressor import atomic
+from compressor.checkpoint import describe_distillation
 
 
 def _pct(x: float | None) -> str:
@@ -59,6 +60,73 @@ def _roles_table(analysis: dict) -> list[str]:
     return lines
 
 
+def distillation(report: dict) -> dict | None:
+    """The distillation settings the recovery fine-tuning used (None when it was off or nothing was fine-tuned)."""
+    used = [s["finetune"]["distill"] for s in report.get("steps", []) if s.get("finetune", {}).get("distill")]
+    return used[0] if used else None
+
+
+def _distillation_line(report: dict) -> str:
+    return f"Recovery fine-tuning: {describe_distillation(distillation(report))}."
+
+
+def recommendation(report: dict) -> dict | None:
+    """The fastest benchmarked variant of the pruned model that passes every gate (fp32 and optimised graphs
+    passed their parity gate or the export would have failed; int8 variants must not be `rejected`), at the
+    benchmark's headline batch size and sequence length. None without a benchmark."""
+    summary = report.get("bench", {}).get("summary", {})
+    rejected = {f"onnx-{n}" for n, e in report.get("export", {}).items() if e.get("status") == "rejected"}
+    passing = {
+        name: row["headline_speedup"]
+        for name, row in summary.items()
+        if name != "pytorch-original" and name not in rejected and row.get("headline_speedup") is not None
+    }
+    if not passing:
+        return None
+    best = max(passing, key=passing.get)
+    row = summary[best]
+    return {
+        "variant": best,
+        "speedup": passing[best],
+        "batch": row.get("headline_batch"),
+        "seq_len": row.get("headline_seq_len"),
+        "accuracy": row.get("accuracy"),
+        "rejected": sorted(rejected),
+    }
+
+
+def _recommendation_line(report: dict) -> str:
+    rec = recommendation(report)
+    if rec is None:
+        return "Recommendation: none (no benchmarked variant passed every gate)."
+    excluded = f"; not considered (failed their int8 gate): {', '.join(rec['rejected'])}" if rec["rejected"] else ""
+    return (
+        f"**Recommendation: `{rec['variant']}`**, the fastest variant passing every gate: {rec['speedup']:.2f}× the "
+        f"original at batch {rec['batch']}, {rec['seq_len']} tokens, test accuracy {_pct(rec['accuracy'])}%"
+        f"{excluded}."
+    )
+
+
+def _export_table(export: dict) -> list[str]:
+    """One row per ONNX variant: size, parity vs PyTorch, and for int8 the validation gate and its verdict."""
+    lines = [
+        "| variant | size (MB) | max abs Δlogit vs PyTorch | agreement | val acc vs fp32 (drop, max) | status |",
+        "|---|---:|---:|---:|---|---|",
+    ]
+    for name, info in export.items():
+        g = info.get("gate")
+        gate = "–" if g is None else f"{_pct(g['accuracy'])} vs {_pct(g['fp32_accuracy'])} ({100 * g['drop']:+.2f}"
+        if g is not None:
+            gate += f", max {_pct(g['max_drop'])})" if g["max_drop"] is not None else ", ungated)"
+        status = info.get("status", "passed parity")
+        status = f"**{status}** (kept on disk, never recommended)" if status == "rejected" else status
+        lines.append(
+            f"| {name} | {info['size_bytes'] / 1e6:.1f} | {info['max_abs_diff']:.2e} | {_pct(info['agreement'])} | "
+            f"{gate} | {status} |"
+        )
+    return lines
+
+
 def render(report: dict) -> str:
     o, p = report["original"], report["pruned"]
     lines = [
@@ -78,7 +146,11 @@ def render(report: dict) -> str:
         f"FLOP ratio original/pruned: {p['flop_ratio']:.3f}. Masked vs physically pruned max |Δlogit|: "
         f"{p['masked_vs_pruned_max_abs_diff']:.2e}. Saved model: `{p['model_dir']}`.",
         "",
+        _recommendation_line(report),
+        "",
         "## Pruning steps",
+        "",
+        _distillation_line(report),
         "",
         *_steps_table(report["steps"]),
     ]
@@ -87,13 +159,8 @@ def render(report: dict) -> str:
             "",
             "## ONNX export",
             "",
-            "| variant | size (MB) | max abs Δlogit vs PyTorch | agreement |",
-            "|---|---:|---:|---:|",
+            *_export_table(report["export"]),
         ]
-        for name, info in report["export"].items():
-            lines.append(
-                f"| {name} | {info['size_bytes'] / 1e6:.1f} | {info['max_abs_diff']:.2e} | {_pct(info['agreement'])} |"
-            )
     if "bench" in report:
         lines += ["", "## Benchmark", "", *_bench_table(report["bench"])]
         lines += [
@@ -109,6 +176,9 @@ def render(report: dict) -> str:
 
 
 def write_run_report(report: dict, out: Path) -> Path:
+    """Write report.md; also fills `report["distillation"]` and `report["recommendation"]` for report.json."""
+    report.setdefault("distillation", distillation(report))
+    report.setdefault("recommendation", recommendation(report))
     path = Path(out) / "report.md"
     atomic.write_text(path, render(report))
     return path

@@ -29,6 +29,7 @@ from safetensors.torch import load_file, save_file
 from compressor import atomic, outdir
 from compressor.api import Masks, PruneState, StepRecord, prune
 from compressor.checkpoint import load_pruned, save_pruned
+from compressor.distill import TeacherTargets, load_or_compute
 from compressor.errors import UserError
 from compressor.layout import config_head_counts
 from compressor.pipeline import RunState, run_stages
@@ -243,7 +244,7 @@ def run_recipe(recipe: Recipe, force: bool = False, accelerator: Accelerator | N
     validation = run.splits["validation"]
     run.result = prune(
         model, run.tokenizer, run.splits["train"], recipe.prune, validation=validation, seed=recipe.seed,
-        accelerator=accelerator, hook=hook,
+        accelerator=accelerator, hook=hook, teacher=_teacher(run, model),
     )  # fmt: skip
     run.result.model.cpu()
     if not run.main:
@@ -258,6 +259,17 @@ def run_recipe(recipe: Recipe, force: bool = False, accelerator: Accelerator | N
     log.info("done in %.0fs: %s", run.report["seconds"], out / "report.md")
     accelerator.wait_for_everyone()
     return run.report
+
+
+def _teacher(run: RunState, model: torch.nn.Module) -> TeacherTargets | None:
+    """With distillation on, the teacher targets of the task-tuned `model` (before any step), cached under
+    `state/teacher` so a resumed run reuses exactly the same ones."""
+    finetune = run.recipe.prune.finetune
+    if finetune is None or finetune.distill is None:
+        return None
+    return load_or_compute(
+        run.out / "state" / "teacher", model, run.splits["train"], run.tokenizer, run.accelerator, finetune.distill
+    )
 
 
 def _report_head(run: RunState, base_info: dict, original: dict) -> dict:

@@ -21,6 +21,7 @@ from tqdm.auto import tqdm
 from transformers import DataCollatorWithPadding, get_linear_schedule_with_warmup
 
 from compressor.batches import model_inputs
+from compressor.distill import TeacherTargets, mixed_loss, with_index
 from compressor.masking import gated
 from compressor.recipe import TrainSpec
 
@@ -63,11 +64,16 @@ def train(
     gates: torch.Tensor | None = None,
     seed: int = 0,
     desc: str = "fine-tune",
+    teacher: TeacherTargets | None = None,
 ) -> dict:
     """Fine-tune `model` in place with AdamW + linear warm-up/decay; returns loss and timing.
 
-    `spec.epochs` may be fractional; `spec.max_examples` caps the examples seen per epoch (seeded subset).
+    `spec.epochs` may be fractional; `spec.max_examples` caps the examples seen per epoch (seeded subset). With
+    `teacher` (cached targets for every example of `train_ds`, see `compressor.distill`) the loss mixes the task
+    loss with distillation; the examples and their order are exactly those of plain fine-tuning.
     """
+    if teacher is not None:
+        train_ds = with_index(train_ds)
     if spec.max_examples is not None and len(train_ds) > spec.max_examples:
         train_ds = train_ds.shuffle(seed=seed).select(range(spec.max_examples))
     dl = loader(train_ds, tokenizer, spec.batch_size, shuffle=True, seed=seed)
@@ -90,7 +96,7 @@ def train(
     with gated(model, gates) if gates is not None else nullcontext():
         while step < total:
             for batch in dl:
-                loss = F.cross_entropy(wrapped(**model_inputs(batch)).logits, batch["labels"])
+                loss = mixed_loss(wrapped, model_inputs(batch), batch, teacher)
                 accelerator.backward(loss)
                 optimizer.step()
                 scheduler.step()
@@ -105,7 +111,8 @@ def train(
     wrapped.eval()
     model.eval()
     accelerator.free_memory()
-    return {"steps": step, "train_loss": running / max(step, 1), "seconds": time.perf_counter() - start}
+    stats = {"steps": step, "train_loss": running / max(step, 1), "seconds": time.perf_counter() - start}
+    return {**stats, "distill": teacher.spec.model_dump()} if teacher is not None else stats
 
 
 @torch.inference_mode()

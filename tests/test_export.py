@@ -65,7 +65,7 @@ def test_fp32_passes_gate_and_layout(exported):
     fp32 = result["fp32"]
     assert fp32["max_abs_diff"] <= 1e-4 and fp32["agreement"] == 1.0
     assert fp32["check_examples"] == sum(len(b["input_ids"]) for b in CHECK)
-    for name in ex.VARIANTS:
+    for name in result:
         files = {p.name for p in (out / name).iterdir()}
         assert {"model.onnx", "config.json", "tokenizer.json", "vocab.txt", "compressor_plan.json"} <= files
         assert result[name]["size_bytes"] == (out / name / "model.onnx").stat().st_size
@@ -127,7 +127,7 @@ def test_int8_keeps_excluded_nodes_in_fp32(exported, tmp_path):
 def test_bare_inference_session_loads_each_variant(exported):
     _, out, result = exported
     batch = {k: v.numpy() for k, v in CHECK[0].items() if k != "labels"}
-    for name in ex.VARIANTS:
+    for name in result:
         session = ort.InferenceSession(result[name]["file"], providers=["CPUExecutionProvider"])
         feed = {i.name: batch.get(i.name, np.zeros_like(batch["input_ids"])) for i in session.get_inputs()}
         assert session.run(None, feed)[0].shape == (4, 2)
@@ -174,7 +174,7 @@ def test_parity_failure_raises_and_writes_nothing(tmp_path, monkeypatch):
     real = ex.torch_logits
     monkeypatch.setattr(ex, "torch_logits", lambda model, batch: real(model, batch) + 1e-3)
     with pytest.raises(ex.ExportParityError, match=r"fp32 ONNX logits differ from PyTorch by 0.001 > atol 0.0001"):
-        ex.export_onnx(model_dir, tmp_path / "onnx", list(ex.VARIANTS), CHECK)
+        ex.export_onnx(model_dir, tmp_path / "onnx", ["fp32", "optimized", "int8"], CHECK)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bert-model", "tok"]
     assert isinstance(ex.ExportParityError("x"), RuntimeError)
 
@@ -312,3 +312,115 @@ def test_neuron_and_layer_pruned_model_exports_with_parity(tmp_path, arch, unifo
     onnx_logits = ex.OnnxClassifier(tmp_path / "onnx" / "fp32")(CHECK[0])
     assert np.abs(onnx_logits - masked.numpy()).max() <= 1e-4
     assert np.abs(onnx_logits - ex.torch_logits(unpruned, CHECK[0])).max() > 1e-2  # the pruning is visible
+
+
+def labelled_by(model_dir: Path, batches: list[dict]) -> list[dict]:
+    """Batches labelled with the PyTorch model's own predictions, so the fp32 graph scores 100% on them."""
+    model = load_pruned(model_dir)
+    return [{**b, "labels": torch.from_numpy(ex.torch_logits(model, b).argmax(-1))} for b in batches]
+
+
+VALIDATION_BATCHES = [tiny_batch(batch=8, seq=11, seed=s) for s in range(20, 24)]
+CALIBRATION = [tiny_batch(batch=8, seq=13, seed=s) for s in range(40, 43)]
+
+
+def test_int8_static_is_calibrated_qdq_per_channel_and_gated(tmp_path):
+    import onnx
+
+    model_dir = saved_model(tmp_path, "bert", UNEVEN_EMPTY)
+    options = ex.Int8Options(
+        max_drop=0.5, calibration=CALIBRATION, validation=labelled_by(model_dir, VALIDATION_BATCHES)
+    )
+    result = ex.export_onnx(model_dir, tmp_path / "onnx", ["fp32", "optimized", "int8_static"], CHECK, int8=options)
+    static = result["int8_static"]
+    graph = onnx.load(static["file"]).graph
+    ops = {node.op_type for node in graph.node}
+    assert {"QuantizeLinear", "DequantizeLinear"} <= ops and static["quantized_from"] == "optimized"
+    weight_scales = [i for i in graph.initializer if i.name.endswith("_scale") and len(i.dims) == 1 and i.dims[0] > 1]
+    assert weight_scales, "per-channel weights carry one scale per output channel"
+    assert "calibrated on 24 training examples" in static["weights"]
+    gate = static["gate"]
+    assert gate["fp32_accuracy"] == 1.0 and gate["examples"] == 32 and gate["max_drop"] == 0.5
+    assert gate["drop"] == pytest.approx(1.0 - gate["accuracy"]) and static["status"] == "accepted"
+    assert static["agreement"] >= 0.75 and 0 < static["max_abs_diff"] < 0.5
+    activations = {n.input[0] for n in graph.node if n.op_type == "QuantizeLinear"}
+    assert len(activations) >= 6, "activations of the FFN MatMuls are quantised, not only weights"
+    assert "gate" not in result["fp32"] and "status" not in result["optimized"]
+
+
+def test_int8_static_needs_calibration(tmp_path):
+    model_dir = saved_model(tmp_path, "bert", {0: [2]})
+    with pytest.raises(UserError, match="export.int8: int8_static needs calibration batches"):
+        ex.export_onnx(model_dir, tmp_path / "onnx", ["fp32", "int8_static"], CHECK)
+    assert not (tmp_path / "onnx").exists()
+
+
+def negate_output(file: Path) -> None:
+    """Rewrite a graph so it outputs -logits: for two labels every prediction flips (a quantiser gone wrong)."""
+    import onnx
+
+    model = onnx.load(str(file))
+    out = model.graph.output[0].name
+    for node in model.graph.node:
+        node.output[:] = [f"{out}_raw" if o == out else o for o in node.output]
+    model.graph.node.append(onnx.helper.make_node("Neg", [f"{out}_raw"], [out]))
+    onnx.save(model, str(file))
+
+
+def test_int8_failing_its_gate_is_rejected_and_kept_on_disk(tmp_path, monkeypatch):
+    model_dir = saved_model(tmp_path, "bert", UNEVEN_EMPTY)
+    real = ex.build_int8
+
+    def broken(name, source, dest, options, feed):
+        how = real(name, source, dest, options, feed)
+        negate_output(dest)
+        return how
+
+    monkeypatch.setattr(ex, "build_int8", broken)
+    options = ex.Int8Options(max_drop=0.01, validation=labelled_by(model_dir, VALIDATION_BATCHES))
+    result = ex.export_onnx(model_dir, tmp_path / "onnx", ["fp32", "int8"], CHECK, int8=options)
+    int8 = result["int8"]
+    assert int8["status"] == "rejected" and not int8["gate"]["passed"]
+    assert int8["gate"]["drop"] > 0.5 and int8["gate"]["agreement_with_fp32"] < 0.5
+    assert (tmp_path / "onnx" / "int8" / "model.onnx").exists(), "a rejected variant stays on disk"
+    assert json.loads((tmp_path / "onnx" / ex.MANIFEST).read_text())["int8"]["status"] == "rejected"
+    ungated = ex.export_onnx(model_dir, tmp_path / "onnx2", ["fp32", "int8"], CHECK)  # no validation batches
+    assert ungated["int8"]["status"] == "ungated" and "gate" not in ungated["int8"]
+
+
+def test_rejected_int8_is_reported_and_never_recommended(tmp_path, tiny_model_dir, tiny_csv, cache_dir, monkeypatch):
+    """A whole run: the broken int8 is marked rejected in report.json, report.md and the model card, and the
+    recommendation names the fastest variant that passed every gate instead."""
+    from compressor.recipe import parse_recipe
+    from compressor.runner import run_recipe
+
+    real = ex.build_int8
+
+    def broken(name, source, dest, options, feed):
+        how = real(name, source, dest, options, feed)
+        if name == "int8":
+            negate_output(dest)
+        return how
+
+    monkeypatch.setattr(ex, "build_int8", broken)
+    recipe = tiny_recipe(
+        tiny_model_dir,
+        tiny_csv,
+        tmp_path / "out",
+        export={"variants": ["fp32", "int8", "int8_static"], "int8": {"max_drop": 0.05, "calibration_examples": 32}},
+        bench={"batch_sizes": [4], "seq_len": 16, "rounds": 1, "warmup": 0, "min_time_s": 0.01},
+    )
+    report = run_recipe(parse_recipe(recipe))
+    assert report["export"]["int8"]["status"] == "rejected"
+    assert report["export"]["int8_static"]["gate"]["examples"] == 30  # the whole validation split
+    rec = report["recommendation"]
+    assert rec["variant"] != "onnx-int8" and rec["rejected"] == ["onnx-int8"]
+    speeds = {k: v["headline_speedup"] for k, v in report["bench"]["summary"].items() if k not in rec["rejected"]}
+    assert rec["speedup"] == max(v for k, v in speeds.items() if k != "pytorch-original")
+    saved = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert saved["recommendation"] == rec and saved["distillation"] is None
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert "| int8 |" in md and "**rejected** (kept on disk, never recommended)" in md
+    assert f"**Recommendation: `{rec['variant']}`**" in md and "distillation off" in md
+    card = (tmp_path / "out" / "model" / "README.md").read_text()
+    assert "| int8 |" in card and "REJECTED (failed the int8 gate)" in card and "distillation off" in card

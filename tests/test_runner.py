@@ -88,9 +88,12 @@ def _cli_env(cache: Path) -> dict:
     return {**os.environ, "COMPRESSOR_CACHE": str(cache), "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
 
 
-def test_resume_after_sigkill(tmp_path, tiny_model_dir, tiny_csv, cache_dir) -> None:
-    """Kill a real `compressor run` after its first checkpoint; rerunning finishes like an uninterrupted run."""
-    overrides = {"prune.steps": 3, "prune.finetune": {"epochs": 2, "lr": 5e-4, "batch_size": 8, "max_examples": 160}}
+@pytest.mark.parametrize("distill", [None, {"alpha": 0.7, "hidden_weight": 0.5}], ids=["plain", "distill"])
+def test_resume_after_sigkill(tmp_path, tiny_model_dir, tiny_csv, cache_dir, distill) -> None:
+    """Kill a real `compressor run` after its first checkpoint; rerunning finishes like an uninterrupted run (with
+    distillation: reusing the teacher targets the killed attempt cached)."""
+    finetune = {"epochs": 2, "lr": 5e-4, "batch_size": 8, "max_examples": 160, "distill": distill}
+    overrides = {"prune.steps": 3, "prune.finetune": finetune}
     reference = _run(tmp_path, tiny_model_dir, tiny_csv, name="ref", **overrides)  # also fills the base cache
     out = tmp_path / "killed"
     recipe_path = tmp_path / "killed.yaml"
@@ -109,6 +112,7 @@ def test_resume_after_sigkill(tmp_path, tiny_model_dir, tiny_csv, cache_dir) -> 
     done = subprocess.run(cmd, env=_cli_env(cache_dir), capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "resuming after step" in (out / "run.log").read_text()
+    assert ("teacher targets: reusing 240 cached logits" in (out / "run.log").read_text()) == bool(distill)
     resumed = json.loads((out / "report.json").read_text())
     assert resumed["pruned"]["plan"] == reference["pruned"]["plan"]
     for a, b in zip(resumed["steps"], reference["steps"], strict=True):
@@ -117,10 +121,13 @@ def test_resume_after_sigkill(tmp_path, tiny_model_dir, tiny_csv, cache_dir) -> 
     assert resumed["pruned"]["test"] == pytest.approx(reference["pruned"]["test"], abs=1e-6)
 
 
-def test_accelerate_launch_two_processes(tmp_path, tiny_model_dir, tiny_csv, cache_dir) -> None:
+@pytest.mark.parametrize("distill", [None, {"alpha": 0.7, "hidden_weight": 0.5}], ids=["plain", "distill"])
+def test_accelerate_launch_two_processes(tmp_path, tiny_model_dir, tiny_csv, cache_dir, distill) -> None:
+    """Two processes train, score and evaluate together (with distillation: both see all 240 teacher logits)."""
     out = tmp_path / "ddp"
     recipe_path = tmp_path / "ddp.yaml"
-    recipe_path.write_text(yaml.safe_dump(tiny_recipe(tiny_model_dir, tiny_csv, out)))
+    finetune = {"epochs": 1, "lr": 5e-4, "batch_size": 16, "max_examples": 96, "distill": distill}
+    recipe_path.write_text(yaml.safe_dump(tiny_recipe(tiny_model_dir, tiny_csv, out, **{"prune.finetune": finetune})))
     cmd = [
         sys.executable,
         "-m",
@@ -146,6 +153,8 @@ def test_accelerate_launch_two_processes(tmp_path, tiny_model_dir, tiny_csv, cac
     assert report["pruned"]["heads_left"] == 6
     assert report["original"]["test"]["n"] == 30  # gathered over both processes without duplicates
     assert done.stdout.count("report:") == 1  # only the main process reports
+    assert [bool(s["finetune"].get("distill")) for s in report["steps"]] == [bool(distill)] * 2
+    assert ("teacher targets: 240 logits computed once" in (out / "run.log").read_text()) == bool(distill)
 
 
 def test_run_all_stages(tmp_path, tiny_model_dir, tiny_csv, cache_dir) -> None:

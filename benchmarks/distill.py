@@ -1,0 +1,118 @@
+"""Distillation on vs off (issue 14): the same recipes, same seeds, with and without `prune.finetune.distill`.
+
+For each recipe (default: the 50% and 75% MiniLM recipes with 1,500 examples per step, which distil), this script
+derives its distillation-off twin (same recipe, `distill: null`, output directory `<output_dir>_nodistill`), runs
+both through `benchmarks/finetuned.py`'s `finished_report` (a finished run is reused; --rerun starts over) and
+prints one row per run: test accuracy of the original and the pruned model with the paired McNemar p, wall time
+without the shared base fine-tune (and its ratio to the distillation-off run), every int8 variant with its
+validation gate verdict (Δ in points vs fp32), and the run's recommendation.
+
+Usage: python benchmarks/distill.py [--recipes R ...] [--rerun]
+  → prints a Markdown table and writes benchmarks/results/distill.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from finetuned import finished_report, summarise  # noqa: E402
+
+DEFAULT_RECIPES = ["minilm_rt_50pct", "minilm_rt_75pct"]
+
+
+def off_twin(recipe: Path) -> Path:
+    """Write the distillation-off copy of `recipe` under runs/ and return its path."""
+    data = yaml.safe_load(recipe.read_text())
+    data["name"] = f"{data['name']}_nodistill"
+    data["output_dir"] = f"{data['output_dir']}_nodistill"
+    data["prune"]["finetune"]["distill"] = None
+    path = ROOT / "runs" / f"{data['name']}.yaml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def row(name: str, report: dict) -> dict:
+    """`finetuned.summarise` plus distillation, int8 gate verdicts and the recommendation."""
+    out = summarise(name, report)
+    out["distillation"] = report.get("distillation")
+    out["int8"] = {
+        variant: {"status": info.get("status"), **{k: info.get("gate", {}).get(k) for k in ("accuracy", "drop")}}
+        for variant, info in report.get("export", {}).items()
+        if variant.startswith("int8")
+    }
+    out["int8_test_accuracy_by_variant"] = {
+        k.removeprefix("onnx-"): v.get("accuracy")
+        for k, v in report.get("bench", {}).get("summary", {}).items()
+        if k.startswith("onnx-int8")
+    }
+    out["recommendation"] = (report.get("recommendation") or {}).get("variant")
+    # Whichever run comes first also fine-tunes the shared base model: leave that out of the comparison.
+    out["run_seconds"] = round(report["seconds"] - report["base_finetune"].get("seconds", 0))
+    return out
+
+
+COLUMNS = {  # header → alignment
+    "recipe": "---",
+    "removed": "---:",
+    "distillation": "---",
+    "original": "---:",
+    "pruned": "---:",
+    "Δ": "---:",
+    "McNemar p": "---:",
+    "wall time (s)": "---:",
+    "int8 gate (val Δ)": "---",
+    "recommended": "---",
+}
+
+
+def table(rows: list[dict]) -> str:
+    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "|".join(COLUMNS.values()) + "|"]
+    for r in rows:
+        gates = ", ".join(f"{k}: {v['status']} ({-100 * (v['drop'] or 0):+.2f})" for k, v in r["int8"].items())
+        ratio = f" ({r['wall_time_ratio']:.2f}×)" if "wall_time_ratio" in r else ""
+        cells = [
+            r["recipe"],
+            f"{r['fraction_removed']:.0%}",
+            "on" if r["distillation"] else "off",
+            *(f"{r[k]:.2f}" for k in ("original_test_accuracy", "pruned_test_accuracy")),
+            f"{-r['drop_points']:+.2f}",
+            f"{r['mcnemar_p']:.3g}",
+            f"{r['run_seconds']}{ratio}",
+            gates or "–",
+            r["recommendation"] or "–",
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def on_and_off(name: str, rerun: bool) -> list[dict]:
+    """Rows of the distillation-off twin and of the recipe itself (which distils), wall-time ratio on the latter."""
+    recipe = ROOT / "recipes" / f"{name}.yaml"
+    off = row(f"{name}_nodistill", finished_report(off_twin(recipe), rerun))
+    on = row(name, finished_report(recipe, rerun))
+    on["wall_time_ratio"] = on["run_seconds"] / max(off["run_seconds"], 1)
+    return [off, on]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--recipes", nargs="+", default=DEFAULT_RECIPES, help="distilling recipe names under recipes/")
+    parser.add_argument("--rerun", action="store_true", help="run every recipe again (--force) even if finished")
+    args = parser.parse_args()
+    rows = [r for name in args.recipes for r in on_and_off(name, args.rerun)]
+    out = ROOT / "benchmarks" / "results" / "distill.json"
+    out.write_text(json.dumps(rows, indent=2) + "\n")
+    print(f"{table(rows)}\nwrote {out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,190 @@
+"""int8 variants of an exported graph, and the accuracy gate each must pass before it can be recommended.
+
+Two kinds, both with int8 weights (per output channel by default) and optional nodes kept in fp32:
+
+* `int8` — dynamic quantisation: activations are quantised per batch at run time (no calibration data);
+* `int8_static` — static QDQ quantisation: activation ranges are calibrated once, on training examples, and stored
+  in the graph as QuantizeLinear/DequantizeLinear pairs around each quantised MatMul.
+
+int8 trades accuracy for speed, so neither is accepted on faith: `gate` compares a variant's validation accuracy
+with its fp32 graph's, and a variant that drops more than `max_drop` is marked rejected (it stays on disk, so the
+user can still inspect or benchmark it, but the report never recommends it).
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+INT8_VARIANTS = ("int8", "int8_static")
+
+
+@dataclass(frozen=True)
+class Int8Options:
+    """How int8 variants are built and gated (the recipe's `export.int8`, plus the batches it needs)."""
+
+    per_channel: bool = True
+    exclude_nodes: tuple[str, ...] = ()
+    max_drop: float | None = None  # allowed accuracy drop vs fp32 (fraction); None: measured but never rejected
+    calibration: Sequence[Mapping] = field(default=(), repr=False)  # training batches (int8_static)
+    validation: Sequence[Mapping] = field(default=(), repr=False)  # labelled batches for the gate
+
+
+def quantize_graph(
+    src: Path,
+    dest: Path,
+    per_channel: bool = True,
+    reduce_range: bool = False,
+    nodes_to_exclude: Sequence[str] = (),
+) -> None:
+    """Dynamic int8 quantisation (int8 weights, activations quantised per batch at run time) of `src`.
+
+    Weights are quantised per output channel by default: on the pruned MiniLM that raised prediction agreement
+    with fp32 from 95.9% to 98.5% (test split, `benchmarks/int8.py`) at the same speed and ~0.4% larger file. The other
+    options are ORT's, exposed for `benchmarks/int8.py`, which measures what each costs and buys.
+
+    `DefaultTensorType` lets the quantiser handle outputs of contrib ops (fused Attention, SkipLayerNorm) whose
+    types ONNX shape inference cannot infer.
+    """
+    import onnx
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    from compressor.export import _quiet_ort
+
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with _quiet_ort():
+        quantize_dynamic(
+            str(src),
+            str(dest),
+            weight_type=QuantType.QInt8,
+            per_channel=per_channel,
+            reduce_range=reduce_range,
+            nodes_to_exclude=list(nodes_to_exclude),
+            extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
+        )
+
+
+def _has_contrib_ops(file: Path) -> bool:
+    """Whether a graph uses ONNX Runtime's contrib ops (the optimiser's fused Attention, SkipLayerNorm, ...)."""
+    import onnx
+
+    graph = onnx.load(str(file), load_external_data=False).graph
+    return any(node.domain == "com.microsoft" for node in graph.node)
+
+
+class _BatchReader:
+    """ORT's `CalibrationDataReader` protocol over our batches: one feed dict per call, None when exhausted."""
+
+    def __init__(self, feeds: Iterator[dict[str, np.ndarray]]):
+        self._feeds = feeds
+
+    def get_next(self) -> dict[str, np.ndarray] | None:
+        return next(self._feeds, None)
+
+    def rewind(self) -> None:  # ORT calls it on some paths; a single calibration pass needs no second read
+        pass
+
+
+def quantize_static_graph(
+    src: Path,
+    dest: Path,
+    calibration: Sequence[Mapping],
+    feed: Callable[[Mapping], dict[str, np.ndarray]],
+    per_channel: bool = True,
+    nodes_to_exclude: Sequence[str] = (),
+) -> None:
+    """Static QDQ int8 quantisation of `src`'s MatMuls, activation ranges calibrated (min/max) on `calibration`.
+
+    Activations are uint8 and weights int8 (the U8S8 pairing ONNX Runtime's x86 kernels are fastest with); only
+    MatMuls are quantised, which is where a transformer's time goes, leaving LayerNorm/softmax/GELU in fp32.
+    `feed` turns a batch into the graph's inputs (`OnnxClassifier.feed`).
+    """
+    import onnx
+    from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+
+    from compressor.export import _quiet_ort
+
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with _quiet_ort(), tempfile.TemporaryDirectory(dir=dest.parent) as tmp:
+        typed = Path(tmp) / "typed.onnx"
+        if _has_contrib_ops(src):
+            # Symbolic shape inference types the outputs of fused contrib ops; without it the quantiser cannot place
+            # activation QDQ pairs after them and silently falls back to weight-only int8 (no faster than fp32).
+            quant_pre_process(str(src), str(typed), skip_optimization=True)
+        else:  # plain ONNX ops: ONNX's own shape inference (inside the quantiser) suffices
+            typed = src
+        quantize_static(
+            str(typed),
+            str(dest),
+            _BatchReader(feed(b) for b in calibration),
+            quant_format=QuantFormat.QDQ,
+            op_types_to_quantize=["MatMul"],
+            per_channel=per_channel,
+            activation_type=QuantType.QUInt8,
+            weight_type=QuantType.QInt8,
+            nodes_to_exclude=list(nodes_to_exclude),
+            calibrate_method=CalibrationMethod.MinMax,
+            extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
+        )
+
+
+def build_int8(
+    name: str, source: Path, dest: Path, options: Int8Options, feed: Callable[[Mapping], dict[str, np.ndarray]]
+) -> str:
+    """Build int8 variant `name` of `source` at `dest`; returns a short description of what was quantised how."""
+    scheme = "per channel" if options.per_channel else "per tensor"
+    if name == "int8":
+        quantize_graph(source, dest, per_channel=options.per_channel, nodes_to_exclude=options.exclude_nodes)
+        return f"int8 {scheme}, activations dynamic"
+    quantize_static_graph(source, dest, options.calibration, feed, options.per_channel, options.exclude_nodes)
+    examples = sum(len(b["input_ids"]) for b in options.calibration)
+    return f"int8 {scheme}, activations uint8 static (QDQ, calibrated on {examples} training examples)"
+
+
+def gate(variant: dict, fp32: dict, max_drop: float | None) -> dict:
+    """The accuracy gate of one int8 variant: `evaluate_variant` results of it and of its fp32 graph on the same
+    labelled validation batches. `passed` is False when accuracy drops by more than `max_drop`."""
+    drop = fp32["accuracy"] - variant["accuracy"]
+    agreement = float((variant["predictions"] == fp32["predictions"]).mean()) if fp32["examples"] else 1.0
+    return {
+        "split": "validation",
+        "examples": fp32["examples"],
+        "fp32_accuracy": fp32["accuracy"],
+        "accuracy": variant["accuracy"],
+        "drop": drop,
+        "agreement_with_fp32": agreement,
+        "max_drop": max_drop,
+        "passed": max_drop is None or drop <= max_drop + 1e-12,
+    }
+
+
+def status(entry: dict) -> str:
+    """'rejected' when a variant failed its gate, 'accepted' when it passed one, else 'ungated'."""
+    result = entry.get("gate")
+    if result is None or result.get("max_drop") is None:
+        return "ungated"
+    return "accepted" if result["passed"] else "rejected"
+
+
+def int8_options(spec, variants: Sequence[str], train_ds, validation_ds, tokenizer, seed: int = 0) -> Int8Options:
+    """`Int8Options` for a run: the recipe's `export.int8` (`spec`), calibration batches drawn from the training
+    split (only when `int8_static` is requested) and the validation split (or `spec.eval_examples` of it) for the
+    gate."""
+    from compressor.train import sample_batches
+
+    calibration = ()
+    if "int8_static" in variants:
+        calibration = sample_batches(train_ds, tokenizer, spec.calibration_examples, 32, seed=seed + 2)
+    n = spec.eval_examples or len(validation_ds)
+    return Int8Options(
+        per_channel=spec.per_channel,
+        exclude_nodes=tuple(spec.exclude_nodes),
+        max_drop=spec.max_drop,
+        calibration=calibration,
+        validation=sample_batches(validation_ds, tokenizer, n, 64, seed=seed),
+    )

@@ -1,0 +1,159 @@
+"""Distillation: teacher logits computed once and reused, weight 0 equals plain fine-tuning, the loss terms."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from accelerate import Accelerator
+from conftest import tiny_recipe
+from transformers import AutoTokenizer
+
+from compressor import distill
+from compressor.errors import UserError
+from compressor.recipe import DistillSpec, FinetuneSpec, parse_recipe
+from compressor.runner import run_recipe
+from compressor.sources import load_task_data
+from compressor.testing import tiny_model
+from compressor.train import tokenize, train
+
+
+@pytest.fixture(scope="module")
+def train_split(tiny_model_dir, tiny_csv):
+    """The tokenised train split of the fixture CSV and its tokenizer."""
+    recipe = parse_recipe(tiny_recipe(tiny_model_dir, tiny_csv, "unused"))
+    data = load_task_data(recipe.data)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    return tokenize(data.train, tokenizer, data.text_fields, 16), tokenizer
+
+
+def count_rows(model: torch.nn.Module) -> list[int]:
+    """A forward hook that records how many examples each forward of `model` saw."""
+    seen: list[int] = []
+    model.register_forward_hook(
+        lambda module, args, kwargs, out: seen.append(len(kwargs["input_ids"])), with_kwargs=True
+    )
+    return seen
+
+
+SPEC = FinetuneSpec(epochs=1, lr=5e-4, batch_size=16, max_examples=64)
+
+
+def test_teacher_logits_computed_once_and_reused(tmp_path, train_split) -> None:
+    ds, tokenizer = train_split
+    teacher, student = tiny_model("bert", seed=1), tiny_model("bert", seed=2, randomized=False)
+    expected = teacher(**{k: torch.tensor([ds[3][k]]) for k in ("input_ids", "attention_mask", "token_type_ids")})
+    forwards = count_rows(teacher)
+    acc = Accelerator(cpu=True)
+    targets = distill.load_or_compute(tmp_path / "t", teacher, ds, tokenizer, acc, DistillSpec(teacher_batch_size=50))
+    assert sum(forwards) == len(ds) and len(forwards) == -(-len(ds) // 50)  # one forward per example, no more
+    assert torch.allclose(targets.logits[3], expected.logits[0], atol=1e-5)
+    for seed in range(2):  # two fine-tuning steps reuse the cached targets: the teacher is never run again
+        train(student, ds, tokenizer, SPEC, acc, seed=seed, teacher=targets)
+    again = distill.load_or_compute(tmp_path / "t", teacher, ds, tokenizer, acc, DistillSpec())
+    assert sum(forwards) == len(ds), "teacher ran again instead of reusing its cached logits"
+    assert torch.equal(again.logits, targets.logits) and again.teacher is None
+
+
+def test_hidden_matching_runs_a_frozen_teacher_copy(tmp_path, train_split) -> None:
+    """Only with hidden_weight > 0 is a teacher kept; it is a frozen copy that fine-tuning leaves untouched."""
+    ds, tokenizer = train_split
+    model = tiny_model("bert", seed=1, randomized=False)
+    acc = Accelerator(cpu=True)
+    targets = distill.load_or_compute(tmp_path / "t", model, ds, tokenizer, acc, DistillSpec(hidden_weight=1.0))
+    assert targets.hidden and targets.teacher is not model
+    before = copy.deepcopy(targets.teacher.state_dict())
+    stats = train(model, ds, tokenizer, SPEC, acc, teacher=targets)
+    assert stats["distill"]["hidden_weight"] == 1.0
+    after = targets.teacher.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    assert any(not torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+def test_weight_zero_reproduces_plain_finetuning_exactly(tmp_path, train_split) -> None:
+    ds, tokenizer = train_split
+    acc = Accelerator(cpu=True)
+    plain, distilled = tiny_model("bert", randomized=False), tiny_model("bert", randomized=False)
+    teacher = tiny_model("bert", seed=5)
+    targets = distill.load_or_compute(tmp_path / "t", teacher, ds, tokenizer, acc, DistillSpec(alpha=0.0))
+    torch.manual_seed(0)
+    train(plain, ds, tokenizer, SPEC, acc, seed=3)
+    torch.manual_seed(0)
+    train(distilled, ds, tokenizer, SPEC, acc, seed=3, teacher=targets)
+    weights = distilled.state_dict()
+    assert all(torch.equal(v, weights[k]) for k, v in plain.state_dict().items())
+    # Negative control: with the KL term on, the same run ends elsewhere.
+    on = tiny_model("bert", randomized=False)
+    torch.manual_seed(0)
+    train(on, ds, tokenizer, SPEC, acc, seed=3, teacher=distill.TeacherTargets(targets.logits, DistillSpec(alpha=0.9)))
+    assert any(not torch.equal(v, on.state_dict()[k]) for k, v in plain.state_dict().items())
+
+
+def test_kd_loss_is_zero_only_at_the_teacher() -> None:
+    logits = torch.tensor([[2.0, -1.0], [0.5, 0.5]])
+    assert distill.kd_loss(logits, logits, 2.0).item() == pytest.approx(0.0, abs=1e-7)
+    assert distill.kd_loss(-logits, logits, 2.0).item() > 0.1
+
+
+def test_hidden_loss_ignores_padding() -> None:
+    states = tuple(torch.randn(2, 5, 8) for _ in range(3))
+    mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]])
+    noisy = tuple(s.clone() for s in states)
+    for s in noisy:
+        s[0, 3:] += 100.0  # padding positions only
+    assert distill.hidden_loss(noisy, states, mask).item() == 0.0
+    assert distill.hidden_loss(states[::-1], states, mask).item() > 0.0
+
+
+def test_cached_targets_for_other_data_are_refused(tmp_path, train_split) -> None:
+    ds, tokenizer = train_split
+    acc = Accelerator(cpu=True)
+    distill.load_or_compute(tmp_path / "t", tiny_model("bert"), ds, tokenizer, acc, DistillSpec())
+    with pytest.raises(UserError, match="prune.finetune.distill: cached teacher targets .* cover"):
+        distill.load_or_compute(tmp_path / "t", tiny_model("bert"), ds.select(range(10)), tokenizer, acc, DistillSpec())
+
+
+def test_run_computes_teacher_targets_once_and_reports_distillation(
+    tmp_path, tiny_model_dir, tiny_csv, cache_dir, monkeypatch
+) -> None:
+    calls: list[int] = []
+    real = distill.compute_logits
+
+    def spy(teacher, train_ds, *args):
+        calls.append(len(train_ds))
+        return real(teacher, train_ds, *args)
+
+    monkeypatch.setattr(distill, "compute_logits", spy)
+    finetune = {"epochs": 1, "lr": 5e-4, "batch_size": 16, "max_examples": 96, "distill": {"alpha": 0.7}}
+    report = run_recipe(
+        parse_recipe(tiny_recipe(tiny_model_dir, tiny_csv, tmp_path / "out", **{"prune.finetune": finetune}))
+    )
+    assert len(calls) == 1 and calls[0] == 240  # the whole train split (80% of 300), once for both steps
+    assert all(step["finetune"]["distill"]["alpha"] == 0.7 for step in report["steps"])
+    assert (tmp_path / "out" / "state" / "teacher" / distill.LOGITS_FILE).exists()
+
+
+@pytest.mark.parametrize(
+    ("section", "value", "message"),
+    [
+        ("prune", {"finetune": {"distill": {"alpha": 1.5}}}, "prune.finetune.distill.alpha: Input should be less"),
+        ("prune", {"finetune": {"distill": {"temperature": 0}}}, "prune.finetune.distill.temperature: Input should"),
+        ("prune", {"finetune": {"distill": {"weight": 1}}}, "prune.finetune.distill.weight: unknown key"),
+        ("base_finetune", {"distill": {"alpha": 0.5}}, "base_finetune.distill: unknown key"),
+        ("export", {"int8": {"max_drop": -0.1}}, "export.int8.max_drop: Input should be greater than or equal to 0"),
+        ("export", {"variants": ["int8_dynamic"]}, "export.variants.0: Input should be 'fp32', 'optimized', 'int8'"),
+    ],
+)
+def test_bad_distill_and_int8_settings_name_the_field(section, value, message) -> None:
+    from compressor.recipe import RecipeError
+
+    with pytest.raises(RecipeError, match=message):
+        parse_recipe({section: value})
+
+
+def test_distill_and_int8_settings_parse_with_defaults() -> None:
+    recipe = parse_recipe({"prune": {"finetune": {"distill": {}}}, "export": {"variants": ["fp32", "int8_static"]}})
+    assert recipe.prune.finetune.distill == DistillSpec(alpha=0.5, temperature=2.0, hidden_weight=0.0)
+    assert recipe.export.int8.max_drop == 0.005 and recipe.export.int8.per_channel
+    assert parse_recipe({}).prune.finetune.distill is None  # off unless asked for
