@@ -95,6 +95,12 @@ class BudgetSpec(Strict):
     batch_size: int = Field(32, ge=1)
     seq_len: int = Field(64, ge=8, le=4096)
 
+    def describe(self) -> str:
+        """One phrase for humans, e.g. '2.0x speed-up on pytorch (batch 32, 64 tokens)' or '50% of heads'."""
+        if self.kind == "speedup":
+            return f"{self.value}x speed-up on {self.runtime} (batch {self.batch_size}, {self.seq_len} tokens)"
+        return f"{self.value:.0%} of {'heads' if self.kind == 'heads' else 'encoder FLOPs'}"
+
     @model_validator(mode="after")
     def _value_in_range(self) -> BudgetSpec:
         if self.kind == "speedup" and not 1 < self.value <= 100:
@@ -115,7 +121,9 @@ class PruneSpec(Strict):
     `budget: {kind: heads, value: T}`."""
 
     criterion: CriterionSpec = Field(default_factory=CriterionSpec)
-    target: float = Field(0.5, gt=0, lt=1, description="fraction of all heads removed at the end")
+    target: float | None = Field(
+        None, gt=0, lt=1, description="fraction of all heads removed at the end (default 0.5 without a budget)"
+    )
     units: list[Literal["heads", "neurons"]] = Field(
         default_factory=lambda: ["heads"], min_length=1, description="unit kinds that compete for the budget"
     )
@@ -136,12 +144,12 @@ class PruneSpec(Strict):
     @property
     def resolved_budget(self) -> BudgetSpec:
         """The budget in force: `budget`, or `target` as a head-fraction budget."""
-        return self.budget or BudgetSpec(kind="heads", value=self.target)
+        return self.budget or BudgetSpec(kind="heads", value=0.5 if self.target is None else self.target)
 
     @model_validator(mode="before")
     @classmethod
     def _one_budget(cls, data: Any) -> Any:
-        if isinstance(data, dict) and "target" in data and data.get("budget") is not None:
+        if isinstance(data, dict) and data.get("target") is not None and data.get("budget") is not None:
             raise ValueError("budget: give target (a head fraction) or budget, not both")
         return data
 
