@@ -115,6 +115,7 @@ def plan_budget(model: nn.Module, spec: PruneSpec, cache_dir: str | Path | None 
     """Resolve `spec`'s budget for `model` (unpruned): per-step goals, unit costs and, for a speed-up budget, the
     latency table (loaded from, or measured into, `cache_dir`, default `$COMPRESSOR_CACHE/latency`)."""
     budget = spec.resolved_budget
+    check_budget(model.config, spec)
     costs = unit_costs(model, budget.seq_len)
     total = masked_flops(model, {}, budget.seq_len)
     table = None
