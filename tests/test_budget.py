@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import make_rows
-from datasets import Dataset
-from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 import compressor
 from compressor import budget as budget_mod
@@ -17,7 +14,7 @@ from compressor.latency import Dims, LatencyTable
 from compressor.layout import removed_layers
 from compressor.masking import gated
 from compressor.recipe import PruneSpec, RecipeError, TrainSpec, parse_recipe
-from compressor.train import model_inputs, sample_batches, tokenize
+from compressor.train import model_inputs, sample_batches
 
 FINETUNE = TrainSpec(epochs=1, lr=5e-4, batch_size=16, max_examples=32)
 
@@ -32,15 +29,6 @@ def _spec(**budget) -> PruneSpec:
         finetune=FINETUNE,
         criterion={"name": "taylor"},
     )
-
-
-@pytest.fixture
-def task(tiny_model_dir):
-    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
-    model = AutoModelForSequenceClassification.from_pretrained(tiny_model_dir, attn_implementation="eager")
-    train = tokenize(Dataset.from_list(make_rows(64, seed=1)), tok, ["text"], 16)
-    val = tokenize(Dataset.from_list(make_rows(32, seed=2)), tok, ["text"], 16)
-    return model, tok, train, val
 
 
 def _masked_equals_pruned(result, val, tok) -> float:
