@@ -171,10 +171,10 @@ def as_sdpa(model: nn.Module) -> nn.Module:
     from the config (eager where SDPA is unsupported), pruned the same way and given the same weights, in memory.
     """
     from compressor.checkpoint import _build as build_classifier  # its SDPA→eager fallback (ELECTRA)
+    from compressor.checkpoint import _original_shape
 
     config = copy.deepcopy(model.config)
-    config.pruned_heads = {}
-    config.pruned_neurons, config.removed_layers = {}, []
+    _original_shape(config, original_ffn_size(model))  # the unpruned shape the plan is replayed on
     fast = build_classifier(config, "sdpa", next(model.parameters()).dtype)
     plan = {"heads": pruned_heads(model), "neurons": pruned_neurons(model)}
     for layer in removed_layers(model):  # removed whole: every head and neuron of the layer
