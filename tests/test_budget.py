@@ -187,3 +187,21 @@ def test_layer_drop_baseline_matches_flops_and_recovery_budget(task):
     assert masked_flops(dropped, {}, 64) == pytest.approx(total / 3)
     assert removed_layers(dropped) == [1, 2] and removed_layers(model) == []
     assert recovery_spec(FINETUNE, 3).epochs == 3 and recovery_spec(None, 3) is None
+
+
+def test_flat_latency_grid_is_floored_and_empties_a_layer(task):
+    """Where the table predicts no saving (a flat grid, marginal 0 ms) units still rank by their floored cost, and
+    a goal only reachable by removing a layer whole empties exactly one layer (uniform widths keep every layer)."""
+    dims = Dims.from_config(task[0].config)
+    flat = LatencyTable("pytorch", 32, 64, 1, dims, [0, dims.heads], [0, dims.intermediate], [[2.0, 2.0], [2.0, 2.0]],
+                        outside_ms=0.0)  # fmt: skip
+    assert flat.marginal_ms(dims.heads, dims.intermediate, "head") == 0.0
+    costs = unit_costs(task[0], 64)
+    alive = {"heads": torch.ones(dims.layers, dims.heads, dtype=torch.bool),
+             "neurons": torch.ones(dims.layers, dims.intermediate, dtype=torch.bool)}  # fmt: skip
+    scores = {k: torch.rand(v.shape, generator=torch.Generator().manual_seed(0)) for k, v in alive.items()}
+    scores["heads"][1] = scores["neurons"][1] = 1e-6  # layer 1 is the least important
+    plan = budget_mod.select_by_latency(scores, alive, flat, 1.4, costs)
+    assert plan["heads"] == {1: list(range(dims.heads))} and plan["neurons"] == {1: list(range(dims.intermediate))}
+    uniform = budget_mod.select_by_latency(scores, alive, flat, 1.4, costs, uniform_ffn=True)
+    assert all(len(ids) < dims.heads for ids in uniform["heads"].values())  # never a whole layer
