@@ -269,6 +269,19 @@ class Recipe(Strict):
     bench: BenchSpec = Field(default_factory=BenchSpec)
     analysis: AnalysisSpec = Field(default_factory=AnalysisSpec)
 
+    @model_validator(mode="after")
+    def _budget_runtime_exported(self) -> Recipe:
+        """A speed-up on an ONNX runtime is measured on the run's own export of that variant."""
+        budget = self.prune.budget
+        if budget is not None and budget.kind == "speedup" and budget.runtime != "pytorch":
+            variant = budget.runtime.removeprefix("onnx-")
+            if not self.export.enabled or variant not in self.export.variants:
+                raise ValueError(
+                    f"prune.budget.runtime: {budget.runtime} is measured on the run's own export; expected "
+                    f"export.enabled with '{variant}' in export.variants"
+                )
+        return self
+
 
 def _format_error(err: ValidationError) -> str:
     first = err.errors()[0]

@@ -170,6 +170,14 @@ def test_impossible_budget_combinations_are_refused_in_one_line(prune, message):
     assert "\n" not in str(err.value)
 
 
+def test_onnx_speedup_budget_needs_that_export():
+    budget = {"kind": "speedup", "value": 2.0, "runtime": "onnx-int8"}
+    recipe = {"prune": {"budget": budget}, "export": {"variants": ["fp32"]}}
+    with pytest.raises(RecipeError, match=r"^recipe: prune\.budget\.runtime: onnx-int8 is measured on the run's own"):
+        parse_recipe(recipe)
+    assert parse_recipe({"prune": {"budget": budget}}).prune.budget.runtime == "onnx-int8"  # default exports int8
+
+
 def test_target_is_the_head_budget_shorthand():
     spec = parse_recipe({"prune": {"target": 0.25}}).prune
     assert spec.budget is None and spec.resolved_budget.kind == "heads" and spec.resolved_budget.value == 0.25

@@ -121,3 +121,18 @@ def test_flop_budget_run_resumes_with_neuron_masks(tmp_path, tiny_model_dir, tin
     no_base = _recipe(tmp_path, tiny_model_dir, tiny_csv, "nobase", budget)
     no_base = no_base.model_copy(update={"prune": no_base.prune.model_copy(update={"baseline": None})})
     assert "baseline" not in json.loads(json.dumps(run_recipe(no_base)))
+
+
+def test_onnx_speedup_budget_is_measured_against_the_original_on_that_runtime(
+    tmp_path, tiny_model_dir, tiny_csv, cache_dir, linear_table
+):
+    budget = {"kind": "speedup", "value": 1.5, "runtime": "onnx-fp32", "batch_size": 4, "seq_len": 16}
+    overrides = {"export": {"variants": ["fp32"]}, "bench": BENCH, "prune.baseline": None}
+    report = run_recipe(_recipe(tmp_path, tiny_model_dir, tiny_csv, "onnx", budget, **overrides))
+    assert {"onnx-fp32", "onnx-fp32-original"} <= set(report["bench"]["summary"])
+    b = report["budget"]
+    assert b["measured_vs"] == "onnx-fp32-original" and "baseline" not in report
+    speedups = report["bench"]["speedups"]
+    ratio = speedups["onnx-fp32"]["16"]["4"]["median"] / speedups["onnx-fp32-original"]["16"]["4"]["median"]
+    assert b["measured_speedup"] == pytest.approx(ratio)
+    assert (tmp_path / "onnx" / "onnx-original" / "fp32").is_dir()
