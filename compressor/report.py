@@ -84,7 +84,7 @@ def _budget_lines(budget: dict) -> list[str]:
         "|---|---:|",
         f"| asked | {budget['value']:.2f}× |",
         f"| predicted by the latency table | {_x(budget.get('predicted_speedup'))} |",
-        f"| measured (this run's bench, vs PyTorch original) | {_x(measured)} |",
+        f"| measured (this run's bench, vs {budget.get('measured_vs', 'the original')}) | {_x(measured)} |",
     ]
     if measured is not None:
         verdict = "within" if budget["within_10pct"] else "NOT within"
