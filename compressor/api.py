@@ -179,7 +179,8 @@ def prune(
     score_batches = sample_batches(
         train, tokenizer, config.score_examples, config.score_batch_size, seed=seed, accelerator=accelerator
     )
-    budget = plan_budget(accelerator.unwrap_model(model), config)
+    with accelerator.main_process_first():  # a latency table is measured once, by the main process, then loaded
+        budget = plan_budget(accelerator.unwrap_model(model), config)
     loop = _Loop(model, tokenizer, train, validation, config, accelerator, seed, score_batches, budget)
     fresh = PruneState(Masks.full(model, config.units))
     state = hook.resume(model, fresh) if hook is not None else fresh
