@@ -213,3 +213,21 @@ def test_flat_latency_grid_is_floored_and_empties_a_layer(task):
     assert plan["heads"] == {1: list(range(dims.heads))} and plan["neurons"] == {1: list(range(dims.intermediate))}
     uniform = budget_mod.select_by_latency(scores, alive, flat, 1.4, costs, uniform_ffn=True)
     assert all(len(ids) < dims.heads for ids in uniform["heads"].values())  # never a whole layer
+
+
+def test_speedup_budget_writes_only_its_latency_table(task, tmp_path, monkeypatch, cache_dir):
+    """A real (tiny) latency table is measured once into $COMPRESSOR_CACHE/latency and nothing else is written;
+    a second prune loads it instead of measuring again."""
+    model, tok, train, _ = task
+    monkeypatch.chdir(tmp_path)
+    spec = _spec(kind="speedup", value=1.3, batch_size=2, seq_len=8).model_copy(update={"finetune": None, "steps": 1})
+    result = compressor.prune(model, tok, train, spec)
+    written = {p.relative_to(tmp_path) for p in tmp_path.rglob("*") if p.is_file()}
+    assert written and all(p.parts[:2] == ("cache", "latency") and p.suffix == ".json" for p in written)
+    assert result.steps[-1]["predicted_speedup"] >= 1.3
+
+    def no_build(*args, **kwargs):
+        raise AssertionError("the cached table should have been used")
+
+    monkeypatch.setattr(LatencyTable, "build", no_build)
+    compressor.prune(model, tok, train, spec)
