@@ -6,9 +6,12 @@ In the spirit of torchao's `quantize_(model, config)`::
                               validation=val_ds)
     small = result.pruned()   # heads physically removed
 
-Each step scores the alive heads with the criterion, masks the lowest ones, and (with `config.finetune`)
-fine-tunes with the mask. The model is changed in place (its weights fine-tuned, masked heads gated only while
-scoring and training); `PruneResult` holds the masks, the cumulative plan, every step's scores and the step log.
+Each step scores the alive units (heads, and FFN neurons when `config.units` asks) with the criterion, masks the
+ones the budget's step selects (`compressor.budget`: a head count, a FLOP share, or a predicted speed-up), and
+(with `config.finetune`) fine-tunes with the masks. A speed-up budget loads or measures its latency table (the only
+file the API may write, cached under `$COMPRESSOR_CACHE/latency`) and stops once the table predicts the goal met.
+The model is changed in place (its weights fine-tuned, masked units gated only while scoring and training);
+`PruneResult` holds the masks, the cumulative plan, every step's scores and the step log.
 Persistence is the caller's business: `compressor run` passes a `StepHook` that checkpoints each step and resumes.
 """
 
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Protocol
@@ -27,14 +31,15 @@ from accelerate.utils import broadcast, set_seed
 from torch import nn
 from tqdm.auto import tqdm
 
-from compressor import criteria
+from compressor.budget import Budget, plan_budget
 from compressor.distill import TeacherTargets, load_or_compute
 from compressor.errors import UserError
-from compressor.layout import num_layers, original_num_heads
+from compressor.layout import num_layers, original_ffn_size, original_num_heads
 from compressor.recipe import PruneSpec
-from compressor.selection import mask_to_plan, plan_to_mask, schedule, select_heads
+from compressor.selection import mask_to_plan
 from compressor.surgery import pruned_copy
 from compressor.train import evaluate, sample_batches, train
+from compressor.units import UnitPlan, apply_plan_to_masks, masks_to_plan, pruned_units_copy, score_all
 
 log = logging.getLogger("compressor")
 TRAIN_SCORE_EXAMPLES = 2048  # training examples a learning criterion (l0) may draw per step
@@ -44,19 +49,39 @@ TRAIN_SCORE_EXAMPLES = 2048  # training examples a learning criterion (l0) may d
 class Masks:
     """What is still alive in the model, over original unit ids.
 
-    Only attention heads today (`heads`: [layers, heads] bool); further prunable units (FFN neurons, layers) are
-    added as optional fields so that `PruneState` and `prune` keep their signatures.
+    `heads`: [layers, heads] bool; `neurons`: [layers, FFN width] bool, or None when neurons are not pruned. A
+    layer with no head and no neuron left is removed whole (masked: skipped).
     """
 
     heads: torch.Tensor
+    neurons: torch.Tensor | None = None
 
     @classmethod
-    def full(cls, model: nn.Module) -> Masks:
-        return cls(heads=torch.ones(num_layers(model), original_num_heads(model), dtype=torch.bool))
+    def full(cls, model: nn.Module, units: Sequence[str] = ("heads",)) -> Masks:
+        """Everything alive; a neuron mask only when `units` includes "neurons"."""
+        neurons = torch.ones(num_layers(model), original_ffn_size(model), dtype=torch.bool)
+        heads = torch.ones(num_layers(model), original_num_heads(model), dtype=torch.bool)
+        return cls(heads=heads, neurons=neurons if "neurons" in units else None)
+
+    @classmethod
+    def of(cls, alive: dict[str, torch.Tensor]) -> Masks:
+        return cls(heads=alive["heads"], neurons=alive.get("neurons"))
+
+    def alive(self) -> dict[str, torch.Tensor]:
+        """`{"heads": .., "neurons": ..}` (kinds tracked only), as `compressor.units` and `cost` take them."""
+        return {"heads": self.heads} | ({} if self.neurons is None else {"neurons": self.neurons})
 
     def head_gates(self) -> torch.Tensor:
         """Float gates for `masking.gated` (1 alive, 0 removed)."""
         return self.heads.float()
+
+    def neuron_gates(self) -> torch.Tensor | None:
+        """Float FFN neuron gates for `masking.gated(model, heads, neurons)`, None when neurons are not pruned."""
+        return None if self.neurons is None else self.neurons.float()
+
+    def unit_plan(self) -> UnitPlan:
+        """The cumulative unit plan (original ids) of every dead unit."""
+        return masks_to_plan(self.alive())
 
     def heads_per_layer(self) -> list[int]:
         return [int(x) for x in self.heads.sum(1)]
@@ -67,8 +92,9 @@ class StepRecord:
     """One finished pruning step: its JSON log entry, the scores it selected on, and the masks after it."""
 
     entry: dict
-    scores: torch.Tensor
+    scores: torch.Tensor  # head scores
     masks: Masks
+    neuron_scores: torch.Tensor | None = None
 
 
 @dataclass
@@ -106,8 +132,11 @@ class PruneResult:
     step_masks: list[Masks]
 
     def pruned(self) -> nn.Module:
-        """A copy of `model` with the masked heads sliced out (equal logits to the masked model)."""
-        return pruned_copy(self.model, self.plan).eval()
+        """A copy of `model` with the masked units sliced out, empty layers removed (equal logits to the masked
+        model)."""
+        if self.masks.neurons is None:
+            return pruned_copy(self.model, self.plan).eval()
+        return pruned_units_copy(self.model, self.masks.unit_plan()).eval()
 
 
 @dataclass(frozen=True)
@@ -122,6 +151,7 @@ class _Loop:
     accelerator: Accelerator
     seed: int
     score_batches: list[dict]
+    budget: Budget
     teacher: TeacherTargets | None = None
 
 
@@ -137,13 +167,14 @@ def prune(
     accelerator: Accelerator | None = None,
     hook: StepHook | None = None,
 ) -> PruneResult:
-    """Iteratively prune `model`'s attention heads to `config.target`, fine-tuning between steps.
+    """Iteratively prune `model`'s units (`config.units`) to `config`'s budget, fine-tuning between steps.
 
     `train` and `validation` are tokenised splits (`compressor.train.tokenize`: model inputs plus `labels`);
     without `validation` the step log has no accuracies. The model should use eager attention (criteria read
     attention weights). With `config.finetune.distill` the recovery fine-tuning distils from `teacher`: the
     unpruned model (default: `model` as passed in, before any step), or targets the caller cached
     (`compressor.distill.load_or_compute`, as the runner does so a resumed run reuses them).
+    A budget the model cannot meet raises `RecipeError` before any step.
     """
     config = config or PruneSpec()
     accelerator = accelerator or Accelerator()
@@ -152,14 +183,18 @@ def prune(
     score_batches = sample_batches(
         train, tokenizer, config.score_examples, config.score_batch_size, seed=seed, accelerator=accelerator
     )
-    loop = _Loop(model, tokenizer, train, validation, config, accelerator, seed, score_batches, targets)
-    fresh = PruneState(Masks.full(model))
+    with accelerator.main_process_first():  # a latency table is measured once, by the main process, then loaded
+        budget = plan_budget(accelerator.unwrap_model(model), config)
+    loop = _Loop(model, tokenizer, train, validation, config, accelerator, seed, score_batches, budget, targets)
+    fresh = PruneState(Masks.full(model, config.units))
     state = hook.resume(model, fresh) if hook is not None else fresh
-    cumulative = schedule(fresh.masks.heads.numel(), config.target, config.steps)
     bar = tqdm(total=config.steps, initial=len(state.steps), desc="prune steps", leave=False,
                disable=not accelerator.is_local_main_process)  # fmt: skip
     for step in range(len(state.steps), config.steps):
-        state.steps.append(_step(loop, state.masks, step, cumulative[step]))
+        if budget.met(state.masks.alive()):
+            log.info("budget: the latency table predicts the goal met after %d steps; stopping", step)
+            break
+        state.steps.append(_step(loop, state.masks, step))
         state.masks = state.steps[-1].masks
         if hook is not None:
             hook.after_step(accelerator.unwrap_model(model), state)
@@ -190,50 +225,56 @@ def _teacher_targets(
     return load_or_compute(None, teacher if teacher is not None else model, train_ds, tokenizer, accelerator, distill)
 
 
-def _score(loop: _Loop, masks: Masks, step: int, n_remove: int) -> tuple[torch.Tensor, dict]:
-    """[layers, heads] scores of the criterion (dead heads -inf, identical on every process) and its diagnostics."""
+def _score(loop: _Loop, masks: Masks, step: int) -> tuple[dict[str, torch.Tensor], dict]:
+    """Scores of the criterion per unit kind ([layers, units], dead units -inf, identical on every process) and
+    its diagnostics."""
     acc, p, seed = loop.accelerator, loop.config, loop.seed
-    ctx = criteria.ScoreContext(
-        model=loop.model,
-        alive=masks.heads,
-        batches=loop.score_batches,
+    extras = {"special_token_ids": sorted(loop.tokenizer.all_special_ids)}
+    scores = score_all(
+        p.criterion.name,
+        loop.model,
+        masks.alive(),
+        loop.score_batches,
+        p.criterion.params,
         accelerator=acc,
-        target_remove=n_remove,
+        target_remove=loop.budget.target_remove(step, masks.alive()),
         train_batches=partial(
             sample_batches, loop.train, loop.tokenizer, TRAIN_SCORE_EXAMPLES, p.score_batch_size, seed + step, acc
         ),
         seed=seed + step,
-        extras={"special_token_ids": sorted(loop.tokenizer.all_special_ids)},
+        extras=extras,
     )
-    scores = criteria.score_heads(p.criterion.name, ctx, p.criterion.params)
-    scores = broadcast(scores.to(acc.device)).cpu() if acc.num_processes > 1 else scores
-    return scores, {k: v for k, v in ctx.extras.items() if k != "special_token_ids"}  # e.g. l0's sparsity reached
+    if acc.num_processes > 1:
+        scores = {kind: broadcast(s.to(acc.device)).cpu() for kind, s in scores.items()}
+    return scores, {k: v for k, v in extras.items() if k != "special_token_ids"}  # e.g. l0's sparsity reached
 
 
 def _validate(loop: _Loop, masks: Masks) -> dict | None:
     if loop.validation is None:
         return None
-    return evaluate(loop.model, loop.validation, loop.tokenizer, loop.accelerator, masks.head_gates())
+    gates = masks.head_gates()
+    return evaluate(loop.model, loop.validation, loop.tokenizer, loop.accelerator, gates, masks.neuron_gates())
 
 
-def _step(loop: _Loop, masks: Masks, step: int, removed_after: int) -> StepRecord:
-    """Score, select and mask `removed_after − removed` more heads, then fine-tune with the new mask."""
+def _step(loop: _Loop, masks: Masks, step: int) -> StepRecord:
+    """Score, select and mask the units of this step's share of the budget, then fine-tune with the new masks."""
     t0 = time.perf_counter()
     p = loop.config
     set_seed(loop.seed + 1000 * (step + 1))
-    n_remove = removed_after - int((~masks.heads).sum())
     t_score = time.perf_counter()
-    scores, diagnostics = _score(loop, masks, step, n_remove)
+    scores, diagnostics = _score(loop, masks, step)
     score_seconds = time.perf_counter() - t_score
-    plan = select_heads(scores, masks.heads, n_remove, p.scope, p.min_heads_per_layer)
-    masks = Masks(heads=plan_to_mask(plan, masks.heads))
+    plan = loop.budget.select(step, scores, masks.alive())
+    masks = Masks.of(apply_plan_to_masks(plan, masks.alive()))
     entry = {
         "step": step + 1,
-        "removed": {str(k): v for k, v in plan.items()},
+        "removed": {str(k): v for k, v in plan["heads"].items()} if "heads" in plan else {},
         "heads_left": int(masks.heads.sum()),
         "heads_per_layer": masks.heads_per_layer(),
-        "scores": [[None if s == float("-inf") else round(float(s), 6) for s in row] for row in scores],
+        "scores": [[None if s == float("-inf") else round(float(s), 6) for s in row] for row in scores["heads"]],
     }
+    if masks.neurons is not None:
+        entry |= _unit_entry(masks, plan) | loop.budget.progress(masks.alive())
     if (after_prune := _validate(loop, masks)) is not None:
         entry["val_after_prune"] = after_prune
     if diagnostics:
@@ -250,13 +291,25 @@ def _step(loop: _Loop, masks: Masks, step: int, removed_after: int) -> StepRecor
             seed=loop.seed + step,
             desc=desc,
             teacher=loop.teacher,
+            neurons=masks.neuron_gates(),
         )
         if (after_finetune := _validate(loop, masks)) is not None:
             entry["val_after_finetune"] = after_finetune
     entry["score_seconds"] = score_seconds
     entry["seconds"] = time.perf_counter() - t0
     _log_step(entry, p.steps)
-    return StepRecord(entry=entry, scores=scores, masks=masks)
+    return StepRecord(entry=entry, scores=scores["heads"], masks=masks, neuron_scores=scores.get("neurons"))
+
+
+def _unit_entry(masks: Masks, plan: UnitPlan) -> dict:
+    """The step log's neuron and layer fields (runs that prune neurons)."""
+    neurons = masks.neurons.sum(1)
+    return {
+        "removed_neurons": {str(k): len(v) for k, v in plan.get("neurons", {}).items()},
+        "neurons_left": int(neurons.sum()),
+        "neurons_per_layer": [int(n) for n in neurons],
+        "layers_left": int(((neurons > 0) | masks.heads.any(1)).sum()),
+    }
 
 
 def _log_step(entry: dict, steps: int) -> None:
@@ -271,6 +324,15 @@ def _log_step(entry: dict, steps: int) -> None:
         _fmt(accuracy.get("val_after_finetune", accuracy.get("val_after_prune"))),
         entry["seconds"],
     )
+    if "neurons_left" in entry:
+        log.info(
+            "step %d: %d FFN neurons left %s, %d layers | %s",
+            entry["step"],
+            entry["neurons_left"],
+            entry["neurons_per_layer"],
+            entry["layers_left"],
+            {k: entry[k] for k in ("flops_left_fraction", "predicted_speedup") if k in entry},
+        )
 
 
 def _fmt(x: float | None) -> str:

@@ -1,8 +1,8 @@
 """The stages after pruning, as one typed sequence over a typed run state.
 
 `runner.run_recipe` builds a `RunState` (sources, base model, the API's `PruneResult`) and calls `run_stages`,
-which runs `STAGES` in order: surgery + save → export → bench → analysis. Each stage reads the state, may add to
-it (the saved model directory, the exports) and returns its section of the report.
+which runs `STAGES` in order: surgery + save → layer-drop baseline → export → bench → budget → analysis. Each
+stage reads the state, may add to it (the saved model directory, the exports) and returns its section of the report.
 """
 
 from __future__ import annotations
@@ -19,14 +19,22 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from compressor.api import PruneResult
+from compressor.baseline import Baseline
 from compressor.checkpoint import load_pruned, save_pruned
 from compressor.cost import model_stats
-from compressor.layout import pruned_heads
+from compressor.layout import (
+    original_ffn_size,
+    original_num_heads,
+    present_heads,
+    pruned_heads,
+    pruned_neurons,
+    removed_layers,
+)
 from compressor.masking import gated
-from compressor.recipe import Recipe
+from compressor.recipe import BenchSpec, Recipe
 from compressor.sources import TaskData
-from compressor.surgery import prune_heads
 from compressor.train import evaluate, model_inputs, sample_batches
+from compressor.units import apply_unit_plan
 
 log = logging.getLogger("compressor")
 SURGERY_ATOL = 1e-4  # max |Δlogit| allowed between the masked and the physically pruned model
@@ -48,6 +56,7 @@ class RunState:
     pruned: nn.Module | None = None  # heads physically removed
     model_dir: Path | None = None
     exported: dict = field(default_factory=dict)
+    baseline: Baseline | None = None  # the fine-tuned layer-dropping baseline (`prune.baseline`)
 
     @property
     def main(self) -> bool:
@@ -63,9 +72,12 @@ class Stage:
     enabled: Callable[[Recipe], bool] = lambda recipe: True
 
 
-def surgery_check(model: nn.Module, pruned: nn.Module, gates: torch.Tensor, batch: dict) -> float:
-    """Max |Δlogit| between `model` masked by `gates` and `pruned`; raises when above `SURGERY_ATOL`."""
-    with torch.inference_mode(), gated(model, gates):
+def surgery_check(
+    model: nn.Module, pruned: nn.Module, gates: torch.Tensor, batch: dict, neurons: torch.Tensor | None = None
+) -> float:
+    """Max |Δlogit| between `model` masked by head `gates` (and FFN `neurons` gates) and `pruned`; raises when
+    above `SURGERY_ATOL`."""
+    with torch.inference_mode(), gated(model, gates, neurons):
         masked_logits = model(**model_inputs(batch)).logits
     with torch.inference_mode():
         diff = float((pruned(**model_inputs(batch)).logits - masked_logits).abs().max())
@@ -82,8 +94,9 @@ def save_stage(state: RunState) -> dict:
     result, recipe = state.result, state.recipe
     state.pruned = result.pruned()
     batch = next(iter(sample_batches(state.splits["validation"], state.tokenizer, 64, 64, seed=0)))
-    diff = surgery_check(result.model, state.pruned, result.masks.head_gates(), batch)
-    log.info("surgery: removed %d heads, masked vs pruned max |Δlogit| = %.2e", int((~result.masks.heads).sum()), diff)
+    masks = result.masks
+    diff = surgery_check(result.model, state.pruned, masks.head_gates(), batch, masks.neuron_gates())
+    log.info("surgery: removed %d heads, masked vs pruned max |Δlogit| = %.2e", int((~masks.heads).sum()), diff)
     test = evaluate(state.pruned, state.splits["test"], state.tokenizer)
     original_test = state.report["original"]["test"]["accuracy"]
     log.info("pruned: test acc %.4f (original %.4f)", test["accuracy"], original_test)
@@ -107,8 +120,35 @@ def save_stage(state: RunState) -> dict:
         "plan": {str(k): v for k, v in result.plan.items()},
         "masked_vs_pruned_max_abs_diff": diff,
         **stats["pruned"],
-        **{k: stats[k] for k in ("flop_ratio", "parameter_ratio", "empty_layers")},
+        **{k: stats[k] for k in ("flop_ratio", "parameter_ratio", "empty_layers", "removed_layers")},
+        "units_removed": _units_removed(stats),
     }
+
+
+def _units_removed(stats: dict) -> dict:
+    """Units removed per kind (heads, FFN neurons, whole layers) from `model_stats`."""
+    before, after = stats["original"], stats["pruned"]
+    return {
+        "heads": before["heads"] - after["heads"],
+        "neurons": before["ffn_neurons"] - after["ffn_neurons"],
+        "layers": len(stats["removed_layers"]),
+    }
+
+
+def baseline_stage(state: RunState) -> dict:
+    """The layer-dropping baseline's test accuracy and FLOPs, and McNemar's test against the pruned model."""
+    from compressor.baseline import compare_on
+
+    base = state.baseline
+    comparison = compare_on(base.model, state.pruned, state.splits["test"], state.tokenizer)
+    log.info(
+        "baseline: %d top layers dropped, test acc %.4f vs pruned %.4f (McNemar p %.3g)",
+        base.layers_dropped,
+        comparison["baseline_accuracy"],
+        comparison["pruned_accuracy"],
+        comparison["mcnemar_p"],
+    )
+    return {**base.info, **comparison}
 
 
 def export_stage(state: RunState) -> dict:
@@ -139,11 +179,16 @@ def as_sdpa(model: nn.Module) -> nn.Module:
     from the config (eager where SDPA is unsupported), pruned the same way and given the same weights, in memory.
     """
     from compressor.checkpoint import _build as build_classifier  # its SDPA→eager fallback (ELECTRA)
+    from compressor.checkpoint import _original_shape
 
     config = copy.deepcopy(model.config)
-    config.pruned_heads = {}
+    _original_shape(config, original_ffn_size(model))  # the unpruned shape the plan is replayed on
     fast = build_classifier(config, "sdpa", next(model.parameters()).dtype)
-    prune_heads(fast, pruned_heads(model))
+    plan = {"heads": pruned_heads(model), "neurons": pruned_neurons(model)}
+    for layer in removed_layers(model):  # removed whole: every head and neuron of the layer
+        plan["heads"][layer] = list(range(original_num_heads(model)))
+        plan["neurons"][layer] = list(range(original_ffn_size(model)))
+    apply_unit_plan(fast, plan)
     fast.load_state_dict(model.state_dict())
     return fast.eval()
 
@@ -152,12 +197,15 @@ def bench_stage(state: RunState) -> dict:
     """Quality and throughput of the original, the saved pruned model and its ONNX exports."""
     from compressor import bench
 
-    spec = state.recipe.bench
+    spec = bench_spec_for(state.recipe)
     seq = spec.seq_lens
     pruned = bench.pytorch_candidate(
         "pytorch-pruned", load_pruned(state.model_dir, attn_implementation="sdpa"), seq, state.model_dir
     )
-    candidates = [bench.pytorch_candidate("pytorch-original", as_sdpa(state.original), seq), pruned]
+    original = bench.pytorch_candidate("pytorch-original", as_sdpa(state.original), seq)
+    candidates = [original, pruned]
+    if state.baseline is not None:
+        candidates.append(bench.pytorch_candidate("pytorch-layer-drop", as_sdpa(state.baseline.model), seq))
     for name, info in state.exported.items():
         candidates.append(
             bench.onnx_candidate(
@@ -168,9 +216,77 @@ def bench_stage(state: RunState) -> dict:
                 heads_per_layer=pruned.heads_per_layer,
             )
         )
+    candidates += _original_onnx(state, spec.threads, original.flops_by_seq_len)
     test = state.splits["test"]
     batches = sample_batches(test, state.tokenizer, spec.eval_examples or len(test), 32, seed=0)
     return bench.bench(candidates, batches, spec, state.out / "bench", reference="pytorch-original")
+
+
+def _original_onnx(state: RunState, threads: int | None, flops: dict) -> list:
+    """For a speed-up budget on an ONNX runtime: the original exported to that variant (under `onnx-original/`),
+    so the asked speed-up can be measured against the original on the same runtime."""
+    import tempfile
+
+    from compressor import bench
+    from compressor.export import export_onnx
+
+    budget = state.recipe.prune.budget
+    if budget is None or budget.kind != "speedup" or budget.runtime == "pytorch":
+        return []
+    variant, spec = budget.runtime.removeprefix("onnx-"), state.recipe.export
+    checks = sample_batches(state.splits["validation"], state.tokenizer, 128, 32, seed=1)
+    with tempfile.TemporaryDirectory() as tmp:
+        save_pruned(state.original, Path(tmp) / "model", state.tokenizer)
+        out = export_onnx(Path(tmp) / "model", state.out / "onnx-original", [variant], checks, spec.atol, spec.opset)
+    name = f"{budget.runtime}-original"
+    return [
+        bench.onnx_candidate(name, out[variant]["dir"], threads, flops, [len(h) for h in present_heads(state.original)])
+    ]
+
+
+def bench_spec_for(recipe: Recipe) -> BenchSpec:
+    """The recipe's bench settings, extended so a speed-up budget's batch size and length are measured (its length
+    first, so the bench's headline and its accuracy-vs-speed-up chart are at the budget's length)."""
+    spec, budget = recipe.bench, recipe.prune.budget
+    if budget is None or budget.kind != "speedup":
+        return spec
+    lengths = [budget.seq_len] + [s for s in spec.seq_lens if s != budget.seq_len]
+    batches = spec.batch_sizes + [b for b in [budget.batch_size] if b not in spec.batch_sizes]
+    return spec.model_copy(update={"seq_lens": lengths, "batch_sizes": batches})
+
+
+RUNTIME_CANDIDATES = {"pytorch": "pytorch-pruned", "onnx-fp32": "onnx-fp32", "onnx-int8": "onnx-int8"}
+
+
+def budget_stage(state: RunState) -> dict:
+    """The budget asked, what the run reached (FLOPs, heads) and, for a speed-up budget, the latency table's
+    prediction beside the speed-up measured by this run's own bench at the budget's batch size and length, against
+    the original on the same runtime (`measured_vs`: the PyTorch original, or the original's ONNX export)."""
+    budget, pruned = state.recipe.prune.resolved_budget, state.report["pruned"]
+    out = {**budget.model_dump(mode="json"), "flop_ratio": pruned["flop_ratio"], "heads_left": pruned["heads_left"]}
+    steps = state.result.steps if state.result is not None else []
+    out["steps_run"] = len(steps)
+    if budget.kind != "speedup":
+        return out
+    out["predicted_speedup"] = steps[-1].get("predicted_speedup") if steps else None
+    speedups = state.report.get("bench", {}).get("speedups", {})
+    row = _speedup_row(speedups, RUNTIME_CANDIDATES[budget.runtime], budget)
+    reference = "pytorch-original" if budget.runtime == "pytorch" else f"{budget.runtime}-original"
+    base = 1.0 if budget.runtime == "pytorch" else (_speedup_row(speedups, reference, budget) or {}).get("median")
+    if row is not None and base:
+        measured = row["median"] / base
+        out |= {
+            "measured_speedup": measured,
+            "measured_vs": reference,
+            "measured_iqr": [row["q1"] / base, row["q3"] / base],
+        }
+        out["within_10pct"] = abs(measured - budget.value) <= 0.1 * budget.value
+    return out
+
+
+def _speedup_row(speedups: dict, candidate: str, budget) -> dict | None:
+    """The bench's speed-up of `candidate` vs the PyTorch original at the budget's length and batch size."""
+    return speedups.get(candidate, {}).get(str(budget.seq_len), {}).get(str(budget.batch_size))
 
 
 def analysis_stage(state: RunState) -> dict:
@@ -228,9 +344,11 @@ def _finite_or_nan(scores: torch.Tensor) -> torch.Tensor:
 
 STAGES: tuple[Stage, ...] = (
     Stage("pruned", save_stage),
+    Stage("baseline", baseline_stage, lambda recipe: recipe.prune.baseline is not None),
     Stage("export", export_stage, lambda recipe: recipe.export.enabled),
     Stage("model_card", card_stage),
     Stage("bench", bench_stage, lambda recipe: recipe.bench.enabled),
+    Stage("budget", budget_stage),
     Stage("analysis", analysis_stage, lambda recipe: recipe.analysis.enabled),
 )
 

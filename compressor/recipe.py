@@ -128,23 +128,55 @@ class CriterionSpec(Strict):
         return self
 
 
-class FlopBudget(Strict):
-    """Prune until this fraction of the encoder's FLOPs per example (at `seq_len` tokens) is removed."""
+class BudgetSpec(Strict):
+    """How much to prune, for the whole model: a fraction of heads removed, a fraction of encoder FLOPs removed,
+    or a measured speed-up on a named runtime at a batch size and sequence length (`compressor.latency`).
 
-    flops: float = Field(gt=0, lt=1, description="fraction of encoder FLOPs removed at the end")
-    seq_len: int = Field(64, ge=8, le=4096, description="tokens per example at which FLOPs are counted")
+    `runtime`, `batch_size` and `seq_len` describe where the speed-up is measured (used by kind `speedup`); the
+    runtimes are those of `compressor.latency.RUNTIMES` (a test keeps the two in step).
+    """
+
+    kind: Literal["heads", "flops", "speedup"] = "heads"
+    value: float = Field(
+        0.5, allow_inf_nan=False, description="heads/flops: fraction removed, in (0, 1); speedup: factor, in (1, 100]"
+    )
+    runtime: Literal["pytorch", "onnx-fp32", "onnx-int8"] = "pytorch"
+    batch_size: int = Field(32, ge=1)
+    seq_len: int = Field(64, ge=8, le=4096)
+
+    def describe(self) -> str:
+        """One phrase for humans, e.g. '2.0x speed-up on pytorch (batch 32, 64 tokens)' or '50% of heads'."""
+        if self.kind == "speedup":
+            return f"{self.value}x speed-up on {self.runtime} (batch {self.batch_size}, {self.seq_len} tokens)"
+        return f"{self.value:.0%} of {'heads' if self.kind == 'heads' else 'encoder FLOPs'}"
+
+    @model_validator(mode="after")
+    def _value_in_range(self) -> BudgetSpec:
+        if self.kind == "speedup" and not 1 < self.value <= 100:
+            raise ValueError(
+                f"value: for kind 'speedup' expected a speed-up factor above 1 and at most 100, got {self.value}"
+            )
+        if self.kind != "speedup" and not 0 < self.value < 1:
+            raise ValueError(
+                f"value: for kind '{self.kind}' expected a fraction removed between 0 and 1, got {self.value}"
+            )
+        return self
 
 
 class PruneSpec(Strict):
     """What to prune and how far. Head-only recipes (`units: [heads]`, a head-fraction `target`) run as before;
-    `units: [heads, neurons]` with `budget: {flops: F}` lets heads and FFN neurons compete for a FLOP budget."""
+    `units: [heads, neurons]` with `budget: {kind: flops|speedup, value: ...}` lets heads and FFN neurons compete
+    for one budget (importance per FLOP, or per measured millisecond saved). `target: T` is the shorthand of
+    `budget: {kind: heads, value: T}`."""
 
     criterion: CriterionSpec = Field(default_factory=CriterionSpec)
-    target: float = Field(0.5, gt=0, lt=1, description="fraction of all heads removed at the end")
+    target: float | None = Field(
+        None, gt=0, lt=1, description="fraction of all heads removed at the end (default 0.5 without a budget)"
+    )
     units: list[Literal["heads", "neurons"]] = Field(
         default_factory=lambda: ["heads"], min_length=1, description="unit kinds that compete for the budget"
     )
-    budget: FlopBudget | None = Field(None, description="a FLOP budget instead of the head-fraction `target`")
+    budget: BudgetSpec | None = Field(None, description="one budget for the whole model instead of `target`")
     uniform_ffn: bool = Field(
         False, description="remove neurons in equal numbers per layer so plain transformers can load the result"
     )
@@ -161,11 +193,20 @@ class PruneSpec(Strict):
         """A plain `TrainSpec` (from Python) is a `FinetuneSpec` without distillation."""
         return value.model_dump() if isinstance(value, TrainSpec) and not isinstance(value, FinetuneSpec) else value
 
+    baseline: Literal["layer_drop"] | None = Field(
+        "layer_drop", description="compare with dropping top layers to the pruned FLOPs, fine-tuned alike (null: off)"
+    )
+
+    @property
+    def resolved_budget(self) -> BudgetSpec:
+        """The budget in force: `budget`, or `target` as a head-fraction budget."""
+        return self.budget or BudgetSpec(kind="heads", value=0.5 if self.target is None else self.target)
+
     @model_validator(mode="before")
     @classmethod
     def _one_budget(cls, data: Any) -> Any:
-        if isinstance(data, dict) and "target" in data and data.get("budget") is not None:
-            raise ValueError("budget: give target (a head fraction) or budget (a FLOP fraction), not both")
+        if isinstance(data, dict) and data.get("target") is not None and data.get("budget") is not None:
+            raise ValueError("budget: give target (a head fraction) or budget, not both")
         return data
 
     @model_validator(mode="after")
@@ -174,8 +215,10 @@ class PruneSpec(Strict):
 
         if len(set(self.units)) != len(self.units):
             raise ValueError(f"units: expected distinct unit kinds, got {self.units}")
-        if "neurons" in self.units and self.budget is None:
-            raise ValueError("units: 'neurons' needs budget: {flops: F}; a head-fraction target counts heads only")
+        if "neurons" in self.units and self.resolved_budget.kind == "heads":
+            raise ValueError("units: 'neurons' needs budget kind flops or speedup; a head fraction counts heads only")
+        if self.budget is not None and self.budget.kind != "speedup" and self.budget.runtime != "pytorch":
+            raise ValueError(f"budget.runtime: only applies to kind 'speedup', got kind '{self.budget.kind}'")
         if self.uniform_ffn and "neurons" not in self.units:
             raise ValueError("uniform_ffn: only applies when units include 'neurons'")
         for unit in self.units:
@@ -299,33 +342,17 @@ class Recipe(Strict):
     bench: BenchSpec = Field(default_factory=BenchSpec)
     analysis: AnalysisSpec = Field(default_factory=AnalysisSpec)
 
-
-class BudgetSpec(Strict):
-    """How much to prune, for the whole model: a fraction of heads removed, a fraction of encoder FLOPs removed,
-    or a measured speed-up on a named runtime at a batch size and sequence length (`compressor.latency`).
-
-    `runtime`, `batch_size` and `seq_len` describe where the speed-up is measured (used by kind `speedup`); the
-    runtimes are those of `compressor.latency.RUNTIMES` (a test keeps the two in step).
-    """
-
-    kind: Literal["heads", "flops", "speedup"] = "heads"
-    value: float = Field(
-        0.5, allow_inf_nan=False, description="heads/flops: fraction removed, in (0, 1); speedup: factor, in (1, 100]"
-    )
-    runtime: Literal["pytorch", "onnx-fp32", "onnx-int8"] = "pytorch"
-    batch_size: int = Field(32, ge=1)
-    seq_len: int = Field(64, ge=8, le=4096)
-
     @model_validator(mode="after")
-    def _value_in_range(self) -> BudgetSpec:
-        if self.kind == "speedup" and not 1 < self.value <= 100:
-            raise ValueError(
-                f"value: for kind 'speedup' expected a speed-up factor above 1 and at most 100, got {self.value}"
-            )
-        if self.kind != "speedup" and not 0 < self.value < 1:
-            raise ValueError(
-                f"value: for kind '{self.kind}' expected a fraction removed between 0 and 1, got {self.value}"
-            )
+    def _budget_runtime_exported(self) -> Recipe:
+        """A speed-up on an ONNX runtime is measured on the run's own export of that variant."""
+        budget = self.prune.budget
+        if budget is not None and budget.kind == "speedup" and budget.runtime != "pytorch":
+            variant = budget.runtime.removeprefix("onnx-")
+            if not self.export.enabled or variant not in self.export.variants:
+                raise ValueError(
+                    f"prune.budget.runtime: {budget.runtime} is measured on the run's own export; expected "
+                    f"export.enabled with '{variant}' in export.variants"
+                )
         return self
 
 
@@ -335,11 +362,12 @@ def check_against_model(recipe: Recipe, total_heads: int, max_positions: int | N
     `prune.steps` is refused (not clamped) when some step would remove no head: the schedule is part of the
     experiment, so changing it silently would report a different run than the recipe describes.
     """
-    goal = round(recipe.prune.target * total_heads)
-    cumulative = [round(goal * (k + 1) / recipe.prune.steps) for k in range(recipe.prune.steps)]
+    budget = recipe.prune.resolved_budget  # FLOP and speed-up budgets remove many small units: only heads can run out
+    goal = round(budget.value * total_heads) if budget.kind == "heads" else None
+    cumulative = [round(goal * (k + 1) / recipe.prune.steps) for k in range(recipe.prune.steps)] if goal else []
     if any(b <= a for a, b in zip([0, *cumulative], cumulative, strict=False)):
         raise RecipeError(
-            f"prune.steps: {recipe.prune.steps} steps for {goal} heads to remove (target {recipe.prune.target} of "
+            f"prune.steps: {recipe.prune.steps} steps for {goal} heads to remove (target {budget.value} of "
             f"{total_heads}) leaves a step removing none; expected at most {goal}"
         )
     if max_positions is None:

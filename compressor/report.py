@@ -127,6 +127,58 @@ def _export_table(export: dict) -> list[str]:
     return lines
 
 
+def _units_lines(pruned: dict) -> list[str]:
+    """Units removed per kind and the layers removed whole (runs that prune FFN neurons)."""
+    removed = pruned.get("units_removed")
+    if not removed or not removed.get("neurons"):
+        return []
+    layers = pruned.get("removed_layers") or []
+    return [
+        "",
+        f"Units removed: {removed['heads']} heads, {removed['neurons']} FFN neurons, {removed['layers']} whole "
+        f"layers{' (' + ', '.join(map(str, layers)) + ')' if layers else ''}. FFN neurons per layer left: "
+        f"{' '.join(map(str, pruned.get('ffn_neurons_per_layer', [])))}.",
+    ]
+
+
+def _budget_lines(budget: dict) -> list[str]:
+    """The budget asked beside what the run reached; for a speed-up, predicted and measured side by side."""
+    if budget["kind"] != "speedup":
+        what = "heads" if budget["kind"] == "heads" else "encoder FLOPs"
+        return [f"Asked: remove {_pct(budget['value'])}% of {what}; reached FLOP ratio {budget['flop_ratio']:.3f}."]
+    measured = budget.get("measured_speedup")
+    lines = [
+        f"| speed-up on {budget['runtime']} at batch {budget['batch_size']}, {budget['seq_len']} tokens | value |",
+        "|---|---:|",
+        f"| asked | {budget['value']:.2f}× |",
+        f"| predicted by the latency table | {_x(budget.get('predicted_speedup'))} |",
+        f"| measured (this run's bench, vs {budget.get('measured_vs', 'the original')}) | {_x(measured)} |",
+    ]
+    if measured is not None:
+        verdict = "within" if budget["within_10pct"] else "NOT within"
+        lines += ["", f"Measured is {verdict} 10% of asked. Steps run: {budget['steps_run']}."]
+    return lines
+
+
+def _x(value: float | None) -> str:
+    return "–" if value is None else f"{value:.2f}×"
+
+
+def _baseline_lines(base: dict) -> list[str]:
+    """The layer-dropping baseline at (nearly) the pruned FLOPs, with McNemar's test against the pruned model."""
+    ft = base.get("finetune") or {}
+    return [
+        "| | pruned | layer-drop baseline |",
+        "|---|---:|---:|",
+        f"| test accuracy (%) | {_pct(base['pruned_accuracy'])} | {_pct(base['baseline_accuracy'])} |",
+        f"| encoder FLOPs / example | {base['target_flops_per_example']:,} | {base['encoder_flops_per_example']:,} |",
+        "",
+        f"Baseline: top {base['layers_dropped']} layers dropped (no scores), fine-tuned for {ft.get('steps', 0)} "
+        f"steps (the pruning run's recovery budget). Pruned − baseline: {100 * base['pruned_minus_baseline']:+.2f} "
+        f"points, McNemar exact p = {base['mcnemar_p']:.3g} (n = {base['n']}).",
+    ]
+
+
 def render(report: dict) -> str:
     o, p = report["original"], report["pruned"]
     lines = [
@@ -145,6 +197,13 @@ def render(report: dict) -> str:
         "",
         f"FLOP ratio original/pruned: {p['flop_ratio']:.3f}. Masked vs physically pruned max |Δlogit|: "
         f"{p['masked_vs_pruned_max_abs_diff']:.2e}. Saved model: `{p['model_dir']}`.",
+        *_units_lines(p),
+    ]
+    if "budget" in report:
+        lines += ["", "## Budget", "", *_budget_lines(report["budget"])]
+    if "baseline" in report:
+        lines += ["", "## Baseline: dropping top layers at the same FLOPs", "", *_baseline_lines(report["baseline"])]
+    lines += [
         "",
         _recommendation_line(report),
         "",
@@ -163,6 +222,13 @@ def render(report: dict) -> str:
         ]
     if "bench" in report:
         lines += ["", "## Benchmark", "", *_bench_table(report["bench"])]
+        lines += [
+            "",
+            "Quality vs speed of every candidate (original, pruned, layer-drop baseline; PyTorch and each ONNX "
+            "variant), the frontier at a glance:",
+            "",
+            "![accuracy vs speed-up](bench/accuracy_vs_speedup.png)",
+        ]
         lines += [
             "",
             "Full tables and plots (all sequence lengths and batch sizes, spread, memory): "

@@ -28,14 +28,17 @@ from safetensors.torch import load_file, save_file
 
 from compressor import atomic, outdir
 from compressor.api import Masks, PruneState, StepRecord, prune
+from compressor.baseline import layer_drop_baseline
+from compressor.budget import check_budget
 from compressor.checkpoint import load_pruned, save_pruned
+from compressor.cost import masked_flops
 from compressor.distill import TeacherTargets, load_or_compute
 from compressor.errors import UserError
 from compressor.layout import config_head_counts
 from compressor.pipeline import RunState, run_stages
 from compressor.recipe import Recipe, RecipeError, check_against_model, dump_recipe, parse_recipe
 from compressor.report import write_run_report
-from compressor.selection import check_feasible, plan_to_mask
+from compressor.selection import plan_to_mask
 from compressor.sources import TaskData, load_model, load_task_data, load_tokenizer
 from compressor.sources.data import BUILTIN_RT
 from compressor.sources.fingerprint import source_fingerprint
@@ -71,8 +74,8 @@ def preflight(recipe: Recipe, force: bool) -> Path:
     out = outdir.check_run_dir(recipe.output_dir, force, partial(_same_recipe, recipe=recipe)).path
     config = load_config(recipe.model)
     layers, heads = config_head_counts(config)
-    check_feasible(layers, heads, recipe.prune.target, recipe.prune.min_heads_per_layer)
     check_against_model(recipe, layers * heads, max_positions(config))
+    check_budget(config, recipe.prune)
     return out
 
 
@@ -143,6 +146,9 @@ class StepCheckpoints:
             "scores": torch.stack([r.scores.float().cpu() for r in state.steps]),
             "heads": torch.stack([r.masks.heads for r in state.steps]),
         }
+        if state.masks.neurons is not None:
+            records["neurons"] = torch.stack([r.masks.neurons for r in state.steps])
+            records["neuron_scores"] = torch.stack([r.neuron_scores.float().cpu() for r in state.steps])
         meta = {"step": len(state.steps) - 1, "alive": state.masks.heads.int().tolist(), "log": state.log}
         with atomic.directory(self.root / f"step_{len(state.steps) - 1:03d}") as tmp:
             save_file(weights, str(tmp / "model.safetensors"))
@@ -158,8 +164,22 @@ class StepCheckpoints:
         model.load_state_dict(load_file(str(last / "model.safetensors")))
         log.info("resuming after step %d from %s", meta["step"] + 1, last)
         scores, heads = _records(last, meta["log"], fresh.masks.heads)
-        steps = [StepRecord(e, s, Masks(h)) for e, s, h in zip(meta["log"], scores, heads, strict=True)]
-        return PruneState(Masks(torch.tensor(meta["alive"], dtype=torch.bool)), steps)
+        neurons, neuron_scores = _neuron_records(last, len(heads), fresh.masks.neurons is not None)
+        steps = [
+            StepRecord(e, s, Masks(h, n), ns)
+            for e, s, h, n, ns in zip(meta["log"], scores, heads, neurons, neuron_scores, strict=True)
+        ]
+        return PruneState(steps[-1].masks, steps)
+
+
+def _neuron_records(step_dir: Path, count: int, pruned: bool) -> tuple[list, list]:
+    """Per finished step: the neuron mask and scores (None each when the run does not prune neurons)."""
+    if not pruned:
+        return [None] * count, [None] * count
+    records = load_file(str(step_dir / RECORDS_FILE))
+    if "neurons" not in records:
+        raise UserError(f"output_dir: checkpoint '{step_dir}' holds no neuron masks; pass --force to start over")
+    return list(records["neurons"]), list(records["neuron_scores"])
 
 
 def _records(step_dir: Path, steps_log: list[dict], full: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -239,14 +259,18 @@ def run_recipe(recipe: Recipe, force: bool = False, accelerator: Accelerator | N
         "test": evaluate(model, run.splits["test"], run.tokenizer, accelerator),
     }
     log.info("original: val acc %.4f, test acc %.4f", original["validation"]["accuracy"], original["test"]["accuracy"])
-    run.original = copy.deepcopy(accelerator.unwrap_model(model)).cpu() if run.main else None
+    start = copy.deepcopy(accelerator.unwrap_model(model)).cpu()
+    run.original = start if run.main else None
     hook = StepCheckpoints(out / "state", run.main)
     validation = run.splits["validation"]
+    teacher = _teacher(run, model)
     run.result = prune(
         model, run.tokenizer, run.splits["train"], recipe.prune, validation=validation, seed=recipe.seed,
-        accelerator=accelerator, hook=hook, teacher=_teacher(run, model),
+        accelerator=accelerator, hook=hook, teacher=teacher,
     )  # fmt: skip
     run.result.model.cpu()
+    if recipe.prune.baseline == "layer_drop":
+        run.baseline = _baseline(run, start, teacher)
     if not run.main:
         accelerator.wait_for_everyone()
         return {}
@@ -270,6 +294,18 @@ def _teacher(run: RunState, model: torch.nn.Module) -> TeacherTargets | None:
     return load_or_compute(
         run.out / "state" / "teacher", model, run.splits["train"], run.tokenizer, run.accelerator, finetune.distill
     )
+
+
+def _baseline(run: RunState, original: torch.nn.Module, teacher: TeacherTargets | None):
+    """The layer-dropping baseline at the pruned model's FLOPs, fine-tuned on every process like the steps were
+    (with the same teacher targets when distillation is on)."""
+    recipe, result = run.recipe, run.result
+    seq = recipe.prune.resolved_budget.seq_len
+    log.info("baseline: dropping top layers to the pruned model's FLOPs and fine-tuning alike")
+    return layer_drop_baseline(
+        original, masked_flops(result.model, result.masks.alive(), seq), seq, run.splits["train"], run.tokenizer,
+        recipe.prune.finetune, len(result.steps), run.accelerator, seed=recipe.seed, teacher=teacher,
+    )  # fmt: skip
 
 
 def _report_head(run: RunState, base_info: dict, original: dict) -> dict:

@@ -126,7 +126,7 @@ def check_flop_budget(
         removable += layers * (width - (1 if uniform_ffn else 0)) * costs.neuron
     if flops * total > removable:
         raise RecipeError(
-            f"prune.budget.flops: {flops} cannot be reached with units {units}; expected ≤ "
+            f"prune.budget.value: a FLOP fraction of {flops} cannot be reached with units {units}; expected ≤ "
             f"{removable / total:.3f} (heads kept per layer ≥ {min_heads}{', uniform_ffn' if uniform_ffn else ''})"
         )
 

@@ -1,7 +1,7 @@
 """Tokenisation, data loaders, the Accelerate fine-tuning loop and evaluation.
 
-Head masks are respected by running inside `masking.gated(...)`: a gated head gets zero gradient, so masked and
-physically pruned models stay numerically equivalent through fine-tuning.
+Head (and FFN neuron) masks are respected by running inside `masking.gated(...)`: a gated unit gets zero
+gradient, so masked and physically pruned models stay numerically equivalent through fine-tuning.
 """
 
 from __future__ import annotations
@@ -9,7 +9,6 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Sequence
-from contextlib import nullcontext
 
 import datasets
 import torch
@@ -64,6 +63,7 @@ def train(
     gates: torch.Tensor | None = None,
     seed: int = 0,
     desc: str = "fine-tune",
+    neurons: torch.Tensor | None = None,
     teacher: TeacherTargets | None = None,
 ) -> dict:
     """Fine-tune `model` in place with AdamW + linear warm-up/decay; returns loss and timing.
@@ -93,7 +93,7 @@ def train(
     wrapped.train()
     start, step, running = time.perf_counter(), 0, 0.0
     bar = tqdm(total=total, desc=desc, disable=not accelerator.is_local_main_process, leave=False)
-    with gated(model, gates) if gates is not None else nullcontext():
+    with gated(model, gates, neurons):
         while step < total:
             for batch in dl:
                 loss = mixed_loss(wrapped, model_inputs(batch), batch, teacher)
@@ -123,6 +123,7 @@ def predict(
     accelerator: Accelerator | None = None,
     gates: torch.Tensor | None = None,
     batch_size: int = 64,
+    neurons: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(logits, labels) for the whole split; under several processes, gathered on every process in order."""
     model.eval()
@@ -131,7 +132,7 @@ def predict(
         dl = accelerator.prepare_data_loader(dl)
     device = next(model.parameters()).device
     logits, labels = [], []
-    with gated(model, gates) if gates is not None else nullcontext():
+    with gated(model, gates, neurons):
         for batch in dl:
             batch = to_device(batch, device)
             out = model(**model_inputs(batch)).logits
@@ -149,11 +150,12 @@ def evaluate(
     tokenizer,
     accelerator: Accelerator | None = None,
     gates: torch.Tensor | None = None,
+    neurons: torch.Tensor | None = None,
 ) -> dict:
     """Accuracy and mean cross-entropy on a split (accuracy through the locally shipped `evaluate` module)."""
     from compressor.metrics import load_metric
 
-    logits, labels = predict(model, eval_ds, tokenizer, accelerator, gates)
+    logits, labels = predict(model, eval_ds, tokenizer, accelerator, gates, neurons=neurons)
     preds = logits.argmax(-1)
     acc = load_metric("accuracy").compute(predictions=preds.tolist(), references=labels.tolist())["accuracy"]
     return {"accuracy": float(acc), "loss": float(F.cross_entropy(logits, labels)), "n": int(labels.numel())}

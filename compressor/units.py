@@ -3,14 +3,13 @@
 A *unit plan* is `{"heads": {layer: [original head ids]}, "neurons": {layer: [original neuron ids]}}`; a layer
 whose heads and neurons are all in the plan is removed whole (identity) by surgery and skipped by masking, so
 `masked == pruned == ONNX` holds for every plan. These helpers are what the pipeline calls: the alive masks to
-score and select from, the gates that mask a plan, and the surgery that applies it. One step under a FLOP budget:
+score and select from, the gates that mask a plan, and the surgery that applies it. `api.prune` drives them
+through `compressor.budget` (which picks each step's units under a head, FLOP or speed-up budget):
 
-    alive = alive_units(model)                                   # or {"heads": presence_mask(model)} head-only
-    costs = cost.unit_costs(model, spec.budget.seq_len)
-    goals = selection.flop_schedule(cost.encoder_flops(model, seq_len), spec.budget.flops, spec.steps)
+    alive = Masks.full(model, spec.units).alive()                # {"heads": .., "neurons": ..}
+    budget = budget.plan_budget(model, spec)                     # per-step goals (+ latency table for speed-ups)
     scores = score_all(spec.criterion.name, model, alive, batches, spec.criterion.params)
-    removed = cost.encoder_flops(model, seq_len) - cost.masked_flops(model, alive, seq_len)
-    plan = selection.select_units(scores, alive, costs, goals[k] - removed, spec.min_heads_per_layer, spec.uniform_ffn)
+    plan = budget.select(step, scores, alive)                    # per FLOP or per predicted ms saved
     alive = apply_plan_to_masks(plan, alive)
     with masking.gated(model, *gates_for(alive)): ...            # fine-tune the masked model
     apply_unit_plan(model, masks_to_plan(alive))                 # at the end: physical removal

@@ -107,3 +107,18 @@ def cache_dir(tmp_path, monkeypatch) -> Path:
     path = tmp_path / "cache"
     monkeypatch.setenv("COMPRESSOR_CACHE", str(path))
     return path
+
+
+@pytest.fixture
+def task(tiny_model_dir):
+    """A tiny in-memory task for API tests: (model, tokenizer, tokenised train, tokenised validation)."""
+    from datasets import Dataset
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    from compressor.train import tokenize
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    model = AutoModelForSequenceClassification.from_pretrained(tiny_model_dir, attn_implementation="eager")
+    train = tokenize(Dataset.from_list(make_rows(96, seed=1)), tok, ["text"], 16)
+    val = tokenize(Dataset.from_list(make_rows(32, seed=2)), tok, ["text"], 16)
+    return model, tok, train, val

@@ -7,15 +7,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import make_rows
-from datasets import Dataset
-from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 import compressor
 from compressor.api import PruneState
 from compressor.masking import gated
 from compressor.recipe import PruneSpec, TrainSpec
-from compressor.train import model_inputs, sample_batches, tokenize
+from compressor.train import model_inputs, sample_batches
 
 SPEC = PruneSpec(
     target=0.5,
@@ -24,16 +21,6 @@ SPEC = PruneSpec(
     score_batch_size=16,
     finetune=TrainSpec(epochs=1, lr=5e-4, batch_size=16, max_examples=48),
 )
-
-
-@pytest.fixture
-def task(tiny_model_dir):
-    """(model, tokenizer, tokenised train, tokenised validation), loaded before the no-files check starts."""
-    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
-    model = AutoModelForSequenceClassification.from_pretrained(tiny_model_dir, attn_implementation="eager")
-    train = tokenize(Dataset.from_list(make_rows(96, seed=1)), tok, ["text"], 16)
-    val = tokenize(Dataset.from_list(make_rows(32, seed=2)), tok, ["text"], 16)
-    return model, tok, train, val
 
 
 def _files(root: Path) -> set[Path]:

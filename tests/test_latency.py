@@ -220,14 +220,14 @@ def budget_error(budget: dict) -> str:
     """The one-line message a recipe holding `budget` under `budget:` gets."""
     from pydantic import ValidationError
 
-    from compressor.recipe import BudgetSpec, Strict, _format_error
+    from compressor.recipe import BudgetSpec, Strict, format_validation_error
 
     class Holder(Strict):
         budget: BudgetSpec
 
     with pytest.raises(ValidationError) as err:
         Holder.model_validate({"budget": budget})
-    return _format_error(err.value)
+    return format_validation_error(err.value)
 
 
 def test_budget_spec_defaults_and_runtimes_match_the_latency_table():

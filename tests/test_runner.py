@@ -189,13 +189,13 @@ def test_criteria_get_special_ids_and_their_diagnostics_reach_the_step_log(
     from compressor import criteria
 
     seen: list[dict] = []
-    real = criteria.score_heads
+    real = criteria.score_units
 
     def spy(name, ctx, params=None):
         seen.append(dict(ctx.extras))
         return real(name, ctx, params)
 
-    monkeypatch.setattr(criteria, "score_heads", spy)
+    monkeypatch.setattr(criteria, "score_units", spy)
     prune = {"criterion": {"name": "l0", "params": {"steps": 30}}, "target": 0.5, "steps": 2, "finetune": None}
     report = _run(tmp_path, tiny_model_dir, tiny_csv, prune=prune)
     special = sorted(AutoTokenizer.from_pretrained(tiny_model_dir).all_special_ids)

@@ -227,7 +227,9 @@ def test_unreachable_flop_budget_is_refused() -> None:
     shape = {kind: tuple(mask.shape) for kind, mask in alive_units(base("bert")).items()}
     check_flop_budget(costs, shape, 0.9, ["heads", "neurons"])
     check_flop_budget(costs, shape, 0.8, ["heads", "neurons"], uniform_ffn=True)
-    with pytest.raises(RecipeError, match=r"prune\.budget\.flops: 0\.9 cannot be reached .*expected ≤ 0\.847"):
+    with pytest.raises(
+        RecipeError, match=r"prune\.budget\.value: a FLOP fraction of 0\.9 cannot be reached .*expected ≤ 0\.847"
+    ):
         check_flop_budget(costs, shape, 0.9, ["heads", "neurons"], uniform_ffn=True)
     with pytest.raises(RecipeError, match=r"expected ≤ 0\.589"):
         check_flop_budget(costs, shape, 0.6, ["heads"])
@@ -349,7 +351,11 @@ def test_criterion_that_cannot_score_neurons_is_refused() -> None:
 
     assert set(NEURON_CRITERIA) <= set(criteria.scoring("neurons"))
     assert "confidence" not in criteria.scoring("neurons")
-    prune = {"units": ["heads", "neurons"], "budget": {"flops": 0.5}, "criterion": {"name": "confidence"}}
+    prune = {
+        "units": ["heads", "neurons"],
+        "budget": {"kind": "flops", "value": 0.5},
+        "criterion": {"name": "confidence"},
+    }
     with pytest.raises(RecipeError, match=r"prune\.criterion\.name: 'confidence' cannot score neurons; expected one"):
         parse_recipe({"prune": prune})
     neurons = alive_units(base("bert"))["neurons"]
@@ -362,9 +368,9 @@ def test_criterion_that_cannot_score_neurons_is_refused() -> None:
     ("prune", "message"),
     [
         ({"units": ["heads", "neurons"]}, "prune.units: 'neurons' needs budget"),
-        ({"target": 0.3, "budget": {"flops": 0.5}}, "prune.budget: give target"),
+        ({"target": 0.3, "budget": {"kind": "flops", "value": 0.5}}, "prune.budget: give target"),
         ({"uniform_ffn": True}, "prune.uniform_ffn: only applies"),
-        ({"budget": {"flops": 1.2}}, "prune.budget.flops: Input should be less than 1"),
+        ({"budget": {"kind": "flops", "value": 1.2}}, "prune.budget.value: for kind 'flops' expected a fraction"),
         ({"units": ["layers"]}, "prune.units.0: Input should be 'heads' or 'neurons'"),
     ],
 )
@@ -380,8 +386,10 @@ def test_head_only_recipes_are_unchanged() -> None:
 
     spec = parse_recipe({"prune": {"target": 0.4}}).prune
     assert spec.units == ["heads"] and spec.budget is None and spec.uniform_ffn is False and spec.target == 0.4
-    spec = parse_recipe({"prune": {"units": ["heads", "neurons"], "budget": {"flops": 0.5}, "uniform_ffn": True}})
-    assert spec.prune.budget.flops == 0.5 and spec.prune.budget.seq_len == 64
+    spec = parse_recipe(
+        {"prune": {"units": ["heads", "neurons"], "budget": {"kind": "flops", "value": 0.5}, "uniform_ffn": True}}
+    )
+    assert spec.prune.budget.kind == "flops" and spec.prune.budget.value == 0.5 and spec.prune.budget.seq_len == 64
 
 
 def test_cli_validate_refuses_criterion_for_neurons_in_one_line(tmp_path) -> None:
@@ -391,7 +399,11 @@ def test_cli_validate_refuses_criterion_for_neurons_in_one_line(tmp_path) -> Non
     import yaml
 
     recipe = tmp_path / "r.yaml"
-    prune = {"units": ["heads", "neurons"], "budget": {"flops": 0.5}, "criterion": {"name": "attribution"}}
+    prune = {
+        "units": ["heads", "neurons"],
+        "budget": {"kind": "flops", "value": 0.5},
+        "criterion": {"name": "attribution"},
+    }
     recipe.write_text(yaml.safe_dump({"prune": prune}))
     result = subprocess.run(
         [sys.executable, "-m", "compressor", "validate", str(recipe)], capture_output=True, text=True, timeout=120

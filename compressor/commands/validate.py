@@ -17,7 +17,7 @@ def validate(recipe: Path = typer.Argument(..., help="YAML recipe")) -> None:
     r = load_recipe(recipe)
     typer.echo(
         f"ok: {recipe} — model {r.model.source}, data {r.data.source}, criterion {r.prune.criterion.name}, "
-        f"target {r.prune.target:.0%} in {r.prune.steps} steps → {r.output_dir}"
+        f"budget {r.prune.resolved_budget.describe()} in {r.prune.steps} steps → {r.output_dir}"
     )
 
 

@@ -1,0 +1,235 @@
+"""One budget for heads and FFN neurons: the API under FLOP and speed-up budgets, the layer-drop baseline."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import compressor
+from compressor import budget as budget_mod
+from compressor.api import Masks, PruneState
+from compressor.baseline import drop_top_layers, layers_to_drop, recovery_spec
+from compressor.cost import masked_flops, unit_costs
+from compressor.latency import Dims, LatencyTable
+from compressor.layout import removed_layers
+from compressor.masking import gated
+from compressor.recipe import PruneSpec, RecipeError, TrainSpec, parse_recipe
+from compressor.train import model_inputs, sample_batches
+
+FINETUNE = TrainSpec(epochs=1, lr=5e-4, batch_size=16, max_examples=32)
+
+
+def _spec(**budget) -> PruneSpec:
+    return PruneSpec(
+        units=["heads", "neurons"],
+        budget=budget,
+        steps=2,
+        score_examples=32,
+        score_batch_size=16,
+        finetune=FINETUNE,
+        criterion={"name": "taylor"},
+    )
+
+
+def _masked_equals_pruned(result, val, tok) -> float:
+    batch = next(iter(sample_batches(val, tok, 16, 16, seed=0)))
+    model = result.model.eval()
+    with torch.inference_mode(), gated(model, result.masks.head_gates(), result.masks.neuron_gates()):
+        masked = model(**model_inputs(batch)).logits
+    with torch.inference_mode():
+        pruned = result.pruned()(**model_inputs(batch)).logits
+    return float((masked - pruned).abs().max())
+
+
+def test_flop_budget_with_neurons_lands_within_one_unit(task, tmp_path, monkeypatch):
+    """Heads and neurons compete; the final FLOPs are at or below the budget by less than one unit, and the
+    physically pruned model (neurons sliced) equals the masked one."""
+    model, tok, train, val = task
+    monkeypatch.chdir(tmp_path)
+    costs = unit_costs(model, 64)
+    total = masked_flops(model, {}, 64)
+    result = compressor.prune(model, tok, train, _spec(kind="flops", value=0.4), validation=val)
+    assert list(tmp_path.iterdir()) == []  # a FLOP budget writes no file
+    left = masked_flops(model, result.masks.alive(), 64)
+    removed = total - left
+    assert 0.4 * total <= removed < 0.4 * total + max(costs.head, costs.neuron)
+    assert result.masks.neurons is not None and int((~result.masks.neurons).sum()) > 0
+    assert [s["neurons_left"] for s in result.steps] == sorted((s["neurons_left"] for s in result.steps), reverse=True)
+    assert result.steps[-1]["flops_left_fraction"] == pytest.approx(left / total, abs=1e-6)
+    assert _masked_equals_pruned(result, val, tok) < 1e-4
+
+
+def _linear_table(dims: Dims, ms_per_head: float = 1.0, ms_per_neuron: float = 0.01) -> LatencyTable:
+    """A table whose layers cost exactly `1 + heads·ms_per_head + neurons·ms_per_neuron` (bilinear, so exact)."""
+    heads, neurons = [0, dims.heads], [0, dims.intermediate]
+    grid = [[1 + h * ms_per_head + n * ms_per_neuron for n in neurons] for h in heads]
+    return LatencyTable("pytorch", 32, 64, 1, dims, heads, neurons, grid, outside_ms=0.5)
+
+
+@pytest.fixture
+def tiny_table(task, monkeypatch):
+    """The speed-up budget's latency table, replaced by a known linear one (no timing in unit tests)."""
+    table = _linear_table(Dims.from_config(task[0].config))
+    calls = []
+
+    def fake(config, runtime, batch_size, seq_len, **kwargs):
+        calls.append((runtime, batch_size, seq_len))
+        return table
+
+    monkeypatch.setattr(budget_mod, "load_or_build", fake)
+    return table, calls
+
+
+def test_speedup_budget_meets_the_predicted_goal_and_stops_there(task, tiny_table):
+    model, tok, train, val = task
+    table, calls = tiny_table
+    result = compressor.prune(model, tok, train, _spec(kind="speedup", value=2.0), validation=val)
+    assert calls == [("pytorch", 32, 64)]  # one table for the whole run
+    predicted = [s["predicted_speedup"] for s in result.steps]
+    assert predicted[0] >= 2.0**0.5 and predicted[-1] >= 2.0  # geometric schedule, goal met at the end
+    # stopped as soon as met: putting back the cheapest removed unit of the last step falls below the goal
+    full = table.dims.full()
+    widths = budget_mod.widths_of(result.masks.alive(), table.dims)
+    assert table.speedup(full, widths) == pytest.approx(predicted[-1], abs=1e-3)
+    assert any(table.speedup(full, undo) < 2.0 for undo in _undos(widths, table.dims))
+    assert _masked_equals_pruned(result, val, tok) < 1e-4
+
+
+def _undos(widths, dims: Dims) -> list[tuple[list[int], list[int]]]:
+    """Every single-layer undo of one move: one head, or one neuron block, put back in one layer."""
+    out = []
+    for layer in range(dims.layers):
+        heads, neurons = list(widths.heads), list(widths.neurons)
+        heads[layer] = min(heads[layer] + 1, dims.heads)
+        out.append((heads, list(widths.neurons)))
+        neurons[layer] = min(neurons[layer] + budget_mod.NEURON_BLOCK, dims.intermediate)
+        out.append((list(widths.heads), neurons))
+    return out
+
+
+def test_speedup_budget_stops_when_a_resumed_state_already_meets_it(task, tiny_table):
+    """The loop checks the table before each step: a state that meets the goal takes no further step."""
+    model, tok, train, _ = task
+    alive = Masks.full(model, ["heads", "neurons"])
+    alive.heads[:, 1:] = False
+    alive.neurons[:, 2:] = False
+
+    class Resume:
+        def resume(self, model, fresh):
+            return PruneState(alive, [])
+
+        def after_step(self, model, state):
+            raise AssertionError("no step expected")
+
+    result = compressor.prune(model, tok, train, _spec(kind="speedup", value=2.0), hook=Resume())
+    assert result.steps == [] and result.masks is alive
+
+
+def test_unreachable_speedup_is_refused_in_one_line(task, tiny_table):
+    model, tok, train, _ = task
+    spec = _spec(kind="speedup", value=4.0).model_copy(update={"units": ["heads"]})
+    with pytest.raises(
+        RecipeError, match=r"^prune\.budget\.value: a 4\.0x speed-up on pytorch is out of reach.*expected ≤ 3\.18"
+    ):
+        compressor.prune(model, tok, train, spec)
+
+
+def test_latency_selection_prefers_cheap_importance_per_ms(tiny_table):
+    """With equal scores, the unit saving more milliseconds goes first (heads cost 1 ms, 32 neurons 0.32 ms)."""
+    table, _ = tiny_table
+    dims = table.dims
+    costs = unit_costs(type("M", (), {"config": _config(dims)})(), 64)
+    alive = {"heads": torch.ones(dims.layers, dims.heads, dtype=torch.bool),
+             "neurons": torch.ones(dims.layers, dims.intermediate, dtype=torch.bool)}  # fmt: skip
+    scores = {k: torch.ones(v.shape) for k, v in alive.items()}
+    goal = table.speedup(dims.full(), (tuple([dims.heads] * dims.layers), (dims.intermediate,) * dims.layers)) + 0.01
+    plan = budget_mod.select_by_latency(scores, alive, table, goal, costs)
+    assert plan["heads"] and not plan["neurons"]
+
+
+def _config(dims: Dims):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(hidden_size=dims.hidden, num_attention_heads=dims.heads, intermediate_size=dims.intermediate)
+
+
+@pytest.mark.parametrize(
+    ("prune", "message"),
+    [
+        ({"units": ["heads", "neurons"], "target": 0.5}, "prune.units: 'neurons' needs budget kind flops or speedup"),
+        ({"target": 0.3, "budget": {"kind": "flops", "value": 0.5}}, "prune.budget: give target"),
+        ({"budget": {"kind": "speedup", "value": 0.5}}, "prune.budget.value: for kind 'speedup' expected"),
+        ({"budget": {"kind": "flops", "value": 2}}, "prune.budget.value: for kind 'flops' expected a fraction"),
+        ({"budget": {"kind": "flops", "value": 0.3, "runtime": "onnx-int8"}}, "prune.budget.runtime: only applies"),
+        ({"baseline": "distil"}, "prune.baseline"),
+    ],
+)
+def test_impossible_budget_combinations_are_refused_in_one_line(prune, message):
+    with pytest.raises(RecipeError, match=message) as err:
+        parse_recipe({"prune": prune})
+    assert "\n" not in str(err.value)
+
+
+def test_onnx_speedup_budget_needs_that_export():
+    budget = {"kind": "speedup", "value": 2.0, "runtime": "onnx-int8"}
+    recipe = {"prune": {"budget": budget}, "export": {"variants": ["fp32"]}}
+    with pytest.raises(RecipeError, match=r"^recipe: prune\.budget\.runtime: onnx-int8 is measured on the run's own"):
+        parse_recipe(recipe)
+    assert parse_recipe({"prune": {"budget": budget}}).prune.budget.runtime == "onnx-int8"  # default exports int8
+
+
+def test_target_is_the_head_budget_shorthand():
+    spec = parse_recipe({"prune": {"target": 0.25}}).prune
+    assert spec.budget is None and spec.resolved_budget.kind == "heads" and spec.resolved_budget.value == 0.25
+    assert spec.baseline == "layer_drop"
+    assert parse_recipe({"prune": {"baseline": None}}).prune.baseline is None
+
+
+def test_layer_drop_baseline_matches_flops_and_recovery_budget(task):
+    model = task[0]
+    total = masked_flops(model, {}, 64)
+    assert layers_to_drop(model, total * 0.62, 64) == 1  # 3 layers: 2/3 left is nearest 62%
+    assert layers_to_drop(model, total * 0.30, 64) == 2
+    assert layers_to_drop(model, total, 64) == 1  # at least one layer always goes
+    dropped = drop_top_layers(model, 2)
+    assert masked_flops(dropped, {}, 64) == pytest.approx(total / 3)
+    assert removed_layers(dropped) == [1, 2] and removed_layers(model) == []
+    assert recovery_spec(FINETUNE, 3).max_examples == 96 and recovery_spec(FINETUNE, 3).epochs == 1
+    assert recovery_spec(FINETUNE.model_copy(update={"max_examples": None}), 3).epochs == 3
+    assert recovery_spec(None, 3) is None
+
+
+def test_flat_latency_grid_is_floored_and_empties_a_layer(task):
+    """Where the table predicts no saving (a flat grid, marginal 0 ms) units still rank by their floored cost, and
+    a goal only reachable by removing a layer whole empties exactly one layer (uniform widths keep every layer)."""
+    dims = Dims.from_config(task[0].config)
+    flat = LatencyTable("pytorch", 32, 64, 1, dims, [0, dims.heads], [0, dims.intermediate], [[2.0, 2.0], [2.0, 2.0]],
+                        outside_ms=0.0)  # fmt: skip
+    assert flat.marginal_ms(dims.heads, dims.intermediate, "head") == 0.0
+    costs = unit_costs(task[0], 64)
+    alive = {"heads": torch.ones(dims.layers, dims.heads, dtype=torch.bool),
+             "neurons": torch.ones(dims.layers, dims.intermediate, dtype=torch.bool)}  # fmt: skip
+    scores = {k: torch.rand(v.shape, generator=torch.Generator().manual_seed(0)) for k, v in alive.items()}
+    scores["heads"][1] = scores["neurons"][1] = 1e-6  # layer 1 is the least important
+    plan = budget_mod.select_by_latency(scores, alive, flat, 1.4, costs)
+    assert plan["heads"] == {1: list(range(dims.heads))} and plan["neurons"] == {1: list(range(dims.intermediate))}
+    uniform = budget_mod.select_by_latency(scores, alive, flat, 1.4, costs, uniform_ffn=True)
+    assert all(len(ids) < dims.heads for ids in uniform["heads"].values())  # never a whole layer
+
+
+def test_speedup_budget_writes_only_its_latency_table(task, tmp_path, monkeypatch, cache_dir):
+    """A real (tiny) latency table is measured once into $COMPRESSOR_CACHE/latency and nothing else is written;
+    a second prune loads it instead of measuring again."""
+    model, tok, train, _ = task
+    monkeypatch.chdir(tmp_path)
+    spec = _spec(kind="speedup", value=1.3, batch_size=2, seq_len=8).model_copy(update={"finetune": None, "steps": 1})
+    result = compressor.prune(model, tok, train, spec)
+    written = {p.relative_to(tmp_path) for p in tmp_path.rglob("*") if p.is_file()}
+    assert written and all(p.parts[:2] == ("cache", "latency") and p.suffix == ".json" for p in written)
+    assert result.steps[-1]["predicted_speedup"] >= 1.3
+
+    def no_build(*args, **kwargs):
+        raise AssertionError("the cached table should have been used")
+
+    monkeypatch.setattr(LatencyTable, "build", no_build)
+    compressor.prune(model, tok, train, spec)

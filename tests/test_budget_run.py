@@ -1,0 +1,163 @@
+"""`compressor run` with FFN neurons under a budget on a tiny BERT: masked == pruned == ONNX, reload, resume with
+neuron masks, the budget and baseline sections of the report."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+from conftest import tiny_recipe
+from transformers import AutoTokenizer
+
+from compressor import budget as budget_mod
+from compressor import outdir
+from compressor.checkpoint import load_pruned
+from compressor.latency import Dims, LatencyTable
+from compressor.recipe import dump_recipe, parse_recipe
+from compressor.runner import run_recipe
+
+UNITS = {"units": ["heads", "neurons"], "criterion": {"name": "taylor"}, "steps": 2, "score_examples": 64}
+FINETUNE = {"epochs": 1, "lr": 5e-4, "batch_size": 16, "max_examples": 96}
+BENCH = {"batch_sizes": [1], "seq_len": 32, "rounds": 2, "warmup": 1, "min_time_s": 0.01}
+
+
+def _recipe(tmp_path, model_dir, data, name, budget, **overrides):
+    prune = {**UNITS, "budget": budget, "finetune": FINETUNE}
+    return parse_recipe(tiny_recipe(model_dir, data, tmp_path / name, prune=prune, **overrides))
+
+
+@pytest.fixture
+def linear_table(monkeypatch):
+    """A known latency table (layer ms = 1 + heads/10 + neurons/20) instead of timing one in a unit test."""
+
+    def fake(config, runtime, batch_size, seq_len, **kwargs):
+        dims = Dims.from_config(config)
+        heads, neurons = [0, dims.heads], [0, dims.intermediate]
+        grid = [[1 + h / 10 + n / 20 for n in neurons] for h in heads]
+        return LatencyTable(runtime, batch_size, seq_len, 1, dims, heads, neurons, grid, outside_ms=0.5)
+
+    monkeypatch.setattr(budget_mod, "load_or_build", fake)
+
+
+def test_speedup_budget_run_end_to_end(tmp_path, tiny_model_dir, tiny_csv, cache_dir, linear_table):
+    """Neurons and heads pruned to a predicted 1.6×; the saved model equals the masked one, its ONNX export equals
+    it, it reloads; the report has the budget (asked, predicted, measured at the budget's shape) and the baseline."""
+    budget = {"kind": "speedup", "value": 1.6, "batch_size": 4, "seq_len": 16}
+    recipe = _recipe(tmp_path, tiny_model_dir, tiny_csv, "speed", budget, export={"variants": ["fp32"]}, bench=BENCH)
+    report = run_recipe(recipe)
+    pruned = report["pruned"]
+    assert pruned["masked_vs_pruned_max_abs_diff"] <= 1e-4 and report["export"]["fp32"]["max_abs_diff"] <= 1e-4
+    assert pruned["units_removed"]["neurons"] == report["original"]["ffn_neurons"] - pruned["ffn_neurons"] > 0
+    assert report["steps"][-1]["predicted_speedup"] >= 1.6
+    b = report["budget"]
+    assert (b["kind"], b["value"], b["runtime"], b["predicted_speedup"]) == ("speedup", 1.6, "pytorch", pytest.approx(
+        report["steps"][-1]["predicted_speedup"]))  # fmt: skip
+    assert b["measured_speedup"] > 0 and isinstance(b["within_10pct"], bool)
+    setup = report["bench"]["setup"]
+    assert setup["seq_lens"][0] == 16 and 4 in setup["batch_sizes"]  # the bench measured the budget's shape
+    base = report["baseline"]
+    assert base["layers_dropped"] >= 1 and 0 <= base["mcnemar_p"] <= 1
+    assert base["pruned_accuracy"] == pytest.approx(pruned["test"]["accuracy"])
+    assert "pytorch-layer-drop" in report["bench"]["summary"]
+    md = (tmp_path / "speed" / "report.md").read_text()
+    for text in ("## Budget", "| asked | 1.60× |", "## Baseline: dropping top layers", "accuracy_vs_speedup.png"):
+        assert text in md
+    _check_figures(report, tmp_path)
+    model_dir = tmp_path / "speed" / "model"
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    batch = tok(["the film was great fun", "a dull and boring plot"], padding=True, return_tensors="pt")
+    reloaded = load_pruned(model_dir).eval()
+    assert [len(n) for n in _present(reloaded)] == pruned["ffn_neurons_per_layer"]
+    with torch.inference_mode():
+        assert reloaded(**batch).logits.shape == (2, 2)
+
+
+def _check_figures(report: dict, tmp_path) -> None:
+    """benchmarks/budget.py reads the finished run: asked vs measured, deltas with p, baseline; writes its JSON."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "budget.py"
+    spec = importlib.util.spec_from_file_location("_bench_budget", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    out = tmp_path / "budget.json"
+    assert script.main(["--runs", str(tmp_path / "speed"), "--out", str(out)]) == 0
+    (row,) = json.loads(out.read_text())["runs"]
+    assert row["measured_speedup"] == report["budget"]["measured_speedup"] and row["asked_speedup"] == 1.6
+    assert row["pruned_drop_points"] == pytest.approx(
+        100 * (report["original"]["test"]["accuracy"] - report["pruned"]["test"]["accuracy"]), abs=0.01
+    )
+    assert row["baseline"]["layers_dropped"] == report["baseline"]["layers_dropped"]
+    assert row["goals"] == {"budget_within_10pct": report["budget"]["within_10pct"]}  # no goals set for 1.6×
+    assert script.main(["--runs", str(tmp_path / "missing")]) == 2
+
+
+def _present(model):
+    from compressor.layout import present_neurons
+
+    return present_neurons(model)
+
+
+def test_flop_budget_run_resumes_with_neuron_masks(tmp_path, tiny_model_dir, tiny_csv, cache_dir):
+    """A run resumed from its step-1 checkpoint (neuron masks included) ends exactly where the uninterrupted run
+    ends; with `baseline: null` the report has no baseline section."""
+    budget = {"kind": "flops", "value": 0.5, "seq_len": 16}
+    reference = run_recipe(_recipe(tmp_path, tiny_model_dir, tiny_csv, "ref", budget))
+    assert "baseline" in reference and reference["pruned"]["units_removed"]["neurons"] > 0
+    resumed_recipe = _recipe(tmp_path, tiny_model_dir, tiny_csv, "resumed", budget)
+    out = tmp_path / "resumed"
+    outdir.claim(outdir.check_run_dir(str(out), False, lambda _: True), dump_recipe(resumed_recipe))
+    outdir.finish(out)  # an interrupted run: identity and recipe written, lock released, step 1 checkpointed
+    shutil.copytree(tmp_path / "ref" / "state" / "step_000", out / "state" / "step_000")
+    resumed = run_recipe(resumed_recipe)
+    assert "resuming after step 1" in (out / "run.log").read_text()
+    assert resumed["pruned"]["ffn_neurons_per_layer"] == reference["pruned"]["ffn_neurons_per_layer"]
+    assert resumed["pruned"]["plan"] == reference["pruned"]["plan"]
+    for a, b in zip(resumed["steps"], reference["steps"], strict=True):
+        assert a["neurons_per_layer"] == b["neurons_per_layer"] and a["removed_neurons"] == b["removed_neurons"]
+    assert resumed["pruned"]["test"] == pytest.approx(reference["pruned"]["test"], abs=1e-6)
+    assert resumed["baseline"]["baseline_accuracy"] == pytest.approx(reference["baseline"]["baseline_accuracy"])
+    no_base = _recipe(tmp_path, tiny_model_dir, tiny_csv, "nobase", budget)
+    no_base = no_base.model_copy(update={"prune": no_base.prune.model_copy(update={"baseline": None})})
+    assert "baseline" not in json.loads(json.dumps(run_recipe(no_base)))
+
+
+def test_onnx_speedup_budget_is_measured_against_the_original_on_that_runtime(
+    tmp_path, tiny_model_dir, tiny_csv, cache_dir, linear_table
+):
+    budget = {"kind": "speedup", "value": 1.5, "runtime": "onnx-fp32", "batch_size": 4, "seq_len": 16}
+    overrides = {"export": {"variants": ["fp32"]}, "bench": BENCH, "prune.baseline": None}
+    report = run_recipe(_recipe(tmp_path, tiny_model_dir, tiny_csv, "onnx", budget, **overrides))
+    assert {"onnx-fp32", "onnx-fp32-original"} <= set(report["bench"]["summary"])
+    b = report["budget"]
+    assert b["measured_vs"] == "onnx-fp32-original" and "baseline" not in report
+    speedups = report["bench"]["speedups"]
+    ratio = speedups["onnx-fp32"]["16"]["4"]["median"] / speedups["onnx-fp32-original"]["16"]["4"]["median"]
+    assert b["measured_speedup"] == pytest.approx(ratio)
+    assert (tmp_path / "onnx" / "onnx-original" / "fp32").is_dir()
+
+
+def test_uniform_ffn_run_saves_a_plain_transformers_model(tmp_path, tiny_model_dir, tiny_csv, cache_dir):
+    """`uniform_ffn` under a FLOP budget: equal FFN widths in every layer, and plain transformers loads the saved
+    model with the same logits as compressor's loader."""
+    from transformers import AutoModelForSequenceClassification
+
+    budget = {"kind": "flops", "value": 0.4, "seq_len": 16}
+    recipe = _recipe(tmp_path, tiny_model_dir, tiny_csv, "uniform", budget, **{"prune.uniform_ffn": True})
+    recipe = recipe.model_copy(update={"prune": recipe.prune.model_copy(update={"baseline": None})})
+    report = run_recipe(recipe)
+    widths = report["pruned"]["ffn_neurons_per_layer"]
+    assert (
+        len(set(widths)) == 1
+        and widths[0] < report["original"]["ffn_neurons_per_layer"][0]
+        and min(report["pruned"]["heads_per_layer"]) >= 1
+    )
+    model_dir = tmp_path / "uniform" / "model"
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    batch = tok(["the film was great fun", "a dull and boring plot"], padding=True, return_tensors="pt")
+    plain = AutoModelForSequenceClassification.from_pretrained(model_dir).eval()
+    with torch.inference_mode():
+        assert torch.allclose(plain(**batch).logits, load_pruned(model_dir).eval()(**batch).logits, atol=1e-5)
