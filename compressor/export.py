@@ -32,7 +32,7 @@ from torch import nn
 from compressor import atomic
 from compressor.batches import MODEL_INPUTS as INPUT_NAMES
 from compressor.errors import UserError
-from compressor.quantize import INT8_VARIANTS, Int8Options, build_int8, quantize_graph
+from compressor.quantize import INT8_VARIANTS, Int8Options, build_int8, quantize_graph, resolve_reduce_range
 from compressor.quantize import gate as int8_gate
 from compressor.quantize import status as int8_status
 
@@ -394,6 +394,7 @@ def _build_int8(tmp, out_dir, names, built: dict, batches, reference: dict, opti
         how = build_int8(name, source, dest / ONNX_FILE, options, OnnxClassifier(source).feed)
         entry = _variant_entry(name, dest / ONNX_FILE, _check(dest / ONNX_FILE, batches, reference), {}, out_dir)
         entry.update(quantized_from=source_name, weights=how, per_channel=options.per_channel)
+        entry["reduce_range"], entry["reduce_range_reason"] = resolve_reduce_range(options.reduce_range)
         entry["excluded_nodes"] = list(options.exclude_nodes)
         if fp32_val is not None:
             variant_val = evaluate_variant(OnnxClassifier(dest / ONNX_FILE), options.validation)
