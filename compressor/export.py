@@ -257,19 +257,6 @@ def attention_nodes(file: Path) -> dict[str, list[int]]:
 # ------------------------------------------------------------------------------------------------------ export
 
 
-def _prepare_out_dir(out_dir: Path) -> None:
-    """Refuse to replace a directory that is not a previous export (we delete what we replace)."""
-    if not out_dir.exists():
-        return
-    if not out_dir.is_dir():
-        raise FileExistsError(f"export: output '{out_dir}' exists and is not a directory")
-    foreign = [p.name for p in out_dir.iterdir() if p.name not in (*VARIANTS, MANIFEST)]
-    if foreign:
-        raise FileExistsError(
-            f"export: output directory '{out_dir}' holds {foreign[:3]}; expected a new directory or a previous export"
-        )
-
-
 def _variant_entry(name: str, file: Path, stats: dict, extra: dict, out_dir: Path) -> dict:
     """One result row, with paths as they will be after the temp directory is renamed to `out_dir`."""
     nodes = attention_nodes(file)
@@ -354,7 +341,7 @@ def export_onnx(
     if not check_batches:
         raise UserError("export: no check batches given; expected real evaluation batches for the parity gate")
     model_dir, out_dir = Path(model_dir), Path(out_dir)
-    _prepare_out_dir(out_dir)
+    atomic.check_replaceable(out_dir, (*VARIANTS, MANIFEST), "export output")
     model = load_pruned(model_dir, attn_implementation="sdpa")  # SDPA traces to a pattern ORT fuses (DistilBERT too)
     reference = evaluate_variant(lambda b: torch_logits(model, b), check_batches)
     attention_layers = sum(1 for heads in present_heads(model) if heads)

@@ -393,12 +393,6 @@ def _plot(verdicts: Sequence[Verdict], path: Path) -> Path:
     return path
 
 
-def clear_outputs(out_dir: str | Path) -> None:
-    """Remove an earlier check's files from a bench output directory (the bench report only accepts its own)."""
-    for name in REGRESSION_FILES:
-        (Path(out_dir) / name).unlink(missing_ok=True)
-
-
 def write_outputs(verdicts: Sequence[Verdict], markdown: str, out_dir: str | Path) -> list[Path]:
     """regression.json, regression.md and regression.png in `out_dir`; the Markdown is also appended to
     `$GITHUB_STEP_SUMMARY` when that is set (GitHub Actions shows it on the run's page)."""
