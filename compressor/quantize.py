@@ -94,10 +94,10 @@ def quantize_graph(
     import onnx
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    from compressor.export import _quiet_ort
+    from compressor.inference import quiet_ort
 
     dest.parent.mkdir(parents=True, exist_ok=True)
-    with _quiet_ort():
+    with quiet_ort():
         quantize_dynamic(
             str(src),
             str(dest),
@@ -149,10 +149,10 @@ def quantize_static_graph(
     from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
-    from compressor.export import _quiet_ort
+    from compressor.inference import quiet_ort
 
     dest.parent.mkdir(parents=True, exist_ok=True)
-    with _quiet_ort(), tempfile.TemporaryDirectory(dir=dest.parent) as tmp:
+    with quiet_ort(), tempfile.TemporaryDirectory(dir=dest.parent) as tmp:
         typed = Path(tmp) / "typed.onnx"
         if _has_contrib_ops(src):
             # Symbolic shape inference types the outputs of fused contrib ops; without it the quantiser cannot place

@@ -8,7 +8,7 @@ from pathlib import Path
 from compressor import atomic
 from compressor.bench.plots import plot_accuracy_speedup, plot_heads, plot_throughput
 from compressor.bench.timing import headline_batch
-from compressor.regression import REGRESSION_FILES
+from compressor.regression_report import REGRESSION_FILES
 
 SCHEMA_VERSION = 2  # 2: throughput/speed-ups keyed [variant][seq_len][batch]; several sequence lengths
 

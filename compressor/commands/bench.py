@@ -138,7 +138,7 @@ def run_bench(
     1 regression; invalid input raises UserError (exit 2).
     """
     from compressor import bench as lib
-    from compressor import regression
+    from compressor import regression, regression_report
 
     expected = check_baseline_options(save_baseline, baseline)
     for path, option in zip((reference, candidate), options, strict=True):
@@ -167,7 +167,7 @@ def run_bench(
         typer.echo(f"baseline written: {save_baseline}")
     if expected is None:
         return 0
-    return 0 if regression.check_result(expected, result, baseline, out) else 1
+    return 0 if regression_report.check_result(expected, result, baseline, out) else 1
 
 
 def print_summary(result: dict, out: Path) -> None:
