@@ -21,10 +21,9 @@ from typing import Literal
 
 import numpy as np
 
+from compressor.machine import CPUINFO, cpu_has_vnni
+
 INT8_VARIANTS = ("int8", "int8_static")
-# /proc/cpuinfo flags of the x86 extensions that multiply u8 x s8 without the 16-bit intermediate that saturates.
-VNNI_FLAGS = ("avx512_vnni", "avx_vnni", "amx_int8")
-CPUINFO = Path("/proc/cpuinfo")
 
 ReduceRange = bool | Literal["auto"]
 
@@ -39,21 +38,6 @@ class Int8Options:
     max_drop: float | None = None  # allowed accuracy drop vs fp32 (fraction); None: measured but never rejected
     calibration: Sequence[Mapping] = field(default=(), repr=False)  # training batches (int8_static)
     validation: Sequence[Mapping] = field(default=(), repr=False)  # labelled batches for the gate
-
-
-def cpu_has_vnni(cpuinfo: Path = CPUINFO) -> bool | None:
-    """Whether this CPU has a VNNI-class int8 dot product (AVX512-VNNI, AVX-VNNI or AMX), from `cpuinfo`'s flags.
-
-    None when it cannot tell: no readable `/proc/cpuinfo` (not Linux) or no x86 `flags` line in it (ARM, ...).
-    """
-    try:
-        text = cpuinfo.read_text(errors="replace")
-    except OSError:
-        return None
-    flags = {f for line in text.splitlines() if line.startswith("flags") for f in line.partition(":")[2].split()}
-    if "avx2" not in flags and "sse2" not in flags:  # not an x86 flags list: nothing to conclude
-        return None
-    return any(flag in flags for flag in VNNI_FLAGS)
 
 
 def resolve_reduce_range(setting: ReduceRange = "auto", cpuinfo: Path = CPUINFO) -> tuple[bool, str]:

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import platform
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +34,7 @@ from scipy import stats
 
 from compressor import atomic
 from compressor.errors import UserError
+from compressor.machine import cpu_model
 
 FORMAT = "compressor-baseline/1"
 CONFIDENCE = 0.95
@@ -118,17 +118,6 @@ def batches_fingerprint(batches: Sequence[dict] | None) -> str | None:
         for key in sorted(batch):
             digest.update(key.encode() + np.ascontiguousarray(batch[key].numpy()).tobytes())
     return digest.hexdigest()[:16]
-
-
-def cpu_model() -> str:
-    """The CPU model name (/proc/cpuinfo on Linux), else what `platform` knows."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def run_identity(reference: str, spec, threads: int, candidates: Sequence[str], eval_data: str | None) -> dict:

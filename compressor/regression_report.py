@@ -12,7 +12,8 @@ from dataclasses import asdict
 from pathlib import Path
 
 from compressor import atomic
-from compressor.regression import PER_ROUND_KINDS, Baseline, Verdict, compare, cpu_model, measured_metrics, passed
+from compressor.machine import cpu_model
+from compressor.regression import PER_ROUND_KINDS, Baseline, Verdict, compare, measured_metrics, passed
 
 REGRESSION_FILES = ("regression.json", "regression.md", "regression.png")
 

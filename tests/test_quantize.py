@@ -7,7 +7,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from compressor.quantize import cpu_has_vnni, quantize_graph, resolve_reduce_range
+from compressor.machine import cpu_has_vnni
+from compressor.quantize import quantize_graph, resolve_reduce_range
 from compressor.recipe import RecipeError, parse_recipe
 
 X86_FLAGS = "fpu vme sse sse2 ssse3 sse4_1 sse4_2 avx avx2 fma bmi2"
