@@ -49,7 +49,7 @@ def resolve_reduce_range(setting: ReduceRange = "auto", cpuinfo: Path = CPUINFO)
     (or when the CPU cannot be identified) full range is kept. An explicit bool is used as given.
     """
     if setting is True or setting is False:
-        return setting, "set in the recipe"
+        return setting, "set explicitly"
     vnni = cpu_has_vnni(cpuinfo)
     if vnni is False:
         return True, "auto: x86 CPU without VNNI (the u8s8 int8 GEMM can saturate with 8-bit weights)"

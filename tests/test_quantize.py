@@ -49,8 +49,8 @@ def test_reduce_range_auto_follows_vnni_and_explicit_settings_win(tmp_path):
     assert reduce is False and "has VNNI" in why
     reduce, why = resolve_reduce_range("auto", tmp_path / "absent")
     assert reduce is False and "unknown" in why
-    assert resolve_reduce_range(False, avx2) == (False, "set in the recipe")
-    assert resolve_reduce_range(True, vnni) == (True, "set in the recipe")
+    assert resolve_reduce_range(False, avx2) == (False, "set explicitly")
+    assert resolve_reduce_range(True, vnni) == (True, "set explicitly")
 
 
 def matmul_graph(file: Path) -> None:
