@@ -1,13 +1,19 @@
-"""Atomic outputs: readers see either the old file/directory or the complete new one, never half of it."""
+"""Atomic outputs: readers see either the old file/directory or the complete new one, never half of it.
+
+`check_replaceable` is the one guard of the writers that replace an output directory as a whole (ONNX export, bench
+report, analysis); a run's own directory is guarded by `compressor.outdir`.
+"""
 
 from __future__ import annotations
 
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+
+from compressor.errors import UserError
 
 
 def _umask() -> int:
@@ -30,6 +36,28 @@ def write_text(path: str | Path, text: str) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def check_replaceable(out_dir: str | Path, produces: Collection[str], option: str) -> Path:
+    """Refuse, before anything is computed, an output directory that `directory(out_dir)` must not replace.
+
+    The one rule: a directory is replaced only when it is absent, empty, or holds nothing but names in `produces`
+    (what that writer writes, its manifest included). Anything else in it is someone else's and would be deleted
+    with the directory, so it is refused with a one-line `UserError` starting with `option` (the option or field
+    that named the directory). Returns `out_dir` as a path.
+    """
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise UserError(f"{option}: '{out}' is a file; expected a directory")
+    if out.is_dir():
+        other = sorted(p.name for p in out.iterdir() if p.name not in produces)
+        if other:
+            shown = ", ".join(other[:3]) + (", ..." if len(other) > 3 else "")
+            raise UserError(
+                f"{option}: '{out}' holds other files ({shown}); expected a new or empty directory or an earlier "
+                "output of this command (it is replaced as a whole)"
+            )
+    return out
 
 
 @contextmanager

@@ -20,11 +20,6 @@ class UserError(RuntimeError):
     """A problem with the user's input or environment, reported as one line (exit 2)."""
 
 
-# The output-directory guards still raise FileExistsError for a directory they will not replace (they are being
-# unified into `atomic.py`); until then the decorator reports it like a `UserError`.
-EXPECTED = (UserError, FileExistsError)
-
-
 def one_line_errors(fn: F) -> F:
     """Decorator for CLI commands: user errors → `compressor: error: <message>` on stderr, exit 2."""
 
@@ -32,7 +27,7 @@ def one_line_errors(fn: F) -> F:
     def wrapper(*args, **kwargs):
         try:
             return fn(*args, **kwargs)
-        except EXPECTED as err:
+        except UserError as err:
             message = " ".join(str(err).split())
             print(f"compressor: error: {message}", file=sys.stderr)
             raise SystemExit(2) from None

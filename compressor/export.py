@@ -13,6 +13,9 @@ bare `onnxruntime.InferenceSession`; tokenizer files and `config.json` sit besid
     out_dir/int8/model.onnx        dynamic int8 quantisation of the optimised graph (else of fp32)
     out_dir/int8_static/model.onnx static QDQ int8 of the same graph, calibrated on training examples
     out_dir/export.json            what `export_onnx` returned
+
+Running a graph or the PyTorch model on batches and comparing logits (`OnnxClassifier`, `evaluate_variant`,
+`compare`) lives in `compressor.inference`; int8 building and gating in `compressor.quantize`.
 """
 
 from __future__ import annotations
@@ -21,27 +24,41 @@ import json
 import logging
 import shutil
 import warnings
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-import numpy as np
 import torch
 from torch import nn
 
 from compressor import atomic
-from compressor.batches import MODEL_INPUTS as INPUT_NAMES
 from compressor.errors import UserError
-from compressor.quantize import INT8_VARIANTS, Int8Options, build_int8, quantize_graph
+from compressor.inference import (
+    ONNX_FILE,
+    OnnxClassifier,
+    compare,
+    evaluate_variant,
+    graph_size,
+    quiet_ort,
+    torch_logits,
+)
+from compressor.quantize import INT8_VARIANTS, Int8Options, build_int8, quantize_graph, resolve_reduce_range
 from compressor.quantize import gate as int8_gate
 from compressor.quantize import status as int8_status
 
-__all__ = ["Int8Options", "export_onnx", "quantize_graph"]  # quantize_graph stays importable from here
+# Int8Options, quantize_graph and the inference helpers stay importable from here.
+__all__ = [
+    "ONNX_FILE",
+    "Int8Options",
+    "OnnxClassifier",
+    "evaluate_variant",
+    "export_onnx",
+    "quantize_graph",
+    "torch_logits",
+]
 
 log = logging.getLogger(__name__)
 
 VARIANTS = ("fp32", "optimized", *INT8_VARIANTS)
-ONNX_FILE = "model.onnx"
 MANIFEST = "export.json"
 ATTENTION_OPS = ("Attention", "MultiHeadAttention", "QAttention")
 # Files of a saved model directory that are not copied next to the graphs (weights, the PyTorch model card).
@@ -50,108 +67,6 @@ _NOT_COPIED = ("*.safetensors", "*.bin", "*.safetensors.index.json", "README.md"
 
 class ExportParityError(UserError):
     """The exported graph does not reproduce PyTorch's logits within the tolerance (nothing was written)."""
-
-
-# ------------------------------------------------------------------------------------------------------ inference
-
-
-def _as_int64(value) -> np.ndarray:
-    if isinstance(value, torch.Tensor):
-        value = value.detach().cpu().numpy()
-    return np.asarray(value, dtype=np.int64)
-
-
-def onnx_file(variant_dir: str | Path) -> Path:
-    """The graph of a variant directory (`model.onnx`, else its only `.onnx` file); a file path is returned as is."""
-    path = Path(variant_dir)
-    if path.is_file():
-        return path
-    if not path.is_dir():
-        raise FileNotFoundError(f"onnx: variant directory '{path}' not found")
-    if (path / ONNX_FILE).is_file():
-        return path / ONNX_FILE
-    found = sorted(path.glob("*.onnx"))
-    if len(found) != 1:
-        raise UserError(f"onnx: expected one .onnx file in '{path}', found {len(found)}")
-    return found[0]
-
-
-def graph_size(file: str | Path) -> int:
-    """Bytes of an ONNX graph plus any external-data files beside it."""
-    file = Path(file)
-    extra = sum(p.stat().st_size for p in file.parent.glob(f"{file.name}_data*") if p.is_file())
-    return file.stat().st_size + extra
-
-
-class OnnxClassifier:
-    """A CPU `onnxruntime.InferenceSession` over one exported variant, called like a model: batch → logits.
-
-    Only the inputs the graph declares are fed (as int64); a graph input missing from the batch is an error except
-    `token_type_ids`, which is zeros, as PyTorch defaults it. `threads` fixes the intra-op thread count (ONNX Runtime
-    reads it once, when the session is created).
-    """
-
-    def __init__(self, variant_dir: str | Path, threads: int | None = None):
-        import onnxruntime as ort
-
-        self.path = onnx_file(variant_dir)
-        options = ort.SessionOptions()
-        if threads:
-            options.intra_op_num_threads = int(threads)
-            options.inter_op_num_threads = 1
-        options.log_severity_level = 3
-        self.session = ort.InferenceSession(str(self.path), options, providers=["CPUExecutionProvider"])
-        self.input_names = tuple(i.name for i in self.session.get_inputs())
-        self.output_name = self.session.get_outputs()[0].name
-        self.size_bytes = graph_size(self.path)
-
-    def feed(self, batch: Mapping) -> dict[str, np.ndarray]:
-        """The session inputs for `batch` (numpy int64), filling `token_type_ids` with zeros when absent."""
-        feed = {}
-        for name in self.input_names:
-            if name in batch:
-                feed[name] = _as_int64(batch[name])
-            elif name == "token_type_ids" and "input_ids" in batch:
-                feed[name] = np.zeros_like(_as_int64(batch["input_ids"]))
-            else:
-                raise UserError(f"onnx: the graph '{self.path}' needs input '{name}', which the batch lacks")
-        return feed
-
-    def __call__(self, batch: Mapping) -> np.ndarray:
-        return self.session.run([self.output_name], self.feed(batch))[0]
-
-
-def torch_logits(model: nn.Module, batch: Mapping) -> np.ndarray:
-    """PyTorch logits for the model inputs of `batch` (labels and other keys dropped)."""
-    inputs = {k: v for k, v in batch.items() if k in INPUT_NAMES}
-    with torch.inference_mode():
-        return model(**inputs).logits.float().cpu().numpy()
-
-
-def evaluate_variant(predict: Callable[[Mapping], np.ndarray], batches: Iterable[Mapping]) -> dict:
-    """Logits, predictions and (when batches carry `labels`) accuracy of `predict` over `batches`."""
-    logits, labels = [], []
-    for batch in batches:
-        logits.append(np.asarray(predict(batch), dtype=np.float32))
-        if "labels" in batch:
-            labels.append(_as_int64(batch["labels"]).reshape(-1))
-    out = np.concatenate(logits) if logits else np.zeros((0, 0), np.float32)
-    predictions = out.argmax(-1) if out.size else np.zeros(0, np.int64)
-    accuracy = float((predictions == np.concatenate(labels)).mean()) if labels and len(predictions) else None
-    return {"logits": out, "predictions": predictions, "accuracy": accuracy, "examples": int(len(predictions))}
-
-
-def compare(candidate: dict, reference: dict) -> dict:
-    """Max |Δlogit| and argmax agreement of an `evaluate_variant` result against the PyTorch one."""
-    diff = float(np.abs(candidate["logits"] - reference["logits"]).max()) if reference["examples"] else 0.0
-    agreement = float((candidate["predictions"] == reference["predictions"]).mean()) if reference["examples"] else 1.0
-    return {
-        "max_abs_diff": diff,
-        "agreement": agreement,
-        "check_accuracy": candidate["accuracy"],
-        "pytorch_check_accuracy": reference["accuracy"],
-        "check_examples": reference["examples"],
-    }
 
 
 # ------------------------------------------------------------------------------------------------------ variants
@@ -191,35 +106,6 @@ def export_fp32(model: nn.Module, dest: Path, opset: int | None = None) -> Path:
     return file
 
 
-# ORT's transformer tools put their own folder on sys.path, so their loggers are named by bare module name.
-_ORT_LOGGER_PREFIXES = ("onnxruntime", "fusion_", "onnx_model", "optimizer", "quant", "onnx_utils", "shape_infer")
-
-
-@contextmanager
-def _quiet_ort():
-    """Silence ONNX Runtime's tool loggers below ERROR while they run.
-
-    The attention fusion warns once per pruned layer that the input hidden size differs from the Q/K/V width, which
-    is exactly the uneven-heads case it handles (heads are read from each layer's own shapes).
-    """
-    names = [n for n in list(logging.root.manager.loggerDict) if n.startswith(_ORT_LOGGER_PREFIXES)]
-    loggers = [logging.getLogger(n) for n in names]
-    levels = [lg.level for lg in loggers]
-    for lg in loggers:
-        lg.setLevel(logging.ERROR)
-    logging.root.addFilter(_drop_ort_root_records)  # the quantiser logs through the root logger itself
-    try:
-        yield
-    finally:
-        logging.root.removeFilter(_drop_ort_root_records)
-        for lg, level in zip(loggers, levels, strict=True):
-            lg.setLevel(level)
-
-
-def _drop_ort_root_records(record: logging.LogRecord) -> bool:
-    return record.levelno >= logging.ERROR or "onnxruntime" not in record.pathname
-
-
 def optimize_graph(src: Path, dest: Path, fuse_attention: bool = True) -> dict:
     """ORT transformer optimizer on `src` (model_type "bert"), written to `dest`; returns fused-op statistics.
 
@@ -231,7 +117,7 @@ def optimize_graph(src: Path, dest: Path, fuse_attention: bool = True) -> dict:
 
     options = FusionOptions("bert")
     options.enable_attention = fuse_attention
-    with _quiet_ort():
+    with quiet_ort():
         optimized = optimize_model(
             str(src), model_type="bert", num_heads=0, hidden_size=0, optimization_options=options, use_gpu=False
         )
@@ -255,19 +141,6 @@ def attention_nodes(file: Path) -> dict[str, list[int]]:
 
 
 # ------------------------------------------------------------------------------------------------------ export
-
-
-def _prepare_out_dir(out_dir: Path) -> None:
-    """Refuse to replace a directory that is not a previous export (we delete what we replace)."""
-    if not out_dir.exists():
-        return
-    if not out_dir.is_dir():
-        raise FileExistsError(f"export: output '{out_dir}' exists and is not a directory")
-    foreign = [p.name for p in out_dir.iterdir() if p.name not in (*VARIANTS, MANIFEST)]
-    if foreign:
-        raise FileExistsError(
-            f"export: output directory '{out_dir}' holds {foreign[:3]}; expected a new directory or a previous export"
-        )
 
 
 def _variant_entry(name: str, file: Path, stats: dict, extra: dict, out_dir: Path) -> dict:
@@ -354,7 +227,7 @@ def export_onnx(
     if not check_batches:
         raise UserError("export: no check batches given; expected real evaluation batches for the parity gate")
     model_dir, out_dir = Path(model_dir), Path(out_dir)
-    _prepare_out_dir(out_dir)
+    atomic.check_replaceable(out_dir, (*VARIANTS, MANIFEST), "export output")
     model = load_pruned(model_dir, attn_implementation="sdpa")  # SDPA traces to a pattern ORT fuses (DistilBERT too)
     reference = evaluate_variant(lambda b: torch_logits(model, b), check_batches)
     attention_layers = sum(1 for heads in present_heads(model) if heads)
@@ -394,6 +267,7 @@ def _build_int8(tmp, out_dir, names, built: dict, batches, reference: dict, opti
         how = build_int8(name, source, dest / ONNX_FILE, options, OnnxClassifier(source).feed)
         entry = _variant_entry(name, dest / ONNX_FILE, _check(dest / ONNX_FILE, batches, reference), {}, out_dir)
         entry.update(quantized_from=source_name, weights=how, per_channel=options.per_channel)
+        entry["reduce_range"], entry["reduce_range_reason"] = resolve_reduce_range(options.reduce_range)
         entry["excluded_nodes"] = list(options.exclude_nodes)
         if fp32_val is not None:
             variant_val = evaluate_variant(OnnxClassifier(dest / ONNX_FILE), options.validation)

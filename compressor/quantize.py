@@ -17,10 +17,15 @@ import tempfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 
+from compressor.machine import CPUINFO, cpu_has_vnni
+
 INT8_VARIANTS = ("int8", "int8_static")
+
+ReduceRange = bool | Literal["auto"]
 
 
 @dataclass(frozen=True)
@@ -28,24 +33,44 @@ class Int8Options:
     """How int8 variants are built and gated (the recipe's `export.int8`, plus the batches it needs)."""
 
     per_channel: bool = True
+    reduce_range: ReduceRange = "auto"  # 7-bit weights; "auto": on where the CPU lacks VNNI (`resolve_reduce_range`)
     exclude_nodes: tuple[str, ...] = ()
     max_drop: float | None = None  # allowed accuracy drop vs fp32 (fraction); None: measured but never rejected
     calibration: Sequence[Mapping] = field(default=(), repr=False)  # training batches (int8_static)
     validation: Sequence[Mapping] = field(default=(), repr=False)  # labelled batches for the gate
 
 
+def resolve_reduce_range(setting: ReduceRange = "auto", cpuinfo: Path = CPUINFO) -> tuple[bool, str]:
+    """(reduce_range to quantise with, why) for the recipe's `export.int8.reduce_range`.
+
+    On x86 without VNNI, ONNX Runtime's u8 x s8 int8 GEMM sums pairs of products in 16 bits (`vpmaddubsw`), which
+    saturates with full-range 8-bit weights and shifts logits visibly (max |Δlogit| 0.36 vs 0.06 on the tiny test
+    models); 7-bit weights (`reduce_range`) cannot saturate there, at a small cost in weight resolution. With VNNI
+    (or when the CPU cannot be identified) full range is kept. An explicit bool is used as given.
+    """
+    if setting is True or setting is False:
+        return setting, "set explicitly"
+    vnni = cpu_has_vnni(cpuinfo)
+    if vnni is False:
+        return True, "auto: x86 CPU without VNNI (the u8s8 int8 GEMM can saturate with 8-bit weights)"
+    if vnni:
+        return False, "auto: CPU has VNNI (full-range 8-bit weights do not saturate)"
+    return False, "auto: CPU flags unknown, full-range 8-bit weights"
+
+
 def quantize_graph(
     src: Path,
     dest: Path,
     per_channel: bool = True,
-    reduce_range: bool = False,
+    reduce_range: ReduceRange = "auto",
     nodes_to_exclude: Sequence[str] = (),
 ) -> None:
     """Dynamic int8 quantisation (int8 weights, activations quantised per batch at run time) of `src`.
 
     Weights are quantised per output channel by default: on the pruned MiniLM that raised prediction agreement
     with fp32 from 95.9% to 98.5% (test split, `benchmarks/int8.py`) at the same speed and ~0.4% larger file. The other
-    options are ORT's, exposed for `benchmarks/int8.py`, which measures what each costs and buys.
+    options are ORT's, exposed for `benchmarks/int8.py`, which measures what each costs and buys; `reduce_range`
+    "auto" follows `resolve_reduce_range` (7-bit weights on CPUs without VNNI).
 
     `DefaultTensorType` lets the quantiser handle outputs of contrib ops (fused Attention, SkipLayerNorm) whose
     types ONNX shape inference cannot infer.
@@ -53,16 +78,16 @@ def quantize_graph(
     import onnx
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    from compressor.export import _quiet_ort
+    from compressor.inference import quiet_ort
 
     dest.parent.mkdir(parents=True, exist_ok=True)
-    with _quiet_ort():
+    with quiet_ort():
         quantize_dynamic(
             str(src),
             str(dest),
             weight_type=QuantType.QInt8,
             per_channel=per_channel,
-            reduce_range=reduce_range,
+            reduce_range=resolve_reduce_range(reduce_range)[0],
             nodes_to_exclude=list(nodes_to_exclude),
             extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
         )
@@ -96,21 +121,22 @@ def quantize_static_graph(
     feed: Callable[[Mapping], dict[str, np.ndarray]],
     per_channel: bool = True,
     nodes_to_exclude: Sequence[str] = (),
+    reduce_range: ReduceRange = "auto",
 ) -> None:
     """Static QDQ int8 quantisation of `src`'s MatMuls, activation ranges calibrated (min/max) on `calibration`.
 
     Activations are uint8 and weights int8 (the U8S8 pairing ONNX Runtime's x86 kernels are fastest with); only
     MatMuls are quantised, which is where a transformer's time goes, leaving LayerNorm/softmax/GELU in fp32.
-    `feed` turns a batch into the graph's inputs (`OnnxClassifier.feed`).
+    `feed` turns a batch into the graph's inputs (`OnnxClassifier.feed`); `reduce_range` as in `quantize_graph`.
     """
     import onnx
     from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
-    from compressor.export import _quiet_ort
+    from compressor.inference import quiet_ort
 
     dest.parent.mkdir(parents=True, exist_ok=True)
-    with _quiet_ort(), tempfile.TemporaryDirectory(dir=dest.parent) as tmp:
+    with quiet_ort(), tempfile.TemporaryDirectory(dir=dest.parent) as tmp:
         typed = Path(tmp) / "typed.onnx"
         if _has_contrib_ops(src):
             # Symbolic shape inference types the outputs of fused contrib ops; without it the quantiser cannot place
@@ -125,6 +151,7 @@ def quantize_static_graph(
             quant_format=QuantFormat.QDQ,
             op_types_to_quantize=["MatMul"],
             per_channel=per_channel,
+            reduce_range=resolve_reduce_range(reduce_range)[0],
             activation_type=QuantType.QUInt8,
             weight_type=QuantType.QInt8,
             nodes_to_exclude=list(nodes_to_exclude),
@@ -138,10 +165,13 @@ def build_int8(
 ) -> str:
     """Build int8 variant `name` of `source` at `dest`; returns a short description of what was quantised how."""
     scheme = "per channel" if options.per_channel else "per tensor"
+    reduce, _ = resolve_reduce_range(options.reduce_range)
+    if reduce:
+        scheme += ", 7-bit range"
     if name == "int8":
-        quantize_graph(source, dest, per_channel=options.per_channel, nodes_to_exclude=options.exclude_nodes)
+        quantize_graph(source, dest, options.per_channel, reduce, options.exclude_nodes)
         return f"int8 {scheme}, activations dynamic"
-    quantize_static_graph(source, dest, options.calibration, feed, options.per_channel, options.exclude_nodes)
+    quantize_static_graph(source, dest, options.calibration, feed, options.per_channel, options.exclude_nodes, reduce)
     examples = sum(len(b["input_ids"]) for b in options.calibration)
     return f"int8 {scheme}, activations uint8 static (QDQ, calibrated on {examples} training examples)"
 
@@ -183,6 +213,7 @@ def int8_options(spec, variants: Sequence[str], train_ds, validation_ds, tokeniz
     n = spec.eval_examples or len(validation_ds)
     return Int8Options(
         per_channel=spec.per_channel,
+        reduce_range=spec.reduce_range,
         exclude_nodes=tuple(spec.exclude_nodes),
         max_drop=spec.max_drop,
         calibration=calibration,

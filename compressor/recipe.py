@@ -238,6 +238,9 @@ class Int8Spec(Strict):
     """
 
     per_channel: bool = Field(True, description="int8 weights per output channel (else per tensor)")
+    reduce_range: bool | Literal["auto"] = Field(
+        "auto", description="7-bit int8 weights; auto = on where the x86 CPU lacks VNNI (8-bit weights can saturate)"
+    )
     exclude_nodes: list[str] = Field(default_factory=list, description="ONNX node names kept in fp32")
     calibration_examples: int = Field(256, ge=1, le=10**6, description="training examples that calibrate int8_static")
     max_drop: float | None = Field(0.005, ge=0, lt=1, description="allowed validation accuracy drop; null = no gate")

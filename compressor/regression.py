@@ -15,16 +15,16 @@ Metric kinds and how each is decided (why: a shared CI runner is noisy, so one n
   machine's (otherwise reported as skipped, never as passed silently: the table says so).
 - `quality`: accuracy and agreement on the same evaluation examples (deterministic), compared directly.
 Tolerances are `relative` (fraction of the baseline value; the only kind for per-round metrics) or `absolute`.
+
+The verdicts are rendered (Markdown, plot, regression.json) by `compressor.regression_report`.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import os
-import platform
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
@@ -34,12 +34,12 @@ from scipy import stats
 
 from compressor import atomic
 from compressor.errors import UserError
+from compressor.machine import cpu_model
 
 FORMAT = "compressor-baseline/1"
 CONFIDENCE = 0.95
 DEFAULT_TOLERANCES = {"ratio": {"relative": 0.08}, "throughput": {"relative": 0.25}, "quality": {"absolute": 0.01}}
 PER_ROUND_KINDS = ("ratio", "throughput")
-REGRESSION_FILES = ("regression.json", "regression.md", "regression.png")
 WEIGHT_PATTERNS = ("config.json", "*.safetensors", "*.bin", "*.onnx", "*.onnx_data")
 
 
@@ -118,17 +118,6 @@ def batches_fingerprint(batches: Sequence[dict] | None) -> str | None:
         for key in sorted(batch):
             digest.update(key.encode() + np.ascontiguousarray(batch[key].numpy()).tobytes())
     return digest.hexdigest()[:16]
-
-
-def cpu_model() -> str:
-    """The CPU model name (/proc/cpuinfo on Linux), else what `platform` knows."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def run_identity(reference: str, spec, threads: int, candidates: Sequence[str], eval_data: str | None) -> dict:
@@ -322,105 +311,3 @@ def compare(baseline: Baseline, measured: dict[str, Measured], same_cpu: bool) -
 
 def passed(verdicts: Sequence[Verdict]) -> bool:
     return not any(v.status == "REGRESSION" for v in verdicts)
-
-
-# ---------------------------------------------------------------------------------------------------- output
-
-
-def _fmt(v: Verdict, x: float) -> str:
-    return f"{x:.4g}"
-
-
-def _change(v: Verdict, x: float | None) -> str:
-    if x is None:
-        return "–"
-    return f"{100 * x:+.1f}%" if v.kind in PER_ROUND_KINDS or v.tolerance.endswith("%") else f"{x:+.4f}"
-
-
-def regression_table(verdicts: Sequence[Verdict]) -> list[str]:
-    """Markdown table rows (header included) for the given verdicts."""
-    lines = [
-        "| metric | direction | was | now | change | best plausible change (one-sided CI) | tolerance | status |",
-        "|---|---|---:|---:|---:|---:|---:|---|",
-    ]
-    for v in verdicts:
-        status = f"**{v.status}**" if v.status == "REGRESSION" else v.status + (f" ({v.note})" if v.note else "")
-        lines.append(
-            f"| `{v.metric}` | {v.direction} is better | {_fmt(v, v.was)} | {_fmt(v, v.now)} | "
-            f"{_change(v, v.change)} | {_change(v, v.bound)} | {v.tolerance} | {status} |"
-        )
-    return lines
-
-
-def render_markdown(verdicts: Sequence[Verdict], baseline_path: str | Path, confidence: float) -> str:
-    """The summary a person reads in a pull request: regressions first, then every metric."""
-    bad = [v for v in verdicts if v.status == "REGRESSION"]
-    skipped = sum(v.status == "skipped" for v in verdicts)
-    head = f"## compressor bench: {'FAIL' if bad else 'PASS'} against `{Path(baseline_path).name}`"
-    lines = [head, ""]
-    lines.append(
-        f"{len(bad)} of {len(verdicts)} metrics regressed; {skipped} skipped. Per-round metrics use the one-sided "
-        f"{100 * confidence:.0f}% bound of the change (Welch t-test on per-round logs); a regression needs that "
-        "bound beyond the tolerance."
-    )
-    if bad:
-        lines += ["", "### Regressed", "", *regression_table(bad)]
-    lines += ["", "### All metrics", "", *regression_table(verdicts), ""]
-    return "\n".join(lines)
-
-
-def _plot(verdicts: Sequence[Verdict], path: Path) -> Path:
-    """Change vs baseline per metric (point, confidence bound) against the tolerated change."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 0.35 * len(verdicts) + 1.5))
-    colours = {"REGRESSION": "tab:red", "ok": "tab:blue", "better": "tab:green", "skipped": "grey"}
-    for i, v in enumerate(verdicts):
-        ax.plot([v.change], [i], "o", color=colours[v.status])
-        if v.bound is not None:
-            ax.plot([v.change, v.bound], [i, i], "-", color=colours[v.status])
-        ax.plot([v.limit], [i], "|", color="black", ms=12)
-    ax.axvline(0, color="grey", lw=0.8, ls="--")
-    ax.set_yticks(range(len(verdicts)), [v.metric for v in verdicts], fontsize=7)
-    ax.set_xlabel("change vs baseline (point, bad-direction bound); | = tolerated change")
-    ax.set_title("Regression check")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
-
-
-def clear_outputs(out_dir: str | Path) -> None:
-    """Remove an earlier check's files from a bench output directory (the bench report only accepts its own)."""
-    for name in REGRESSION_FILES:
-        (Path(out_dir) / name).unlink(missing_ok=True)
-
-
-def write_outputs(verdicts: Sequence[Verdict], markdown: str, out_dir: str | Path) -> list[Path]:
-    """regression.json, regression.md and regression.png in `out_dir`; the Markdown is also appended to
-    `$GITHUB_STEP_SUMMARY` when that is set (GitHub Actions shows it on the run's page)."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    payload = {"passed": passed(verdicts), "verdicts": [asdict(v) for v in verdicts]}
-    atomic.write_text(out / "regression.json", json.dumps(payload, indent=2) + "\n")
-    atomic.write_text(out / "regression.md", markdown)
-    _plot(verdicts, out / "regression.png")
-    summary = os.environ.get("GITHUB_STEP_SUMMARY")
-    if summary:
-        with open(summary, "a", encoding="utf-8") as fh:
-            fh.write(markdown + "\n")
-    return [out / name for name in REGRESSION_FILES]
-
-
-def check_result(baseline: Baseline, result: dict, baseline_path: str | Path, out_dir: str | Path | None) -> bool:
-    """Compare a bench result with a validated, identity-checked baseline; print the Markdown summary, write the
-    outputs (when `out_dir` is given) and return whether every metric passed."""
-    verdicts = compare(baseline, measured_metrics(result), same_cpu=baseline.cpu_model == cpu_model())
-    markdown = render_markdown(verdicts, baseline_path, baseline.confidence)
-    print(markdown)
-    if out_dir is not None:
-        write_outputs(verdicts, markdown, out_dir)
-    return passed(verdicts)

@@ -565,6 +565,10 @@ def test_write_analysis_replaces_the_directory_atomically_and_refuses_foreign_on
     foreign = tmp_path / "notes"
     foreign.mkdir()
     (foreign / "todo.txt").write_text("mine")
-    with pytest.raises(UserError, match="not empty"):
+    with pytest.raises(UserError, match="holds other files"):
         write_analysis(result, foreign)
     assert (foreign / "todo.txt").read_text() == "mine"
+    (out / "notes.txt").write_text("mine")  # beside an earlier analysis: replacing the directory would delete it
+    with pytest.raises(UserError, match=r"^analysis output: .* holds other files \(notes.txt\)"):
+        write_analysis(result, out)
+    assert (out / "notes.txt").read_text() == "mine" and (out / "analysis.json").read_text() == before

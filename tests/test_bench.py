@@ -566,6 +566,19 @@ def test_killed_report_write_leaves_the_previous_output(monkeypatch, tmp_path):
     assert not (tmp_path / "fresh").exists()  # a first run killed half-way leaves nothing
 
 
+def test_bench_replaces_an_earlier_report_and_regression_check(tmp_path):
+    """A directory holding only an earlier bench report and regression check is the bench's own: replaced whole,
+    so a stale regression verdict does not survive a new report."""
+    from compressor.regression_report import REGRESSION_FILES
+
+    spec = BenchSpec(batch_sizes=[2], seq_len=8, **FAST)
+    bench.bench([fake("pytorch-original")], None, spec, tmp_path)
+    for name in REGRESSION_FILES:
+        (tmp_path / name).write_text("stale")
+    bench.bench([fake("pytorch-original")], None, spec, tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(bench.BENCH_FILES)
+
+
 def test_bench_refuses_an_output_directory_with_other_files_before_measuring(tmp_path):
     (tmp_path / "notes.txt").write_text("keep me")
     log: list[str] = []

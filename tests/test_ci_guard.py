@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from compressor import atomic
+from compressor.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -89,6 +90,29 @@ def fill(path: Path, text: str) -> None:
 
 def content(path: Path) -> dict[str, str]:
     return {p.name: p.read_text() for p in sorted(path.iterdir())}
+
+
+def test_check_replaceable_one_rule(tmp_path: Path) -> None:
+    """Absent, empty, or only the writer's own names: replaceable. Anything else: one line naming the option."""
+    own = ("report.json", "report.md")
+    assert atomic.check_replaceable(tmp_path / "absent", own, "x output") == tmp_path / "absent"
+    (tmp_path / "empty").mkdir()
+    atomic.check_replaceable(tmp_path / "empty", own, "x output")
+    earlier = tmp_path / "earlier"
+    earlier.mkdir()
+    (earlier / "report.json").write_text("{}")
+    atomic.check_replaceable(earlier, own, "x output")
+    (earlier / "notes.txt").write_text("mine")  # a user's file beside an earlier output: the whole dir is refused
+    for name in ("a", "b", "c"):
+        (earlier / name).mkdir()
+    refused = r"^x output: '.*earlier' holds other files \(a, b, c, \.\.\.\); expected"
+    with pytest.raises(UserError, match=refused) as err:
+        atomic.check_replaceable(earlier, own, "x output")
+    assert "\n" not in str(err.value)
+    (tmp_path / "file").write_text("")
+    with pytest.raises(UserError, match=r"^x output: '.*file' is a file; expected a directory$"):
+        atomic.check_replaceable(tmp_path / "file", own, "x output")
+    assert (earlier / "notes.txt").read_text() == "mine"
 
 
 def test_directory_replaces_and_leaves_nothing_behind(tmp_path: Path) -> None:

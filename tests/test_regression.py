@@ -10,7 +10,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from compressor import regression
+from compressor import regression, regression_report
 from compressor.regression import Baseline, BaselineError, Measured, Metric
 
 FAST = {"rounds": 3, "warmup": 1, "min_time_s": 0.005, "batch_sizes": [1, 4], "seq_lens": [16], "threads": 1}
@@ -96,7 +96,7 @@ def test_regression_table_names_was_now_tolerance_direction() -> None:
     verdicts = regression.compare(
         base, {"accuracy:c": Measured("quality", 0.80), "agreement:c": measured("quality", 1)}, True
     )
-    md = regression.render_markdown(verdicts, "base.json", 0.95)
+    md = regression_report.render_markdown(verdicts, "base.json", 0.95)
     assert md.startswith("## compressor bench: FAIL against `base.json`")
     regressed = md.split("### Regressed")[1].split("### All metrics")[0]
     assert "| `accuracy:c` | higher is better | 0.83 | 0.8 | -0.0300 | – | 0.01 | **REGRESSION** |" in regressed
@@ -109,9 +109,9 @@ def test_outputs_and_github_step_summary(tmp_path: Path, monkeypatch: pytest.Mon
     monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
     base = baseline_of(**{"ratio:c:s16:b4": metric("ratio")})
     verdicts = regression.compare(base, {"ratio:c:s16:b4": measured("ratio", 0.7)}, True)
-    md = regression.render_markdown(verdicts, "b.json", 0.95)
-    paths = regression.write_outputs(verdicts, md, tmp_path / "out")
-    assert [p.name for p in paths] == list(regression.REGRESSION_FILES) and all(p.is_file() for p in paths)
+    md = regression_report.render_markdown(verdicts, "b.json", 0.95)
+    paths = regression_report.write_outputs(verdicts, md, tmp_path / "out")
+    assert [p.name for p in paths] == list(regression_report.REGRESSION_FILES) and all(p.is_file() for p in paths)
     assert summary.read_text() == "earlier step\n" + md + "\n"
     payload = json.loads((tmp_path / "out" / "regression.json").read_text())
     assert payload["passed"] is False and payload["verdicts"][0]["status"] == "REGRESSION"

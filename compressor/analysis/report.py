@@ -12,9 +12,18 @@ from pathlib import Path
 from compressor import atomic
 from compressor.analysis import plots
 from compressor.analysis.core import SIEVE_ROLES, SPECIALISED, TOKEN_MAPS, TOKEN_ROLES
-from compressor.errors import UserError
 
 MAP_ORDER = (*TOKEN_MAPS, "syntactic_gain")
+# Everything `write_analysis` may write: a directory holding only these is an earlier analysis, safe to replace.
+ANALYSIS_FILES = (
+    "analysis.json",
+    "analysis.md",
+    "maps.png",
+    "sieve.png",
+    "roles.png",
+    "js_clustering.png",
+    "pruning_roles.png",
+)
 DEFINITIONS = {
     "positional": "max attention at one relative offset for ≥ {positional_threshold:.0%} of queries (Voita)",
     "rare_word": "max attention on the sentence's rarest piece for ≥ {rare_threshold:.0%} of queries (Voita)",
@@ -201,29 +210,15 @@ def _json_safe(obj):
     return obj
 
 
-def _check_replaceable(out: Path) -> None:
-    """`out` is replaced as a whole: refuse anything but a missing/empty directory or an earlier analysis output."""
-    if not (out.exists() or out.is_symlink()):
-        return
-    if not out.is_dir():
-        raise UserError(f"analysis: output '{out}' exists and is not a directory; expected a directory path")
-    if any(out.iterdir()) and not (out / "analysis.json").is_file():
-        raise UserError(
-            f"analysis: output directory '{out}' is not empty and holds no earlier analysis (no analysis.json); "
-            "it would be replaced as a whole, so expected a new, empty or analysis directory"
-        )
-
-
 def write_analysis(result: dict, out_dir: str | Path) -> list[Path]:
     """Write analysis.json, analysis.md and the PNG figures as the directory `out_dir`; returns the paths written.
 
     The files are written into a temporary sibling directory that then replaces `out_dir` as a whole
     (`compressor.atomic.directory`), so a killed process never leaves a half-written analysis. `out_dir` must be
-    missing, empty, or an earlier analysis output (it has analysis.json); anything else is refused with a
-    `UserError` rather than deleted.
+    missing, empty, or hold only an earlier analysis's files (`ANALYSIS_FILES`); anything else, a user's file beside
+    an earlier analysis included, is refused with a `UserError` rather than deleted.
     """
-    out = Path(os.path.abspath(out_dir))
-    _check_replaceable(out)
+    out = atomic.check_replaceable(os.path.abspath(out_dir), ANALYSIS_FILES, "analysis output")
     with atomic.directory(out) as tmp:
         written = _write_files(result, tmp)
     return [out / p.name for p in written]

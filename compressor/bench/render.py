@@ -8,7 +8,7 @@ from pathlib import Path
 from compressor import atomic
 from compressor.bench.plots import plot_accuracy_speedup, plot_heads, plot_throughput
 from compressor.bench.timing import headline_batch
-from compressor.errors import UserError
+from compressor.regression_report import REGRESSION_FILES
 
 SCHEMA_VERSION = 2  # 2: throughput/speed-ups keyed [variant][seq_len][batch]; several sequence lengths
 
@@ -148,20 +148,9 @@ def render_bench_md(result: dict) -> str:
 
 
 def check_out_dir(out_dir: str | Path) -> Path:
-    """Refuse an output directory that holds anything but an earlier benchmark's files (`BENCH_FILES`): the bench
-    report replaces the whole directory, so it must never be pointed at a directory with other contents."""
-    out = Path(out_dir)
-    if out.exists() and not out.is_dir():
-        raise UserError(f"bench output: '{out}' is a file; expected a directory for report.json, report.md and plots")
-    if out.is_dir():
-        other = sorted(p.name for p in out.iterdir() if p.name not in BENCH_FILES)
-        if other:
-            shown = ", ".join(other[:3]) + (", ..." if len(other) > 3 else "")
-            raise UserError(
-                f"bench output: '{out}' holds other files ({shown}); expected an empty directory or an earlier "
-                "benchmark's output (it is replaced as a whole)"
-            )
-    return out
+    """Refuse an output directory that holds anything but an earlier benchmark's files (`BENCH_FILES` and a
+    regression check's `REGRESSION_FILES`): the bench report replaces the whole directory."""
+    return atomic.check_replaceable(out_dir, (*BENCH_FILES, *REGRESSION_FILES), "bench output")
 
 
 def write_bench_report(result: dict, out_dir: str | Path) -> list[Path]:

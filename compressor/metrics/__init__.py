@@ -10,6 +10,18 @@ import evaluate
 METRICS_DIR = Path(__file__).parent
 
 
+def label_metric_info(description: str, inputs_description: str) -> evaluate.MetricInfo:
+    """The `MetricInfo` of a shipped metric over integer class labels (what every module's `_info` returns)."""
+    import datasets
+
+    return evaluate.MetricInfo(
+        description=description,
+        citation="",
+        inputs_description=inputs_description,
+        features=datasets.Features({"predictions": datasets.Value("int32"), "references": datasets.Value("int32")}),
+    )
+
+
 def available() -> list[str]:
     return sorted(p.name for p in METRICS_DIR.iterdir() if (p / f"{p.name}.py").exists())
 

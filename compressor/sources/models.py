@@ -113,28 +113,18 @@ def load_model(spec: ModelSpec, label_names: list[str] | None = None, attention:
     config = load_config(spec)
     source = resolve_model_path(spec)
     if (Path(source) / PLAN_FILE).exists():
-        model = load_pruned(source, attn_implementation=attention)
-    elif spec.task_tuned:
-        model = AutoModelForSequenceClassification.from_pretrained(
-            source,
-            revision=spec.revision,
-            trust_remote_code=spec.trust_remote_code,
-            attn_implementation=attention,
-            use_safetensors=True,
-        )
-    else:
-        n = len(label_names) if label_names else config.num_labels
-        kwargs = {}
+        return load_pruned(source, attn_implementation=attention)
+    kwargs = {}
+    if not spec.task_tuned:  # a fresh head for our labels
+        kwargs = {"num_labels": len(label_names) if label_names else config.num_labels, "ignore_mismatched_sizes": True}
         if label_names:
-            kwargs = {"id2label": dict(enumerate(label_names)), "label2id": {n: i for i, n in enumerate(label_names)}}
-        model = AutoModelForSequenceClassification.from_pretrained(
-            source,
-            revision=spec.revision,
-            trust_remote_code=spec.trust_remote_code,
-            attn_implementation=attention,
-            num_labels=n,
-            ignore_mismatched_sizes=True,
-            use_safetensors=True,
-            **kwargs,
-        )
-    return model
+            kwargs["id2label"] = dict(enumerate(label_names))
+            kwargs["label2id"] = {name: i for i, name in enumerate(label_names)}
+    return AutoModelForSequenceClassification.from_pretrained(
+        source,
+        revision=spec.revision,
+        trust_remote_code=spec.trust_remote_code,
+        attn_implementation=attention,
+        use_safetensors=True,
+        **kwargs,
+    )

@@ -1,22 +1,17 @@
 """Accuracy as an `evaluate` metric module, shipped with compressor so nothing is fetched from the hub."""
 
-import datasets
 import evaluate
 
+from compressor.metrics import label_metric_info
+
 _DESCRIPTION = "Accuracy: the proportion of predictions equal to the references."
-_CITATION = ""
 _KWARGS_DESCRIPTION = "predictions: list of int; references: list of int; normalize: bool; sample_weight: list of float"
 
 
 @evaluate.utils.file_utils.add_start_docstrings(_DESCRIPTION, _KWARGS_DESCRIPTION)
 class Accuracy(evaluate.Metric):
     def _info(self) -> evaluate.MetricInfo:
-        return evaluate.MetricInfo(
-            description=_DESCRIPTION,
-            citation=_CITATION,
-            inputs_description=_KWARGS_DESCRIPTION,
-            features=datasets.Features({"predictions": datasets.Value("int32"), "references": datasets.Value("int32")}),
-        )
+        return label_metric_info(_DESCRIPTION, _KWARGS_DESCRIPTION)
 
     def _compute(self, predictions, references, normalize=True, sample_weight=None):
         total = 0.0

@@ -3,13 +3,13 @@
 Same interface as the hub's `f1` module (scikit-learn's `f1_score` underneath).
 """
 
-import datasets
 import evaluate
 import numpy as np
 from sklearn.metrics import f1_score
 
+from compressor.metrics import label_metric_info
+
 _DESCRIPTION = "F1: the harmonic mean of precision and recall, F1 = 2 * (precision * recall) / (precision + recall)."
-_CITATION = ""
 _KWARGS_DESCRIPTION = (
     "predictions: list of int; references: list of int; labels: list of int; pos_label: int; "
     "average: 'binary' | 'micro' | 'macro' | 'weighted' | None; sample_weight: list of float"
@@ -19,12 +19,7 @@ _KWARGS_DESCRIPTION = (
 @evaluate.utils.file_utils.add_start_docstrings(_DESCRIPTION, _KWARGS_DESCRIPTION)
 class F1(evaluate.Metric):
     def _info(self) -> evaluate.MetricInfo:
-        return evaluate.MetricInfo(
-            description=_DESCRIPTION,
-            citation=_CITATION,
-            inputs_description=_KWARGS_DESCRIPTION,
-            features=datasets.Features({"predictions": datasets.Value("int32"), "references": datasets.Value("int32")}),
-        )
+        return label_metric_info(_DESCRIPTION, _KWARGS_DESCRIPTION)
 
     def _compute(self, predictions, references, labels=None, pos_label=1, average="binary", sample_weight=None):
         score = f1_score(
