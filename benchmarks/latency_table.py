@@ -37,7 +37,7 @@ from compressor import atomic  # noqa: E402
 from compressor.bench import set_threads  # noqa: E402
 from compressor.latency import RUNTIMES, Dims, Widths, load_or_build  # noqa: E402
 from compressor.latency.probe import measure, runner  # noqa: E402
-from compressor.latency.table import cpu_model  # noqa: E402
+from compressor.machine import cpu_model  # noqa: E402
 from compressor.recipe import ModelSpec  # noqa: E402
 from compressor.sources.models import load_config  # noqa: E402
 

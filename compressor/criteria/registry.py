@@ -115,7 +115,7 @@ def check_params(name: str, params: dict[str, Any]) -> None:
     The criterion's keyword-only signature is its schema: a strict pydantic model is built from it, so types,
     `Literal` choices and `Annotated[..., Field(ge=...)]` bounds are all checked here, at `validate` time.
     """
-    from compressor.recipe import format_validation_error, short, short_key
+    from compressor.userinput import format_validation_error, short, short_key
 
     model = _params_model(name)
     try:

@@ -16,7 +16,6 @@ import hashlib
 import json
 import logging
 import os
-import platform
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -38,6 +37,7 @@ from compressor.latency.probe import (
     measure_grid,
     runtime_threads,
 )
+from compressor.machine import cpu_model
 
 log = logging.getLogger(__name__)
 
@@ -197,17 +197,6 @@ def _check_sizes(dims: Dims, batch_size: int, seq_len: int) -> None:
 
 
 # ---------------------------------------------------------------------------------------------------- cache
-
-
-def cpu_model() -> str:
-    """The CPU's model name (/proc/cpuinfo on Linux, else what `platform` says)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def cache_key(dims: Dims, runtime: str, batch_size: int, seq_len: int, threads: int | None, heads_grid, neurons_grid):
