@@ -8,6 +8,7 @@ without the shared base fine-tune (and its ratio to the distillation-off run), e
 validation gate verdict (Δ in points vs fp32), and the run's recommendation.
 
 Usage: python benchmarks/distill.py [--recipes R ...] [--rerun]
+       python benchmarks/distill.py --runs OFF_DIR ON_DIR [OFF_DIR ON_DIR ...]   (finished runs, nothing run)
   → prints a Markdown table and writes benchmarks/results/distill.json
 """
 
@@ -103,12 +104,26 @@ def on_and_off(name: str, rerun: bool) -> list[dict]:
     return [off, on]
 
 
+def pair_of_runs(off_dir: Path, on_dir: Path) -> list[dict]:
+    """Rows of two finished runs of the same recipe and seed, distillation off and on (named by their directory)."""
+    off, on = (row(d.name, json.loads((d / "report.json").read_text())) for d in (off_dir, on_dir))
+    on["wall_time_ratio"] = on["run_seconds"] / max(off["run_seconds"], 1)
+    return [off, on]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--recipes", nargs="+", default=DEFAULT_RECIPES, help="distilling recipe names under recipes/")
     parser.add_argument("--rerun", action="store_true", help="run every recipe again (--force) even if finished")
+    parser.add_argument("--runs", nargs="+", type=Path, help="finished run directories, in off/on pairs")
     args = parser.parse_args()
-    rows = [r for name in args.recipes for r in on_and_off(name, args.rerun)]
+    if args.runs:
+        if len(args.runs) % 2:
+            parser.error("--runs: expected pairs of run directories (distillation off, then on)")
+        pairs = zip(args.runs[::2], args.runs[1::2], strict=True)
+        rows = [r for off, on in pairs for r in pair_of_runs(off, on)]
+    else:
+        rows = [r for name in args.recipes for r in on_and_off(name, args.rerun)]
     out = ROOT / "benchmarks" / "results" / "distill.json"
     out.write_text(json.dumps(rows, indent=2) + "\n")
     print(f"{table(rows)}\nwrote {out}")

@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
             "speedup_iqr": [speedups[c.name]["32"]["q1"], speedups[c.name]["32"]["q3"]],
         }
     result = {
-        "run": str(args.run),
+        "run": args.run.name,  # the run directory's name only: results never name a path of this machine
         "unpruned_original_test_accuracy": original,
         "test_examples": quality["n"],
         "threads": args.threads,
