@@ -274,7 +274,9 @@ def _step(loop: _Loop, masks: Masks, step: int) -> StepRecord:
         "scores": [[None if s == float("-inf") else round(float(s), 6) for s in row] for row in scores["heads"]],
     }
     if masks.neurons is not None:
-        entry |= _unit_entry(masks, plan) | loop.budget.progress(masks.alive())
+        entry |= _unit_entry(masks, plan)
+    if p.resolved_budget.kind != "heads":  # FLOP and speed-up budgets log their progress, with or without neurons
+        entry |= loop.budget.progress(masks.alive())
     if (after_prune := _validate(loop, masks)) is not None:
         entry["val_after_prune"] = after_prune
     if diagnostics:

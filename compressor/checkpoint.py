@@ -240,7 +240,12 @@ def read_unit_plan(model_dir: str | Path) -> dict:
         data = json.loads(path.read_text())
     else:
         config = AutoConfig.from_pretrained(model_dir)
-        data = {"pruned_heads": config.pruned_heads or {}, "pruned_neurons": getattr(config, "pruned_neurons", {})}
+        data = {  # a pruned model re-saved by plain transformers: its config still carries every unit kind
+            "pruned_heads": config.pruned_heads or {},
+            "pruned_neurons": getattr(config, "pruned_neurons", {}),
+            "removed_layers": getattr(config, "removed_layers", []),
+            "ffn_size": getattr(config, "compressor_ffn_size", None),
+        }
     return {
         "heads": {int(k): v for k, v in data["pruned_heads"].items()},
         "neurons": {int(k): v for k, v in (data.get("pruned_neurons") or {}).items()},

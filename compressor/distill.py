@@ -123,8 +123,8 @@ def kd_loss(student: torch.Tensor, teacher: torch.Tensor, temperature: float) ->
 def hidden_loss(student: tuple, teacher: tuple, attention_mask: torch.Tensor) -> torch.Tensor:
     """Mean squared error between each student layer's output and its teacher layer's, over real tokens only.
 
-    Head pruning keeps every layer, so student layer i matches teacher layer i (index 0, the embeddings, is skipped:
-    pruning never changes it).
+    Pruning keeps the layer count (a removed layer passes its input through unchanged), so student layer i matches
+    teacher layer i (index 0, the embeddings, is skipped: pruning never changes it).
     """
     mask = attention_mask.unsqueeze(-1).to(student[-1].dtype)
     tokens = mask.sum() * student[-1].shape[-1]

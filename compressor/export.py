@@ -258,6 +258,8 @@ def _build_all(model, model_dir, tmp, out_dir, names, batches, reference, atol, 
 def _build_int8(tmp, out_dir, names, built: dict, batches, reference: dict, options: Int8Options) -> dict:
     """The requested int8 variants of the last float graph built (optimised, else fp32), each checked and gated."""
     wanted = [n for n in INT8_VARIANTS if n in names]
+    if not wanted:
+        return {}
     source_name = "optimized" if "optimized" in built else "fp32"
     source = tmp / source_name / ONNX_FILE
     fp32_val = evaluate_variant(OnnxClassifier(tmp / "fp32"), options.validation) if options.validation else None

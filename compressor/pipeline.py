@@ -1,7 +1,8 @@
 """The stages after pruning, as one typed sequence over a typed run state.
 
 `runner.run_recipe` builds a `RunState` (sources, base model, the API's `PruneResult`) and calls `run_stages`,
-which runs `STAGES` in order: surgery + save → layer-drop baseline → export → bench → budget → analysis. Each
+which runs `STAGES` in order: surgery + save → layer-drop baseline → export → model card → bench → budget →
+analysis. Each
 stage reads the state, may add to it (the saved model directory, the exports) and returns its section of the report.
 """
 

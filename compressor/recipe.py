@@ -194,6 +194,8 @@ class PruneSpec(Strict):
             raise ValueError("units: 'neurons' needs budget kind flops or speedup; a head fraction counts heads only")
         if self.budget is not None and self.budget.kind != "speedup" and self.budget.runtime != "pytorch":
             raise ValueError(f"budget.runtime: only applies to kind 'speedup', got kind '{self.budget.kind}'")
+        if self.scope != "global" and self.resolved_budget.kind != "heads":
+            raise ValueError("scope: 'per_layer' applies to a head-fraction target only; expected 'global' here")
         if self.uniform_ffn and "neurons" not in self.units:
             raise ValueError("uniform_ffn: only applies when units include 'neurons'")
         for unit in self.units:
@@ -353,6 +355,8 @@ def check_against_model(recipe: Recipe, total_heads: int, max_positions: int | N
     lengths = {"data.max_length": recipe.data.max_length}
     if recipe.bench.enabled:
         lengths["bench.seq_lens"] = max(recipe.bench.seq_lens)
+    if recipe.prune.budget is not None:
+        lengths["prune.budget.seq_len"] = recipe.prune.budget.seq_len
     for field, length in lengths.items():
         if length > max_positions:
             raise RecipeError(

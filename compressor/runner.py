@@ -1,10 +1,10 @@
 """`compressor run`: sequencing, resume and preflight; the only module that knows the whole order of stages.
 
 preflight → sources → base fine-tune (cached) → `api.prune` (loop {score → select → mask → fine-tune}, each step
-checkpointed by `StepCheckpoints` under `<output_dir>/state/`) → `pipeline.run_stages` (surgery + save → export →
-bench → analysis) → report. A killed run resumes from its last finished step and ends exactly where an
-uninterrupted run would (CPU, seeded). Only the main process writes; under `accelerate launch` the others train,
-score and wait.
+checkpointed by `StepCheckpoints` under `<output_dir>/state/`) → `pipeline.run_stages` (surgery + save →
+layer-drop baseline → export → model card → bench → budget → analysis) → report. A killed run resumes from its last
+finished step and ends exactly where an uninterrupted run would (CPU, seeded). Only the main process writes; under
+`accelerate launch` the others train, score and wait.
 """
 
 from __future__ import annotations
@@ -206,6 +206,7 @@ def prepare(recipe: Recipe, accelerator: Accelerator | None = None, force: bool 
     data = load_task_data(recipe.data)
     check_labels(recipe, data)
     tokenizer = load_tokenizer(recipe.model)
+    accelerator.wait_for_everyone()  # every process has checked the directory before the main one locks it
     if accelerator.is_main_process:
         outdir.claim(target, dump_recipe(recipe))  # lock; with --force the earlier run moves aside only now
     accelerator.wait_for_everyone()
@@ -246,7 +247,7 @@ def run_recipe(recipe: Recipe, force: bool = False, accelerator: Accelerator | N
     """Execute the whole recipe; returns the report dict (also written to `<output_dir>/report.json`).
 
     The order: preflight → sources → base model → `api.prune` (checkpointed by `StepCheckpoints`) →
-    `pipeline.run_stages` (surgery + save, export, bench, analysis) → report.
+    `pipeline.run_stages` (surgery + save, layer-drop baseline, export, model card, bench, budget, analysis) → report.
     """
     out = preflight(recipe, force)
     run = prepare(recipe, accelerator or make_accelerator(), force)

@@ -162,6 +162,7 @@ def _config(dims: Dims):
         ({"budget": {"kind": "flops", "value": 2}}, "prune.budget.value: for kind 'flops' expected a fraction"),
         ({"budget": {"kind": "flops", "value": 0.3, "runtime": "onnx-int8"}}, "prune.budget.runtime: only applies"),
         ({"baseline": "distil"}, "prune.baseline"),
+        ({"scope": "per_layer", "budget": {"kind": "flops", "value": 0.3}}, "prune.scope: 'per_layer' applies"),
     ],
 )
 def test_impossible_budget_combinations_are_refused_in_one_line(prune, message):

@@ -168,3 +168,7 @@ def test_lengths_are_checked_against_position_embeddings() -> None:
     bench = parse_recipe({"data": {"max_length": 64}, "bench": {"seq_lens": [64, 1024]}})
     with pytest.raises(RecipeError, match=r"^bench\.seq_lens: 1024"):
         check_against_model(bench, 12, 512)
+    speed = {"kind": "speedup", "value": 2.0, "seq_len": 1024}  # the latency table would be measured at 1024 tokens
+    budget = parse_recipe({"prune": {"budget": speed, "units": ["heads", "neurons"]}, "bench": {"enabled": False}})
+    with pytest.raises(RecipeError, match=r"^prune\.budget\.seq_len: 1024 tokens exceed the model's 512"):
+        check_against_model(budget, 12, 512)

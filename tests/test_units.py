@@ -153,6 +153,9 @@ def test_uniform_widths_reload_in_plain_transformers(arch: str, tmp_path) -> Non
     torch.testing.assert_close(logits(ours), logits(pruned), atol=0, rtol=0)
     assert original_ffn_size(ours) == len(every(arch))
     assert pruned.config.to_dict().get("compressor_ffn_size") is None  # the in-memory config is left as it was
+    plain.save_pretrained(tmp_path / "resaved")  # a user re-saves it with plain transformers: no plan file any more
+    again = load_pruned(tmp_path / "resaved", attn_implementation="eager")
+    torch.testing.assert_close(logits(again), logits(pruned), atol=1e-5, rtol=0)
 
 
 def test_ffn_paths_point_at_the_feed_forward_linears() -> None:
