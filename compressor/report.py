@@ -74,12 +74,13 @@ def recommendation(report: dict) -> dict | None:
     """The fastest benchmarked variant of the pruned model that passes every gate (fp32 and optimised graphs
     passed their parity gate or the export would have failed; int8 variants must not be `rejected`), at the
     benchmark's headline batch size and sequence length. None without a benchmark."""
-    summary = report.get("bench", {}).get("summary", {})
-    rejected = {f"onnx-{n}" for n, e in report.get("export", {}).items() if e.get("status") == "rejected"}
+    summary, exported = report.get("bench", {}).get("summary", {}), report.get("export", {})
+    rejected = {f"onnx-{n}" for n, e in exported.items() if e.get("status") == "rejected"}
+    shipped = {"pytorch-pruned"} | {f"onnx-{n}" for n in exported}  # not the original, its exports, or the baseline
     passing = {
         name: row["headline_speedup"]
         for name, row in summary.items()
-        if name != "pytorch-original" and name not in rejected and row.get("headline_speedup") is not None
+        if name in shipped and name not in rejected and row.get("headline_speedup") is not None
     }
     if not passing:
         return None
