@@ -1,8 +1,9 @@
 """What this machine's CPU is, from /proc/cpuinfo: its model name (baselines record it) and whether it has a
-VNNI-class int8 dot product (int8 quantisation picks its weight range by it)."""
+VNNI-class int8 dot product (int8 quantisation picks its weight range by it); and where its caches live."""
 
 from __future__ import annotations
 
+import os
 import platform
 from pathlib import Path
 
@@ -35,3 +36,8 @@ def cpu_has_vnni(cpuinfo: Path = CPUINFO) -> bool | None:
     if "avx2" not in flags and "sse2" not in flags:  # not an x86 flags list: nothing to conclude
         return None
     return any(flag in flags for flag in VNNI_FLAGS)
+
+
+def cache_root() -> Path:
+    """`$COMPRESSOR_CACHE` (default `~/.cache/compressor`): the base fine-tunes and latency tables of this machine."""
+    return Path(os.environ.get("COMPRESSOR_CACHE", Path.home() / ".cache" / "compressor"))

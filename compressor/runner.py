@@ -13,7 +13,6 @@ import copy
 import hashlib
 import json
 import logging
-import os
 import time
 from dataclasses import dataclass
 from datetime import timedelta
@@ -35,6 +34,7 @@ from compressor.cost import masked_flops
 from compressor.distill import TeacherTargets, load_or_compute
 from compressor.errors import UserError
 from compressor.layout import config_head_counts
+from compressor.machine import cache_root
 from compressor.pipeline import RunState, run_stages
 from compressor.recipe import Recipe, RecipeError, check_against_model, dump_recipe, parse_recipe
 from compressor.report import write_run_report
@@ -54,10 +54,6 @@ def make_accelerator() -> Accelerator:
     """The run's Accelerator. Under several processes the others wait at a barrier while the main process exports,
     benchmarks and analyses alone; gloo's default 30-minute timeout would kill a long run there, so allow 12 h."""
     return Accelerator(kwargs_handlers=[InitProcessGroupKwargs(timeout=timedelta(hours=12))])
-
-
-def cache_root() -> Path:
-    return Path(os.environ.get("COMPRESSOR_CACHE", Path.home() / ".cache" / "compressor"))
 
 
 def _same_recipe(resolved: Path, recipe: Recipe) -> bool:

@@ -37,7 +37,7 @@ from compressor.latency.probe import (
     measure_grid,
     runtime_threads,
 )
-from compressor.machine import cpu_model
+from compressor.machine import cache_root, cpu_model
 
 log = logging.getLogger(__name__)
 
@@ -221,7 +221,7 @@ def cache_key(dims: Dims, runtime: str, batch_size: int, seq_len: int, threads: 
 
 def default_cache_dir() -> Path:
     """`$COMPRESSOR_CACHE/latency` (default `~/.cache/compressor/latency`)."""
-    return Path(os.environ.get("COMPRESSOR_CACHE", Path.home() / ".cache" / "compressor")) / "latency"
+    return cache_root() / "latency"
 
 
 def cache_file(dims: Dims, runtime: str, batch_size: int, seq_len: int, cache_dir: Path) -> Path:
