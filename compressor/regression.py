@@ -35,6 +35,7 @@ from scipy import stats
 from compressor import atomic
 from compressor.errors import UserError
 from compressor.machine import cpu_model
+from compressor.userinput import format_validation_error
 
 FORMAT = "compressor-baseline/1"
 CONFIDENCE = 0.95
@@ -221,10 +222,7 @@ def load_baseline(path: str | Path) -> Baseline:
     try:
         return Baseline.model_validate(data)
     except ValidationError as err:
-        first = err.errors()[0]
-        field = ".".join(str(p) for p in first["loc"]) or "(top level)"
-        message = first["msg"].removeprefix("Value error, ")
-        raise BaselineError(f"--baseline: '{path}': {field}: {message}") from None
+        raise BaselineError(f"--baseline: '{path}': {format_validation_error(err)}") from None
 
 
 # ---------------------------------------------------------------------------------------------------- decision
