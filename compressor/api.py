@@ -31,6 +31,7 @@ from accelerate.utils import broadcast, set_seed
 from torch import nn
 from tqdm.auto import tqdm
 
+from compressor.allocation import masked_loss, select_measured
 from compressor.budget import Budget, plan_budget
 from compressor.distill import TeacherTargets, load_or_compute
 from compressor.errors import UserError
@@ -249,6 +250,20 @@ def _score(loop: _Loop, masks: Masks, step: int) -> tuple[dict[str, torch.Tensor
     return scores, {k: v for k, v in extras.items() if k != "special_token_ids"}  # e.g. l0's sparsity reached
 
 
+def _select(loop: _Loop, step: int, scores: dict[str, torch.Tensor], masks: Masks) -> tuple[UnitPlan, list[dict]]:
+    """This step's new removals: with several unit kinds and `allocation: measured`, each slice of the step goes
+    to the kind whose removal measurably costs the least loss (`compressor.allocation`); else the budget's own
+    selection on the criterion's scores."""
+    p = loop.config
+    if p.allocation == "measured" and len(scores) > 1 and p.resolved_budget.kind != "heads":
+
+        def loss(alive: dict[str, torch.Tensor]) -> float:
+            return masked_loss(loop.model, loop.score_batches, alive, loop.accelerator)
+
+        return select_measured(loop.budget, step, scores, masks.alive(), loss, p.allocation_parts)
+    return loop.budget.select(step, scores, masks.alive()), []
+
+
 def _validate(loop: _Loop, masks: Masks) -> dict | None:
     if loop.validation is None:
         return None
@@ -264,7 +279,7 @@ def _step(loop: _Loop, masks: Masks, step: int) -> StepRecord:
     t_score = time.perf_counter()
     scores, diagnostics = _score(loop, masks, step)
     score_seconds = time.perf_counter() - t_score
-    plan = loop.budget.select(step, scores, masks.alive())
+    plan, slices = _select(loop, step, scores, masks)
     masks = Masks.of(apply_plan_to_masks(plan, masks.alive()))
     entry = {
         "step": step + 1,
@@ -281,6 +296,8 @@ def _step(loop: _Loop, masks: Masks, step: int) -> StepRecord:
         entry["val_after_prune"] = after_prune
     if diagnostics:
         entry["criterion_diagnostics"] = diagnostics
+    if slices:
+        entry["allocation"] = slices
     if p.finetune is not None:
         gates, desc = masks.head_gates(), f"step {step + 1}"
         entry["finetune"] = train(

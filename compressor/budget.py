@@ -94,13 +94,33 @@ class Budget:
         if self.kind == "heads":
             n = self.target_remove(step, alive)
             return {"heads": select_heads(scores["heads"], alive["heads"], n, p.scope, p.min_heads_per_layer)}
+        return self.select_to(self.goals[step], scores, alive)
+
+    def select_to(self, goal: float, scores: dict[str, torch.Tensor], alive: dict[str, torch.Tensor]) -> UnitPlan:
+        """New removals, among the kinds in `scores`, that reach `goal` (FLOPs removed in all, or a predicted
+        speed-up) from `alive`, lowest importance per FLOP or per millisecond first (FLOP / speed-up budgets)."""
+        p = self.spec
         if self.kind == "flops":
             removed = self.total_flops - masked_flops(self.model, alive, self.costs.seq_len)
-            goal = int(self.goals[step]) - removed
-            return select_units(scores, alive, self.costs, goal, p.min_heads_per_layer, p.uniform_ffn)
-        return select_by_latency(
-            scores, alive, self.table, self.goals[step], self.costs, p.min_heads_per_layer, p.uniform_ffn
-        )
+            return select_units(scores, alive, self.costs, int(goal) - removed, p.min_heads_per_layer, p.uniform_ffn)
+        return select_by_latency(scores, alive, self.table, goal, self.costs, p.min_heads_per_layer, p.uniform_ffn)
+
+    def intermediate_goals(self, step: int, alive: dict[str, torch.Tensor], parts: int) -> list[float]:
+        """`parts` goals evenly spaced from where `alive` stands to step `step`'s goal (the last is the step's own):
+        FLOPs removed spaced linearly, predicted speed-ups geometrically (FLOP / speed-up budgets)."""
+        goal = self.goals[step]
+        if self.kind == "flops":
+            now = self.total_flops - masked_flops(self.model, alive, self.costs.seq_len)
+            return [now + (goal - now) * (k + 1) / parts for k in range(parts)]
+        now = self.predicted_speedup(alive) or 1.0
+        return [now * (goal / now) ** ((k + 1) / parts) for k in range(parts)]
+
+    def cost(self, alive: dict[str, torch.Tensor]) -> float:
+        """What the budget counts for `alive`: encoder FLOPs, or predicted milliseconds under a speed-up budget."""
+        if self.table is None:
+            return float(masked_flops(self.model, alive, self.costs.seq_len))
+        widths = widths_of(alive, self.table.dims)
+        return self.table.model_ms(widths.heads, widths.neurons)
 
     def progress(self, alive: dict[str, torch.Tensor]) -> dict:
         """What the step log records about the budget after a step."""

@@ -158,6 +158,12 @@ class PruneSpec(Strict):
     steps: int = Field(4, ge=1, le=100, description="refused at run time when a step would remove no head")
     scope: Literal["global", "per_layer"] = "global"
     min_heads_per_layer: int = Field(0, ge=0, le=4096)
+    allocation: Literal["measured", "ratio"] = Field(
+        "measured",
+        description="how unit kinds share a FLOP/speed-up budget: 'measured' gives each slice of a step to the kind "
+        "whose removal raises the loss least (forward passes); 'ratio' trusts the criterion's score per cost",
+    )
+    allocation_parts: int = Field(4, ge=1, le=64, description="slices per step for allocation 'measured'")
     score_examples: int = Field(512, ge=1, le=10**7)
     score_batch_size: int = Field(32, ge=1, le=65536)
     finetune: FinetuneSpec | None = Field(default_factory=lambda: FinetuneSpec(epochs=1.0, lr=3e-5))

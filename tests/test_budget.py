@@ -42,13 +42,15 @@ def _masked_equals_pruned(result, val, tok) -> float:
 
 
 def test_flop_budget_with_neurons_lands_within_one_unit(task, tmp_path, monkeypatch):
-    """Heads and neurons compete; the final FLOPs are at or below the budget by less than one unit, and the
+    """Heads and neurons compete on importance per FLOP (`allocation: ratio`); the final FLOPs are at or below
+    the budget by less than one unit, and the
     physically pruned model (neurons sliced) equals the masked one."""
     model, tok, train, val = task
     monkeypatch.chdir(tmp_path)
     costs = unit_costs(model, 64)
     total = masked_flops(model, {}, 64)
-    result = compressor.prune(model, tok, train, _spec(kind="flops", value=0.4), validation=val)
+    spec = _spec(kind="flops", value=0.4).model_copy(update={"allocation": "ratio"})  # scores per FLOP decide
+    result = compressor.prune(model, tok, train, spec, validation=val)
     assert list(tmp_path.iterdir()) == []  # a FLOP budget writes no file
     left = masked_flops(model, result.masks.alive(), 64)
     removed = total - left

@@ -1,0 +1,101 @@
+"""Measured allocation between heads and FFN neurons: each slice of a step goes to the kind that costs least loss."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import compressor
+from compressor.allocation import masked_loss, select_measured
+from compressor.api import Masks
+from compressor.budget import plan_budget
+from compressor.cost import masked_flops, unit_costs
+from compressor.recipe import PruneSpec, TrainSpec
+from compressor.train import model_inputs, sample_batches
+from compressor.units import apply_plan_to_masks, masks_to_plan, pruned_units_copy
+
+
+def _spec(**overrides) -> PruneSpec:
+    base = dict(
+        units=["heads", "neurons"],
+        budget={"kind": "flops", "value": 0.4},
+        steps=2,
+        score_examples=32,
+        score_batch_size=16,
+        finetune=TrainSpec(epochs=1, lr=5e-4, batch_size=16, max_examples=32),
+        criterion={"name": "taylor"},
+    )
+    return PruneSpec(**(base | overrides))
+
+
+def _removed(alive: dict, kind: str) -> int:
+    return int((~alive[kind]).sum())
+
+
+@pytest.mark.parametrize(
+    ("penalised", "chosen"),
+    [("heads", "neurons"), ("neurons", "heads")],
+)
+def test_each_slice_goes_to_the_kind_whose_removal_costs_less_loss(task, penalised, chosen):
+    """A loss that grows only with removed `penalised` units makes every slice pick the other kind, and the step
+    still lands on its FLOP goal within one unit."""
+    model = task[0]
+    budget = plan_budget(model, _spec())
+    alive = Masks.full(model, ["heads", "neurons"]).alive()
+    scores = {kind: torch.rand(mask.shape, generator=torch.Generator().manual_seed(0)) for kind, mask in alive.items()}
+
+    def loss(a: dict) -> float:
+        return float(_removed(a, penalised))
+
+    plan, log = select_measured(budget, 0, scores, alive, loss, parts=4)
+    after = apply_plan_to_masks(plan, alive)
+    assert [s["kind"] for s in log] == [chosen] * 4
+    assert _removed(after, penalised) == 0 and _removed(after, chosen) > 0
+    removed = budget.total_flops - masked_flops(model, after, budget.costs.seq_len)
+    costs = unit_costs(model, budget.costs.seq_len)
+    assert budget.goals[0] <= removed < budget.goals[0] + max(costs.head, costs.neuron)
+
+
+def test_a_kind_that_runs_out_leaves_the_rest_to_the_common_scale(task):
+    """When the cheap kind cannot reach the goal alone (heads capped per layer), the step is finished by the
+    budget's cross-kind selection and still meets its goal."""
+    model = task[0]
+    costs = unit_costs(model, 64)
+    heads_share = 2 * costs.head / costs.layer  # what removing all but 2 heads per layer (of 4) saves
+    spec = _spec(min_heads_per_layer=2, budget={"kind": "flops", "value": round(heads_share + 0.05, 3)}, steps=1)
+    budget = plan_budget(model, spec)
+    alive = Masks.full(model, ["heads", "neurons"]).alive()
+    scores = {kind: torch.ones(mask.shape) for kind, mask in alive.items()}
+    plan, log = select_measured(budget, 0, scores, alive, lambda a: float(_removed(a, "neurons")), parts=1)
+    after = apply_plan_to_masks(plan, alive)
+    assert int(after["heads"].sum(1).max()) == 2  # every removable head went first, then the rest
+    assert budget.total_flops - masked_flops(model, after, budget.costs.seq_len) >= budget.goals[0]
+    assert [s["kind"] for s in log] == ["heads", "rest"] and _removed(after, "neurons") > 0
+
+
+def test_masked_loss_equals_the_physically_pruned_models_loss(task):
+    model, tok, train, _ = task
+    alive = Masks.full(model, ["heads", "neurons"]).alive()
+    alive["heads"][0, :2] = False
+    alive["neurons"][1, ::3] = False
+    batches = sample_batches(train, tok, 32, 16, seed=0)
+    pruned = pruned_units_copy(model, masks_to_plan(alive)).eval()
+    with torch.no_grad():
+        losses = [F.cross_entropy(pruned(**model_inputs(b)).logits, b["labels"], reduction="sum") for b in batches]
+    expected = float(sum(losses)) / sum(len(b["labels"]) for b in batches)
+    assert masked_loss(model, batches, alive) == pytest.approx(expected, abs=1e-5)
+    full = {k: torch.ones_like(v) for k, v in alive.items()}
+    assert masked_loss(model, batches, full) != pytest.approx(expected, abs=1e-6)
+
+
+def test_prune_logs_the_measured_slices_and_meets_the_flop_budget(task):
+    model, tok, train, val = task
+    total = masked_flops(model, {}, 64)
+    result = compressor.prune(model, tok, train, _spec(), validation=val)
+    for step in result.steps:
+        assert {s["kind"] for s in step["allocation"]} <= {"heads", "neurons", "rest"}
+        assert step["allocation"][0]["loss_before"] > 0
+    assert total - masked_flops(model, result.masks.alive(), 64) >= 0.4 * total
+    ratio = compressor.prune(task[0], tok, train, _spec(allocation="ratio"), validation=val)
+    assert all("allocation" not in step for step in ratio.steps)
