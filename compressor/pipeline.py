@@ -220,7 +220,8 @@ def bench_stage(state: RunState) -> dict:
     candidates += _original_onnx(state, spec.threads, original.flops_by_seq_len)
     test = state.splits["test"]
     batches = sample_batches(test, state.tokenizer, spec.eval_examples or len(test), 32, seed=0)
-    return bench.bench(candidates, batches, spec, state.out / "bench", reference="pytorch-original")
+    result = bench.bench(candidates, batches, spec, state.out / "bench", reference="pytorch-original")
+    return {**result, "max_drop": spec.max_drop}  # the recommendation's quality gate, kept beside the figures
 
 
 def _original_onnx(state: RunState, threads: int | None, flops: dict) -> list:
