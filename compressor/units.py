@@ -18,7 +18,7 @@ through `compressor.budget` (which picks each step's units under a head, FLOP or
 from __future__ import annotations
 
 import copy
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -83,14 +83,20 @@ def score_all(
 ) -> dict[str, torch.Tensor]:
     """Scores of criterion `name` for every unit kind in `alive`, each with the other kinds' masks held fixed.
 
-    `context` is passed on to `criteria.ScoreContext` (accelerator, seed, train_batches, target_remove, extras).
-    Returns `{kind: float [layers, units] on CPU}`, dead units -inf; a kind the criterion cannot score raises.
+    `context` is passed on to `criteria.ScoreContext` (accelerator, seed, train_batches, target_remove, extras);
+    a `target_remove` given per kind (`{kind: count}`, as `Budget.target_remove` returns it) reaches each kind's
+    scoring as that kind's count. Returns `{kind: float [layers, units] on CPU}`, dead units -inf; a kind the
+    criterion cannot score raises.
     """
     from compressor import criteria
 
     out = {}
+    per_kind = context.pop("target_remove", 0)
     for kind, mask in alive.items():
         others = {k: m for k, m in alive.items() if k != kind}
-        ctx = criteria.ScoreContext(model=model, alive=mask, batches=batches, unit=kind, masks=others, **context)
+        remove = per_kind.get(kind, 0) if isinstance(per_kind, Mapping) else per_kind
+        ctx = criteria.ScoreContext(
+            model=model, alive=mask, batches=batches, unit=kind, masks=others, target_remove=remove, **context
+        )
         out[kind] = criteria.score_units(name, ctx, params)
     return out
