@@ -3,7 +3,7 @@
 A *unit plan* is `{"heads": {layer: [original head ids]}, "neurons": {layer: [original neuron ids]}}`; a layer
 whose heads and neurons are all in the plan is removed whole (identity) by surgery and skipped by masking, so
 `masked == pruned == ONNX` holds for every plan. These helpers are what the pipeline calls: the alive masks to
-score and select from, the gates that mask a plan, and the surgery that applies it. `api.prune` drives them
+score and select from, the plan of what is dead, and the surgery that applies it. `api.prune` drives them
 through `compressor.budget` (which picks each step's units under a head, FLOP or speed-up budget):
 
     alive = Masks.full(model, spec.units).alive()                # {"heads": .., "neurons": ..}
@@ -11,7 +11,7 @@ through `compressor.budget` (which picks each step's units under a head, FLOP or
     scores = score_all(spec.criterion.name, model, alive, batches, spec.criterion.params)
     plan = budget.select(step, scores, alive)                    # per FLOP or per predicted ms saved
     alive = apply_plan_to_masks(plan, alive)
-    with masking.gated(model, *gates_for(alive)): ...            # fine-tune the masked model
+    with masking.gated(model, alive["heads"].float(), alive["neurons"].float()): ...  # fine-tune, masked
     apply_unit_plan(model, masks_to_plan(alive))                 # at the end: physical removal
 """
 
@@ -51,15 +51,6 @@ def masks_to_plan(alive: dict[str, torch.Tensor]) -> UnitPlan:
         kind: {layer: [int(i) for i in (~row).nonzero().flatten()] for layer, row in enumerate(mask) if (~row).any()}
         for kind, mask in alive.items()
     }
-
-
-def gates_for(alive: dict[str, torch.Tensor]) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    """(head gates, neuron gates) as floats for `masking.gated(model, *gates_for(alive))`."""
-    heads, neurons = alive.get("heads"), alive.get("neurons")
-    return (
-        None if heads is None else heads.float(),
-        None if neurons is None else neurons.float(),
-    )
 
 
 def apply_unit_plan(model: nn.Module, plan: UnitPlan) -> nn.Module:
