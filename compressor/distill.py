@@ -52,7 +52,7 @@ class TeacherTargets:
 
     def missing(self, examples: Sequence[int] | None = None) -> list[int]:
         """The examples among `examples` (default: all) that have no teacher logits yet."""
-        known = ~torch.isnan(self.logits).any(-1)
+        known = (~torch.isnan(self.logits).any(-1)).tolist()
         wanted = range(len(self.logits)) if examples is None else examples
         return [i for i in wanted if not known[i]]
 
