@@ -33,7 +33,7 @@ from tqdm.auto import tqdm
 
 from compressor.allocation import masked_loss, select_measured
 from compressor.budget import Budget, plan_budget
-from compressor.distill import TeacherTargets, load_or_compute
+from compressor.distill import TeacherTargets, load_or_compute, step_examples
 from compressor.errors import UserError
 from compressor.layout import num_layers, original_ffn_size, original_num_heads
 from compressor.recipe import PruneSpec
@@ -180,7 +180,7 @@ def prune(
     config = config or PruneSpec()
     accelerator = accelerator or Accelerator()
     model = model.to(accelerator.device)
-    targets = _teacher_targets(teacher, model, train, tokenizer, config, accelerator)
+    targets = _teacher_targets(teacher, model, train, tokenizer, config, accelerator, seed)
     score_batches = sample_batches(
         train, tokenizer, config.score_examples, config.score_batch_size, seed=seed, accelerator=accelerator
     )
@@ -213,9 +213,16 @@ def prune(
 
 
 def _teacher_targets(
-    teacher: nn.Module | TeacherTargets | None, model: nn.Module, train_ds, tokenizer, config: PruneSpec, accelerator
+    teacher: nn.Module | TeacherTargets | None,
+    model: nn.Module,
+    train_ds,
+    tokenizer,
+    config: PruneSpec,
+    accelerator,
+    seed: int,
 ) -> TeacherTargets | None:
-    """Teacher logits for every training example, computed once (or the caller's), when distillation is on."""
+    """Teacher logits for every training example the steps draw, computed once (or the caller's), when
+    distillation is on."""
     distill = config.finetune.distill if config.finetune is not None else None
     if distill is None:
         if teacher is not None:
@@ -223,7 +230,9 @@ def _teacher_targets(
         return None
     if isinstance(teacher, TeacherTargets):
         return teacher
-    return load_or_compute(None, teacher if teacher is not None else model, train_ds, tokenizer, accelerator, distill)
+    examples = step_examples(len(train_ds), config.finetune, seed, config.steps)
+    source = teacher if teacher is not None else model
+    return load_or_compute(None, source, train_ds, tokenizer, accelerator, distill, examples)
 
 
 def _score(loop: _Loop, masks: Masks, step: int) -> tuple[dict[str, torch.Tensor], dict]:

@@ -18,10 +18,10 @@ from accelerate import Accelerator
 from torch import nn
 
 from compressor.cost import masked_flops
-from compressor.distill import TeacherTargets
+from compressor.distill import TeacherTargets, fill
 from compressor.layout import num_layers, original_ffn_size, original_num_heads
 from compressor.recipe import TrainSpec
-from compressor.train import predict, train
+from compressor.train import drawn_examples, predict, train
 from compressor.units import apply_unit_plan
 
 
@@ -51,6 +51,14 @@ def recovery_spec(finetune: TrainSpec | None, steps: int) -> TrainSpec | None:
     return finetune.model_copy(update={"epochs": finetune.epochs * steps})
 
 
+def baseline_examples(n: int, finetune: TrainSpec | None, steps: int, seed: int) -> list[int] | None:
+    """The train examples the baseline's fine-tune after `steps` pruning steps draws (None: all of them). With
+    fewer steps (a budget met early) it draws a prefix of the same seeded permutation, so the recipe's
+    `prune.steps` gives a superset known before the run."""
+    spec = recovery_spec(finetune, steps)
+    return [] if spec is None else drawn_examples(n, spec.max_examples, seed)
+
+
 @dataclass
 class Baseline:
     """The fine-tuned layer-dropped model and how it was made."""
@@ -76,7 +84,8 @@ def layer_drop_baseline(
     """Drop the top layers of `original` to the FLOPs nearest `target_flops` and fine-tune the copy with the
     recovery budget of `steps` pruning steps of `finetune` (on every process under `accelerate launch`).
 
-    `teacher` (the pruning run's cached targets) makes the baseline distil exactly as the pruning steps did."""
+    `teacher` (the pruning run's cached targets) makes the baseline distil exactly as the pruning steps did; the
+    examples it draws beyond theirs get their logits from `original` (the teacher), computed here."""
     count = layers_to_drop(original, target_flops, seq_len)
     model = drop_top_layers(original, count).to(accelerator.device)
     spec = recovery_spec(finetune, steps)
@@ -89,6 +98,9 @@ def layer_drop_baseline(
         "finetune": None,
     }
     if spec is not None:
+        if teacher is not None:  # it draws more examples than any step: the teacher adds the ones it lacks
+            drawn = baseline_examples(len(train_ds), finetune, steps, seed)
+            teacher = fill(teacher, original, train_ds, tokenizer, accelerator, drawn)
         info["finetune"] = train(
             model, train_ds, tokenizer, spec, accelerator, seed=seed, desc="baseline", teacher=teacher
         )
@@ -114,4 +126,12 @@ def compare_on(baseline: nn.Module, pruned: nn.Module, test: datasets.Dataset, t
     }
 
 
-__all__ = ["Baseline", "compare_on", "drop_top_layers", "layer_drop_baseline", "layers_to_drop", "recovery_spec"]
+__all__ = [
+    "Baseline",
+    "baseline_examples",
+    "compare_on",
+    "drop_top_layers",
+    "layer_drop_baseline",
+    "layers_to_drop",
+    "recovery_spec",
+]

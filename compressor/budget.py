@@ -75,24 +75,24 @@ class Budget:
         speedup = self.predicted_speedup(alive)
         return speedup is not None and speedup >= self.goals[-1]
 
-    def target_remove(self, step: int, alive: dict[str, torch.Tensor]) -> int:
-        """Heads this step will remove, exactly (head budget) or estimated from the share of cost still to cut
-        (FLOP / speed-up budgets): what a criterion that aims its sparsity (`l0`) is told."""
-        heads = alive["heads"]
+    def target_remove(self, step: int, alive: dict[str, torch.Tensor]) -> dict[str, int]:
+        """Units of each kind in `alive` this step will remove: exactly (head budget, heads only) or estimated from
+        the share of cost still to cut, applied to each kind's alive count (FLOP / speed-up budgets). What a
+        criterion that aims its sparsity (`l0`) is told for the kind it scores."""
         if self.kind == "heads":
-            return int(self.goals[step]) - int((~heads).sum())
+            return {"heads": int(self.goals[step]) - int((~alive["heads"]).sum())}
         if self.kind == "flops":
             left = masked_flops(self.model, alive, self.costs.seq_len)
             share = (self.goals[step] - (self.total_flops - left)) / max(left, 1)
         else:
             share = 1 - (self.predicted_speedup(alive) or 1.0) / self.goals[step]
-        return max(0, round(share * int(heads.sum())))
+        return {kind: max(0, round(share * int(mask.sum()))) for kind, mask in alive.items()}
 
     def select(self, step: int, scores: dict[str, torch.Tensor], alive: dict[str, torch.Tensor]) -> UnitPlan:
         """The units step `step` (0-based) removes, as a unit plan of new removals."""
         p = self.spec
         if self.kind == "heads":
-            n = self.target_remove(step, alive)
+            n = self.target_remove(step, alive)["heads"]
             return {"heads": select_heads(scores["heads"], alive["heads"], n, p.scope, p.min_heads_per_layer)}
         return self.select_to(self.goals[step], scores, alive)
 

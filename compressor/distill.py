@@ -1,11 +1,13 @@
 """Distillation from the task-tuned original: teacher targets and the mixed loss.
 
-The teacher never changes during a run, so its logits are computed once per training example (one forward over the
-whole train split, sharded over processes and gathered in order) and reused by every fine-tuning step: on CPU the
-teacher then costs one pass over the data, not one forward per training batch. The logits are saved under the
-run's `state/` directory, so a killed run resumes with exactly the targets it started with. Hidden states (for
-layer-wise matching) are too large to cache for a whole split and are only computed, on the fly, when
-`hidden_weight` > 0.
+The teacher never changes during a run, so its logits are computed once per training example and reused by every
+fine-tuning step: on CPU the teacher then costs one pass over the data, not one forward per training batch. Only
+the examples the steps' fine-tuning will draw get logits (`compressor.train.drawn_examples` makes each step's draw
+a pure function of the seed, so their union is known before the first step): with the default recipes that is well
+under half of the train split. The pass is sharded over processes and gathered in order; the logits are saved,
+keyed by example index, under the run's `state/` directory, so a killed run resumes with exactly the targets it
+started with. Hidden states (for layer-wise matching) are too large to cache for a whole split and are only
+computed, on the fly, when `hidden_weight` > 0.
 """
 
 from __future__ import annotations
@@ -13,7 +15,8 @@ from __future__ import annotations
 import copy
 import json
 import logging
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import datasets
@@ -25,7 +28,7 @@ from torch import nn
 
 from compressor import atomic
 from compressor.errors import UserError
-from compressor.recipe import DistillSpec
+from compressor.recipe import DistillSpec, TrainSpec
 
 log = logging.getLogger("compressor")
 
@@ -36,7 +39,8 @@ META_FILE = "teacher.json"
 
 @dataclass(frozen=True)
 class TeacherTargets:
-    """Cached teacher logits (row i = train example i) and, for hidden-state matching only, the teacher itself."""
+    """Cached teacher logits keyed by example index (row i = train example i; rows never computed are NaN) and,
+    for hidden-state matching only, the teacher itself."""
 
     logits: torch.Tensor
     spec: DistillSpec
@@ -46,6 +50,20 @@ class TeacherTargets:
     def hidden(self) -> bool:
         return self.spec.hidden_weight > 0 and self.teacher is not None
 
+    def missing(self, examples: Sequence[int] | None = None) -> list[int]:
+        """The examples among `examples` (default: all) that have no teacher logits yet."""
+        known = (~torch.isnan(self.logits).any(-1)).tolist()
+        wanted = range(len(self.logits)) if examples is None else examples
+        return [i for i in wanted if not known[i]]
+
+    def rows(self, index: torch.Tensor) -> torch.Tensor:
+        """The teacher logits of train examples `index`; a row never computed is an error, never a NaN loss."""
+        out = self.logits[index]
+        if torch.isnan(out).any():
+            lost = index[torch.isnan(out).any(-1)].tolist()
+            raise RuntimeError(f"teacher targets: no logits for train examples {lost[:5]} (not in the drawn set)")
+        return out
+
 
 def with_index(ds: datasets.Dataset) -> datasets.Dataset:
     """`ds` with an `example_index` column, added before any subsetting so rows keep their teacher row."""
@@ -54,14 +72,39 @@ def with_index(ds: datasets.Dataset) -> datasets.Dataset:
     return ds.add_column(INDEX_COLUMN, list(range(len(ds))))
 
 
+def step_examples(n: int, finetune: TrainSpec | None, seed: int, steps: int) -> list[int] | None:
+    """The union of the train examples the recovery fine-tuning of pruning steps 0..steps-1 draws (step k
+    fine-tunes with seed `seed + k`, as `compressor.api.prune` does); None when a step uses them all."""
+    from compressor.train import recovery_examples
+
+    if finetune is None:
+        return []
+    return recovery_examples(n, finetune.max_examples, range(seed, seed + steps))
+
+
 def compute_logits(
     teacher: nn.Module, train_ds: datasets.Dataset, tokenizer, accelerator: Accelerator | None, batch_size: int
 ) -> torch.Tensor:
-    """Teacher logits for every train example, in order (sharded over processes, gathered on each)."""
+    """Teacher logits for every example of `train_ds`, in order (sharded over processes, gathered on each)."""
     from compressor.train import predict
 
     logits, _ = predict(teacher, train_ds, tokenizer, accelerator, batch_size=batch_size)
     return logits
+
+
+def _compute(
+    teacher: nn.Module, train_ds: datasets.Dataset, tokenizer, accelerator, batch_size: int, examples: list[int]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(index, logits) of the teacher over the train examples `examples` (one pass, in index order)."""
+    subset = train_ds if len(examples) == len(train_ds) else train_ds.select(examples)
+    return torch.tensor(examples, dtype=torch.long), compute_logits(teacher, subset, tokenizer, accelerator, batch_size)
+
+
+def _keyed(n: int, index: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+    """A [n, labels] table with `logits` at rows `index` and NaN elsewhere."""
+    table = torch.full((n, logits.shape[-1]), float("nan"), dtype=logits.dtype)
+    table[index] = logits
+    return table
 
 
 def load_or_compute(
@@ -71,37 +114,72 @@ def load_or_compute(
     tokenizer,
     accelerator: Accelerator,
     spec: DistillSpec,
+    examples: Sequence[int] | None = None,
 ) -> TeacherTargets:
-    """The run's teacher targets: read from `cache_dir` when an earlier (killed) attempt saved them, else computed
-    once and saved there atomically by the main process. Every process ends with the same tensor. Without a
-    `cache_dir` (the Python API) they are computed once and kept in memory only.
+    """The run's teacher targets for the train examples `examples` (default: all; see `step_examples`): read from
+    `cache_dir` when an earlier (killed) attempt saved them, else computed once and saved there atomically by the
+    main process. Every process ends with the same tensor. Without a `cache_dir` (the Python API) they are
+    computed once and kept in memory only.
 
     `teacher` must be the unpruned task-tuned model; it is kept (as a frozen copy) only for hidden-state matching.
     """
-    if cache_dir is None:
-        logits = compute_logits(teacher, train_ds, tokenizer, accelerator, spec.teacher_batch_size)
-        return TeacherTargets(
-            logits=logits, spec=spec, teacher=_frozen_copy(teacher) if spec.hidden_weight > 0 else None
-        )
-    cache_dir = Path(cache_dir)
-    if (cache_dir / META_FILE).exists():
-        logits = load_file(str(cache_dir / LOGITS_FILE))["logits"]
-        log.info("teacher targets: reusing %d cached logits from %s", len(logits), cache_dir)
+    wanted = list(range(len(train_ds))) if examples is None else sorted(set(examples))
+    cached = cache_dir is not None and (Path(cache_dir) / META_FILE).exists()
+    if cached:
+        index, logits = _load(Path(cache_dir), len(train_ds))
     else:
-        logits = compute_logits(teacher, train_ds, tokenizer, accelerator, spec.teacher_batch_size)
-        if accelerator.is_main_process:
-            with atomic.directory(cache_dir) as tmp:
-                save_file({"logits": logits.contiguous()}, str(tmp / LOGITS_FILE))
-                (tmp / META_FILE).write_text(json.dumps({"examples": len(logits), "labels": logits.shape[-1]}))
-        accelerator.wait_for_everyone()
-        log.info("teacher targets: %d logits computed once and cached in %s", len(logits), cache_dir)
-    if len(logits) != len(train_ds):
-        raise UserError(
-            f"prune.finetune.distill: cached teacher targets in '{cache_dir}' cover {len(logits)} examples but the "
-            f"train split has {len(train_ds)}; expected the same data (rerun with --force)"
-        )
+        index, logits = _compute(teacher, train_ds, tokenizer, accelerator, spec.teacher_batch_size, wanted)
+        if cache_dir is not None:
+            _save(Path(cache_dir), index, logits, len(train_ds), accelerator)
     frozen = _frozen_copy(teacher) if spec.hidden_weight > 0 else None
-    return TeacherTargets(logits=logits, spec=spec, teacher=frozen)
+    targets = TeacherTargets(logits=_keyed(len(train_ds), index, logits), spec=spec, teacher=frozen)
+    if cached and (lost := targets.missing(wanted)):
+        raise UserError(
+            f"prune.finetune.distill: cached teacher targets in '{cache_dir}' lack {len(lost)} of the examples the "
+            "steps draw; expected the same recipe and data (rerun with --force)"
+        )
+    how = f"reused from {cache_dir}" if cached else "computed once" + (f", cached in {cache_dir}" if cache_dir else "")
+    log.info("teacher targets: %d of %d training examples (%s)", len(index), len(train_ds), how)
+    return targets
+
+
+def fill(
+    targets: TeacherTargets, teacher: nn.Module, train_ds: datasets.Dataset, tokenizer, accelerator, examples
+) -> TeacherTargets:
+    """`targets` completed with the teacher's logits for those of `examples` it lacks (one pass over just those;
+    the layer-drop baseline draws more examples than any step). Deterministic, so a resumed run recomputes the same
+    rows; `targets` is returned unchanged when nothing is missing."""
+    lost = targets.missing(examples)
+    if not lost:
+        return targets
+    with torch.random.fork_rng(devices=[]):  # the pass's loader draws a seed: keep fine-tuning's dropout as it was
+        index, logits = _compute(teacher, train_ds, tokenizer, accelerator, targets.spec.teacher_batch_size, lost)
+    table = targets.logits.clone()
+    table[index] = logits.to(table.dtype)
+    log.info("teacher targets: %d more training examples for the baseline", len(lost))
+    return replace(targets, logits=table)
+
+
+def _load(cache_dir: Path, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(index, logits) saved by `_save` (a cache written before targets were keyed holds every row in order)."""
+    meta = json.loads((cache_dir / META_FILE).read_text())
+    saved = load_file(str(cache_dir / LOGITS_FILE))
+    if meta["examples"] != n:
+        raise UserError(
+            f"prune.finetune.distill: cached teacher targets in '{cache_dir}' cover {meta['examples']} examples but "
+            f"the train split has {n}; expected the same data (rerun with --force)"
+        )
+    return saved.get("index", torch.arange(len(saved["logits"]))), saved["logits"]
+
+
+def _save(cache_dir: Path, index: torch.Tensor, logits: torch.Tensor, n: int, accelerator: Accelerator) -> None:
+    """Write the targets atomically from the main process; every process waits until they are there."""
+    if accelerator.is_main_process:
+        with atomic.directory(cache_dir) as tmp:
+            save_file({"index": index.contiguous(), "logits": logits.contiguous()}, str(tmp / LOGITS_FILE))
+            meta = {"examples": n, "computed": len(index), "labels": logits.shape[-1]}
+            (tmp / META_FILE).write_text(json.dumps(meta))
+    accelerator.wait_for_everyone()
 
 
 def _frozen_copy(model: nn.Module) -> nn.Module:
@@ -140,7 +218,7 @@ def mixed_loss(model: nn.Module, inputs: dict, batch: dict, targets: TeacherTarg
     if targets is None:
         return task
     spec = targets.spec
-    teacher_logits = targets.logits[batch[INDEX_COLUMN].cpu()].to(out.logits.device)
+    teacher_logits = targets.rows(batch[INDEX_COLUMN].cpu()).to(out.logits.device)
     loss = (1 - spec.alpha) * task + spec.alpha * kd_loss(out.logits, teacher_logits, spec.temperature)
     if hidden:
         with torch.no_grad():

@@ -9,10 +9,12 @@ stage reads the state, may add to it (the saved model directory, the exports) an
 from __future__ import annotations
 
 import copy
+import dataclasses
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from accelerate import Accelerator
@@ -36,6 +38,9 @@ from compressor.recipe import BenchSpec, Recipe
 from compressor.sources import TaskData
 from compressor.train import evaluate, model_inputs, sample_batches
 from compressor.units import apply_unit_plan
+
+if TYPE_CHECKING:
+    from compressor.quantize import Int8Options
 
 log = logging.getLogger("compressor")
 SURGERY_ATOL = 1e-4  # max |Δlogit| allowed between the masked and the physically pruned model
@@ -220,12 +225,14 @@ def bench_stage(state: RunState) -> dict:
     candidates += _original_onnx(state, spec.threads, original.flops_by_seq_len)
     test = state.splits["test"]
     batches = sample_batches(test, state.tokenizer, spec.eval_examples or len(test), 32, seed=0)
-    return bench.bench(candidates, batches, spec, state.out / "bench", reference="pytorch-original")
+    result = bench.bench(candidates, batches, spec, state.out / "bench", reference="pytorch-original")
+    return {**result, "max_drop": spec.max_drop}  # the recommendation's quality gate, kept beside the figures
 
 
 def _original_onnx(state: RunState, threads: int | None, flops: dict) -> list:
     """For a speed-up budget on an ONNX runtime: the original exported to that variant (under `onnx-original/`),
-    so the asked speed-up can be measured against the original on the same runtime."""
+    so the asked speed-up can be measured against the original on the same runtime. Its int8 is built exactly as
+    the pruned model's (`_original_variants`, the recipe's int8 options), so the ratio measures pruning alone."""
     import tempfile
 
     from compressor import bench
@@ -236,13 +243,32 @@ def _original_onnx(state: RunState, threads: int | None, flops: dict) -> list:
         return []
     variant, spec = budget.runtime.removeprefix("onnx-"), state.recipe.export
     checks = sample_batches(state.splits["validation"], state.tokenizer, 128, 32, seed=1)
+    variants, int8 = _original_variants(state, variant)
     with tempfile.TemporaryDirectory() as tmp:
         save_pruned(state.original, Path(tmp) / "model", state.tokenizer)
-        out = export_onnx(Path(tmp) / "model", state.out / "onnx-original", [variant], checks, spec.atol, spec.opset)
+        out = export_onnx(
+            Path(tmp) / "model", state.out / "onnx-original", variants, checks, spec.atol, spec.opset, int8
+        )
     name = f"{budget.runtime}-original"
     return [
         bench.onnx_candidate(name, out[variant]["dir"], threads, flops, [len(h) for h in present_heads(state.original)])
     ]
+
+
+def _original_variants(state: RunState, variant: str) -> tuple[list[str], Int8Options | None]:
+    """The ONNX variants to build of the original for `variant`, and their int8 options: an int8 variant is
+    quantised from the optimised graph when the pruned model's is (the recipe asks for `optimized`), with the
+    recipe's per-channel, reduce-range, excluded-node and calibration settings; no validation gate (the original is
+    measured, never shipped)."""
+    from compressor.export import INT8_VARIANTS
+    from compressor.quantize import int8_options
+
+    spec = state.recipe.export
+    if variant not in INT8_VARIANTS:
+        return [variant], None
+    graphs = ["optimized"] if "optimized" in spec.variants else []
+    int8 = int8_options(spec.int8, [variant], state.splits["train"], state.splits["validation"], state.tokenizer)
+    return [*graphs, variant], dataclasses.replace(int8, validation=())
 
 
 def bench_spec_for(recipe: Recipe) -> BenchSpec:

@@ -258,6 +258,9 @@ class BenchSpec(Strict):
     min_time_s: float = Field(0.5, gt=0, le=3600, description="minimum timed duration of one measurement")
     threads: int | None = Field(None, ge=1, le=4096)
     eval_examples: int | None = Field(None, ge=1, le=10**9)
+    max_drop: float | None = Field(
+        0.01, ge=0, le=1, description="test accuracy a recommended variant may lose vs the original (null: no gate)"
+    )
 
     @model_validator(mode="before")
     @classmethod

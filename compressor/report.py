@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 from compressor import atomic
@@ -70,20 +71,31 @@ def _distillation_line(report: dict) -> str:
     return f"Recovery fine-tuning: {describe_distillation(distillation(report))}."
 
 
+DEFAULT_MAX_DROP = 0.01  # `bench.max_drop`'s default, for reports written before the field existed
+
+
 def recommendation(report: dict) -> dict | None:
-    """The fastest benchmarked variant of the pruned model that passes every gate (fp32 and optimised graphs
-    passed their parity gate or the export would have failed; int8 variants must not be `rejected`), at the
-    benchmark's headline batch size and sequence length. None without a benchmark."""
-    summary, exported = report.get("bench", {}).get("summary", {}), report.get("export", {})
+    """The fastest benchmarked variant of the pruned model that passes every gate, at the benchmark's headline
+    batch size and sequence length: fp32 and optimised graphs passed their parity gate (or the export would have
+    failed), int8 variants must not be `rejected`, and every variant's test accuracy must be within `bench.max_drop`
+    of the original's (measured on the same examples; null disables it). When no variant is accurate enough the
+    answer is `{"variant": None, "reason": ...}`: a collapsed model is never recommended for its speed. None without
+    a benchmark."""
+    bench = report.get("bench", {})
+    summary, exported = bench.get("summary", {}), report.get("export", {})
     rejected = {f"onnx-{n}" for n, e in exported.items() if e.get("status") == "rejected"}
     shipped = {"pytorch-pruned"} | {f"onnx-{n}" for n in exported}  # not the original, its exports, or the baseline
-    passing = {
+    speeds = {
         name: row["headline_speedup"]
         for name, row in summary.items()
         if name in shipped and name not in rejected and row.get("headline_speedup") is not None
     }
-    if not passing:
+    if not speeds:
         return None
+    gate = _accuracy_gate(report, bench.get("max_drop", DEFAULT_MAX_DROP))
+    passing = {name: speed for name, speed in speeds.items() if gate.passes(summary[name].get("accuracy"))}
+    if not passing:
+        return {"variant": None, "reason": gate.failure(summary, speeds), "rejected": sorted(rejected)}
     best = max(passing, key=passing.get)
     row = summary[best]
     return {
@@ -92,19 +104,53 @@ def recommendation(report: dict) -> dict | None:
         "batch": row.get("headline_batch"),
         "seq_len": row.get("headline_seq_len"),
         "accuracy": row.get("accuracy"),
+        "max_drop": gate.max_drop,
         "rejected": sorted(rejected),
     }
+
+
+@dataclass(frozen=True)
+class _Gate:
+    """The recommendation's quality gate: test accuracy at most `max_drop` below the original's."""
+
+    original: float | None
+    max_drop: float | None
+
+    def passes(self, accuracy: float | None) -> bool:
+        if self.max_drop is None or self.original is None:
+            return True
+        return accuracy is not None and self.original - accuracy <= self.max_drop + 1e-12
+
+    def failure(self, summary: dict, candidates: dict) -> str:
+        """One line: the gate and the best accuracy any candidate reached."""
+        scored = {n: summary[n]["accuracy"] for n in candidates if summary[n].get("accuracy") is not None}
+        best = max(scored, key=scored.get) if scored else None
+        reached = f"the best is {best} at {_pct(scored[best])}%" if best else "no variant's accuracy was measured"
+        return (
+            f"no shipped variant's test accuracy is within {100 * self.max_drop:.2f} points of the original's "
+            f"{_pct(self.original)}% (bench.max_drop {self.max_drop}); {reached}"
+        )
+
+
+def _accuracy_gate(report: dict, max_drop: float | None) -> _Gate:
+    """The gate against the original's accuracy on the benchmark's examples (else its test-split accuracy)."""
+    row = report.get("bench", {}).get("summary", {}).get("pytorch-original", {})
+    original = row.get("accuracy", report.get("original", {}).get("test", {}).get("accuracy"))
+    return _Gate(original, max_drop)
 
 
 def _recommendation_line(report: dict) -> str:
     rec = recommendation(report)
     if rec is None:
         return "Recommendation: none (no benchmarked variant passed every gate)."
+    if rec["variant"] is None:
+        return f"**Recommendation: none**: {rec['reason']}."
     excluded = f"; not considered (failed their int8 gate): {', '.join(rec['rejected'])}" if rec["rejected"] else ""
+    within = "" if rec["max_drop"] is None else f", within {100 * rec['max_drop']:.2f} points of the original"
     return (
         f"**Recommendation: `{rec['variant']}`**, the fastest variant passing every gate: {rec['speedup']:.2f}× the "
         f"original at batch {rec['batch']}, {rec['seq_len']} tokens, test accuracy {_pct(rec['accuracy'])}%"
-        f"{excluded}."
+        f"{within}{excluded}."
     )
 
 

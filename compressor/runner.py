@@ -27,11 +27,11 @@ from safetensors.torch import load_file, save_file
 
 from compressor import atomic, outdir
 from compressor.api import Masks, PruneState, StepRecord, prune
-from compressor.baseline import layer_drop_baseline
+from compressor.baseline import baseline_examples, layer_drop_baseline
 from compressor.budget import check_budget
 from compressor.checkpoint import load_pruned, save_pruned
 from compressor.cost import masked_flops
-from compressor.distill import TeacherTargets, load_or_compute
+from compressor.distill import TeacherTargets, load_or_compute, step_examples
 from compressor.errors import UserError
 from compressor.layout import config_head_counts
 from compressor.machine import cache_root
@@ -288,8 +288,13 @@ def _teacher(run: RunState, model: torch.nn.Module) -> TeacherTargets | None:
     finetune = run.recipe.prune.finetune
     if finetune is None or finetune.distill is None:
         return None
+    train_ds, seed, steps = run.splits["train"], run.recipe.seed, run.recipe.prune.steps
+    draws = [step_examples(len(train_ds), finetune, seed, steps)]
+    if run.recipe.prune.baseline == "layer_drop":  # its draws too: one teacher pass, all cached for a resume
+        draws.append(baseline_examples(len(train_ds), finetune, steps, seed))
+    examples = None if None in draws else sorted(set().union(*draws))
     return load_or_compute(
-        run.out / "state" / "teacher", model, run.splits["train"], run.tokenizer, run.accelerator, finetune.distill
+        run.out / "state" / "teacher", model, train_ds, run.tokenizer, run.accelerator, finetune.distill, examples
     )
 
 

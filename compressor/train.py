@@ -11,6 +11,7 @@ import time
 from collections.abc import Sequence
 
 import datasets
+import numpy as np
 import torch
 import torch.nn.functional as F
 from accelerate import Accelerator
@@ -54,6 +55,27 @@ def to_device(batch: dict, device: torch.device) -> dict:
     return {k: v.to(device) for k, v in batch.items()}
 
 
+def drawn_examples(n: int, max_examples: int | None, seed: int) -> list[int] | None:
+    """Positions (in a split of `n` examples) of the examples one fine-tuning run with `seed` draws, or None when it
+    uses them all. A pure function of its arguments, so the teacher pass knows every step's examples up front; the
+    draw is `datasets.Dataset.shuffle(seed=seed)` then the first `max_examples` (the order fine-tuning always had).
+    """
+    if max_examples is None or n <= max_examples:
+        return None
+    return np.random.default_rng(seed).permutation(n)[:max_examples].tolist()
+
+
+def recovery_examples(n: int, max_examples: int | None, seeds: Sequence[int]) -> list[int] | None:
+    """The sorted union of the examples drawn by fine-tuning runs with `seeds` (None when one of them uses all)."""
+    union: set[int] = set()
+    for seed in seeds:
+        drawn = drawn_examples(n, max_examples, seed)
+        if drawn is None:
+            return None
+        union.update(drawn)
+    return sorted(union)
+
+
 def train(
     model: nn.Module,
     train_ds: datasets.Dataset,
@@ -68,14 +90,14 @@ def train(
 ) -> dict:
     """Fine-tune `model` in place with AdamW + linear warm-up/decay; returns loss and timing.
 
-    `spec.epochs` may be fractional; `spec.max_examples` caps the examples seen per epoch (seeded subset). With
-    `teacher` (cached targets for every example of `train_ds`, see `compressor.distill`) the loss mixes the task
-    loss with distillation; the examples and their order are exactly those of plain fine-tuning.
+    `spec.epochs` may be fractional; `spec.max_examples` caps the examples seen per epoch (seeded subset,
+    `drawn_examples`). With `teacher` (cached targets for every drawn example, see `compressor.distill`) the loss
+    mixes the task loss with distillation; the examples and their order are exactly those of plain fine-tuning.
     """
     if teacher is not None:
         train_ds = with_index(train_ds)
-    if spec.max_examples is not None and len(train_ds) > spec.max_examples:
-        train_ds = train_ds.shuffle(seed=seed).select(range(spec.max_examples))
+    if (drawn := drawn_examples(len(train_ds), spec.max_examples, seed)) is not None:
+        train_ds = train_ds.select(drawn)
     dl = loader(train_ds, tokenizer, spec.batch_size, shuffle=True, seed=seed)
     per_epoch = math.ceil(len(dl) / accelerator.num_processes)
     total = max(1, math.ceil(per_epoch * spec.epochs))

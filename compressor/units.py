@@ -3,7 +3,7 @@
 A *unit plan* is `{"heads": {layer: [original head ids]}, "neurons": {layer: [original neuron ids]}}`; a layer
 whose heads and neurons are all in the plan is removed whole (identity) by surgery and skipped by masking, so
 `masked == pruned == ONNX` holds for every plan. These helpers are what the pipeline calls: the alive masks to
-score and select from, the gates that mask a plan, and the surgery that applies it. `api.prune` drives them
+score and select from, the plan of what is dead, and the surgery that applies it. `api.prune` drives them
 through `compressor.budget` (which picks each step's units under a head, FLOP or speed-up budget):
 
     alive = Masks.full(model, spec.units).alive()                # {"heads": .., "neurons": ..}
@@ -11,14 +11,14 @@ through `compressor.budget` (which picks each step's units under a head, FLOP or
     scores = score_all(spec.criterion.name, model, alive, batches, spec.criterion.params)
     plan = budget.select(step, scores, alive)                    # per FLOP or per predicted ms saved
     alive = apply_plan_to_masks(plan, alive)
-    with masking.gated(model, *gates_for(alive)): ...            # fine-tune the masked model
+    with masking.gated(model, alive["heads"].float(), alive["neurons"].float()): ...  # fine-tune, masked
     apply_unit_plan(model, masks_to_plan(alive))                 # at the end: physical removal
 """
 
 from __future__ import annotations
 
 import copy
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -53,15 +53,6 @@ def masks_to_plan(alive: dict[str, torch.Tensor]) -> UnitPlan:
     }
 
 
-def gates_for(alive: dict[str, torch.Tensor]) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    """(head gates, neuron gates) as floats for `masking.gated(model, *gates_for(alive))`."""
-    heads, neurons = alive.get("heads"), alive.get("neurons")
-    return (
-        None if heads is None else heads.float(),
-        None if neurons is None else neurons.float(),
-    )
-
-
 def apply_unit_plan(model: nn.Module, plan: UnitPlan) -> nn.Module:
     """Physically remove every unit of `plan` from `model` in place (layers left empty are removed whole)."""
     prune_heads(model, plan.get("heads", {}))
@@ -83,14 +74,20 @@ def score_all(
 ) -> dict[str, torch.Tensor]:
     """Scores of criterion `name` for every unit kind in `alive`, each with the other kinds' masks held fixed.
 
-    `context` is passed on to `criteria.ScoreContext` (accelerator, seed, train_batches, target_remove, extras).
-    Returns `{kind: float [layers, units] on CPU}`, dead units -inf; a kind the criterion cannot score raises.
+    `context` is passed on to `criteria.ScoreContext` (accelerator, seed, train_batches, target_remove, extras);
+    a `target_remove` given per kind (`{kind: count}`, as `Budget.target_remove` returns it) reaches each kind's
+    scoring as that kind's count. Returns `{kind: float [layers, units] on CPU}`, dead units -inf; a kind the
+    criterion cannot score raises.
     """
     from compressor import criteria
 
     out = {}
+    per_kind = context.pop("target_remove", 0)
     for kind, mask in alive.items():
         others = {k: m for k, m in alive.items() if k != kind}
-        ctx = criteria.ScoreContext(model=model, alive=mask, batches=batches, unit=kind, masks=others, **context)
+        remove = per_kind.get(kind, 0) if isinstance(per_kind, Mapping) else per_kind
+        ctx = criteria.ScoreContext(
+            model=model, alive=mask, batches=batches, unit=kind, masks=others, target_remove=remove, **context
+        )
         out[kind] = criteria.score_units(name, ctx, params)
     return out

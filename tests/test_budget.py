@@ -236,3 +236,23 @@ def test_speedup_budget_writes_only_its_latency_table(task, tmp_path, monkeypatc
 
     monkeypatch.setattr(LatencyTable, "build", no_build)
     compressor.prune(model, tok, train, spec)
+
+
+def test_l0_is_told_each_kinds_own_count_to_remove() -> None:
+    """Under a FLOP budget with heads and neurons, `target_remove` is per kind (the same share of each kind's
+    alive units), and l0 aims its neuron sparsity at the neuron count, not at the head count."""
+    from compressor.testing import tiny_batch, tiny_model
+    from compressor.units import alive_units, score_all
+
+    model = tiny_model("bert", seed=0)
+    spec = _spec(kind="flops", value=0.5, seq_len=16).model_copy(update={"criterion": {"name": "l0"}})
+    alive = alive_units(model)
+    remove = budget_mod.plan_budget(model, spec).target_remove(0, alive)
+    heads, neurons = int(alive["heads"].sum()), int(alive["neurons"].sum())
+    assert set(remove) == {"heads", "neurons"} and 0 < remove["heads"] < heads and remove["neurons"] > heads
+    assert remove["neurons"] / neurons == pytest.approx(remove["heads"] / heads, abs=1 / heads)
+    extras: dict = {}
+    batch = tiny_batch(8, 16)
+    score_all("l0", model, alive, [batch], {"steps": 3}, target_remove=remove, extras=extras)
+    assert extras["l0"]["target_open"] == heads - remove["heads"]
+    assert extras["l0_neurons"]["target_open"] == neurons - remove["neurons"]

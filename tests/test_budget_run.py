@@ -161,3 +161,30 @@ def test_uniform_ffn_run_saves_a_plain_transformers_model(tmp_path, tiny_model_d
     plain = AutoModelForSequenceClassification.from_pretrained(model_dir).eval()
     with torch.inference_mode():
         assert torch.allclose(plain(**batch).logits, load_pruned(model_dir).eval()(**batch).logits, atol=1e-5)
+
+
+@pytest.mark.parametrize("graphs", [["fp32", "optimized", "int8"], ["fp32", "int8"]], ids=["optimized", "fp32"])
+def test_original_int8_is_quantised_like_the_pruned_one(tmp_path, tiny_model_dir, tiny_csv, graphs):
+    """The original an onnx-int8 budget is measured against: from the optimised graph exactly when the pruned
+    model's int8 is, with the recipe's int8 options (here per-channel off, 7-bit weights, one excluded node)."""
+    from accelerate import Accelerator
+    from transformers import AutoModelForSequenceClassification
+
+    from compressor.export import MANIFEST
+    from compressor.pipeline import RunState, _original_onnx
+    from compressor.sources import load_task_data
+    from compressor.train import tokenize
+
+    budget = {"kind": "speedup", "value": 1.5, "runtime": "onnx-int8", "batch_size": 4, "seq_len": 16}
+    int8 = {"per_channel": False, "reduce_range": True, "exclude_nodes": ["/classifier/MatMul"]}
+    recipe = _recipe(tmp_path, tiny_model_dir, tiny_csv, "run", budget, export={"variants": graphs, "int8": int8})
+    data, tokenizer = load_task_data(recipe.data), AutoTokenizer.from_pretrained(tiny_model_dir)
+    splits = {name: tokenize(getattr(data, name), tokenizer, data.text_fields, 16) for name in ("train", "validation")}
+    original = AutoModelForSequenceClassification.from_pretrained(tiny_model_dir, attn_implementation="eager")
+    state = RunState(recipe, tmp_path, Accelerator(cpu=True), data, tokenizer, splits, original=original)
+    [candidate] = _original_onnx(state, 1, {})
+    assert candidate.name == "onnx-int8-original"
+    built = json.loads((tmp_path / "onnx-original" / MANIFEST).read_text())
+    assert built["int8"]["quantized_from"] == ("optimized" if "optimized" in graphs else "fp32")
+    assert (built["int8"]["per_channel"], built["int8"]["reduce_range"]) == (False, True)
+    assert built["int8"]["excluded_nodes"] == ["/classifier/MatMul"] and "gate" not in built["int8"]

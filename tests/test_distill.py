@@ -16,7 +16,7 @@ from compressor.recipe import DistillSpec, FinetuneSpec, parse_recipe
 from compressor.runner import run_recipe
 from compressor.sources import load_task_data
 from compressor.testing import tiny_model
-from compressor.train import tokenize, train
+from compressor.train import drawn_examples, recovery_examples, tokenize, train
 
 
 @pytest.fixture(scope="module")
@@ -114,9 +114,11 @@ def test_cached_targets_for_other_data_are_refused(tmp_path, train_split) -> Non
         distill.load_or_compute(tmp_path / "t", tiny_model("bert"), ds.select(range(10)), tokenizer, acc, DistillSpec())
 
 
+@pytest.mark.parametrize("baseline", [None, "layer_drop"])
 def test_run_computes_teacher_targets_once_and_reports_distillation(
-    tmp_path, tiny_model_dir, tiny_csv, cache_dir, monkeypatch
+    tmp_path, tiny_model_dir, tiny_csv, cache_dir, monkeypatch, baseline
 ) -> None:
+    """One teacher pass over the examples the steps (and the layer-drop baseline, when on) draw, never more."""
     calls: list[int] = []
     real = distill.compute_logits
 
@@ -126,10 +128,12 @@ def test_run_computes_teacher_targets_once_and_reports_distillation(
 
     monkeypatch.setattr(distill, "compute_logits", spy)
     finetune = {"epochs": 1, "lr": 5e-4, "batch_size": 16, "max_examples": 96, "distill": {"alpha": 0.7}}
-    report = run_recipe(
-        parse_recipe(tiny_recipe(tiny_model_dir, tiny_csv, tmp_path / "out", **{"prune.finetune": finetune}))
-    )
-    assert len(calls) == 1 and calls[0] == 240  # the whole train split (80% of 300), once for both steps
+    overrides = {"prune.finetune": finetune, "prune.baseline": baseline}
+    report = run_recipe(parse_recipe(tiny_recipe(tiny_model_dir, tiny_csv, tmp_path / "out", **overrides)))
+    drawn = set(recovery_examples(240, 96, [0, 1]))  # the train split is 80% of 300; steps 0 and 1 use seeds 0, 1
+    if baseline:
+        drawn |= set(drawn_examples(240, 96 * 2, 0))  # the baseline: both steps' budget in one fine-tune, seed 0
+    assert calls == [len(drawn)] and len(drawn) < 240  # once for both steps, only the examples they draw
     assert all(step["finetune"]["distill"]["alpha"] == 0.7 for step in report["steps"])
     assert (tmp_path / "out" / "state" / "teacher" / distill.LOGITS_FILE).exists()
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -112,7 +113,8 @@ def test_resume_after_sigkill(tmp_path, tiny_model_dir, tiny_csv, cache_dir, dis
     done = subprocess.run(cmd, env=_cli_env(cache_dir), capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "resuming after step" in (out / "run.log").read_text()
-    assert ("teacher targets: reusing 240 cached logits" in (out / "run.log").read_text()) == bool(distill)
+    reused = re.search(r"teacher targets: \d+ of 240 training examples \(reused", (out / "run.log").read_text())
+    assert bool(reused) == bool(distill)
     resumed = json.loads((out / "report.json").read_text())
     assert resumed["pruned"]["plan"] == reference["pruned"]["plan"]
     for a, b in zip(resumed["steps"], reference["steps"], strict=True):
@@ -123,7 +125,7 @@ def test_resume_after_sigkill(tmp_path, tiny_model_dir, tiny_csv, cache_dir, dis
 
 @pytest.mark.parametrize("distill", [None, {"alpha": 0.7, "hidden_weight": 0.5}], ids=["plain", "distill"])
 def test_accelerate_launch_two_processes(tmp_path, tiny_model_dir, tiny_csv, cache_dir, distill) -> None:
-    """Two processes train, score and evaluate together (with distillation: both see all 240 teacher logits)."""
+    """Two processes train, score and evaluate together (with distillation: both see the same teacher logits)."""
     out = tmp_path / "ddp"
     recipe_path = tmp_path / "ddp.yaml"
     finetune = {"epochs": 1, "lr": 5e-4, "batch_size": 16, "max_examples": 96, "distill": distill}
@@ -154,7 +156,10 @@ def test_accelerate_launch_two_processes(tmp_path, tiny_model_dir, tiny_csv, cac
     assert report["original"]["test"]["n"] == 30  # gathered over both processes without duplicates
     assert done.stdout.count("report:") == 1  # only the main process reports
     assert [bool(s["finetune"].get("distill")) for s in report["steps"]] == [bool(distill)] * 2
-    assert ("teacher targets: 240 logits computed once" in (out / "run.log").read_text()) == bool(distill)
+    computed = re.search(
+        r"teacher targets: \d+ of 240 training examples \(computed once", (out / "run.log").read_text()
+    )
+    assert bool(computed) == bool(distill)
 
 
 def test_run_all_stages(tmp_path, tiny_model_dir, tiny_csv, cache_dir) -> None:

@@ -18,7 +18,8 @@ CoFiPruning's `deterministic_z`, round(E[L0]) heads stay open (`open_by_rank`): 
 target, while the gates themselves need not all saturate (a budget met by twelve half-open gates is still a
 budget met). With the defaults (300 steps, lr 0.3) the deterministic gates themselves close on the target
 (tests: within one head; lr 0.1 leaves the budget spread over half-open gates). Either way the caller removes
-its `target_remove` lowest scores. Diagnostics: `ctx.extras['l0']`, saved in the run's step log.
+its `target_remove` lowest scores. Diagnostics: `ctx.extras['l0']` (`'l0_neurons'` when scoring FFN neurons, where
+`target_remove` counts neurons), saved in the run's step log.
 """
 
 from __future__ import annotations
@@ -131,7 +132,7 @@ def l0(
                 ascent.step()
     final = log_alpha.detach()
     expected = float((open_probability(final) * alive).sum())
-    ctx.extras["l0"] = {
+    ctx.extras["l0" if ctx.unit == "heads" else f"l0_{ctx.unit}"] = {  # one entry per scored kind
         "open": int(((deterministic_gates(final) > 0) & alive).sum()),
         "expected_open": expected,
         "open_by_rank": round(expected),

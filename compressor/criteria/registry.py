@@ -38,7 +38,8 @@ class ScoreContext:
     masks: alive masks of the *other* unit kinds, held fixed while scoring (`gated` applies them).
     batches: tokenised batches (dicts of tensors with `labels`) to score on.
     accelerator: an `accelerate.Accelerator` (device placement, distributed reductions), or None.
-    target_remove: how many more heads the caller will remove after this scoring (lets `l0` aim its sparsity).
+    target_remove: how many more units of kind `unit` the caller will remove after this scoring (lets `l0` aim
+    its sparsity).
     train_batches: a factory of training batches, for criteria that learn (e.g. `l0`).
     seed: for criteria with randomness.
     """
