@@ -225,11 +225,14 @@ def check_noise(baseline: Baseline) -> None:
         if m.kind in PER_ROUND_KINDS and too_noisy(m.per_round, m.tolerance.relative, m.direction, baseline.confidence)
     }
     if worst:
-        name = max(worst, key=worst.get)
+        names = sorted(worst, key=worst.get, reverse=True)
+        shown = ", ".join(
+            f"{n} ±{100 * np.expm1(worst[n]):.0f}% vs {_tolerance_text(baseline.metrics[n].tolerance)}"
+            for n in names[:3]
+        )
         raise BaselineError(
-            f"--save-baseline: rounds too dispersed for {len(worst)} metric(s), e.g. {name} resolves only "
-            f"±{100 * np.expm1(worst[name]):.0f}% against a {_tolerance_text(baseline.metrics[name].tolerance)} "
-            f"tolerance; expected a quiet machine: {RERUN}"
+            f"--save-baseline: rounds too dispersed to resolve the tolerance of {len(worst)} metric(s) ({shown}"
+            f"{', …' if len(names) > 3 else ''}); {RERUN}"
         )
 
 

@@ -124,8 +124,10 @@ def test_save_refuses_a_noisy_baseline_in_one_line(tmp_path: Path) -> None:
     with pytest.raises(BaselineError) as err:
         regression.save_baseline(data, tmp_path / "noisy.json")
     message = str(err.value)
-    assert "\n" not in message and message.startswith("--save-baseline: rounds too dispersed for 2 metric(s)")
-    assert "±19% against a 10.0% tolerance" in message and "re-run on a quiet machine or raise --rounds" in message
+    assert "\n" not in message
+    assert message.startswith("--save-baseline: rounds too dispersed to resolve the tolerance of 2 metric(s) (")
+    assert "ratio:b ±19% vs 10.0%, throughput:c ±19% vs 10.0%)" in message and "ratio:a" not in message
+    assert message.endswith("; re-run on a quiet machine or raise --rounds")
     assert not (tmp_path / "noisy.json").exists()
 
 
