@@ -3,11 +3,13 @@
 A random-init BERT (4 layers × 8 heads, hidden 256, FFN 512) loses 16 of its 32 heads by a fixed plan; the original,
 the pruned model and the pruned model's fp32 ONNX export are saved, then benchmarked and checked against
 benchmarks/baseline_ci.json by the same code path as `compressor bench --reference ... --candidate ... --baseline`
-(`compressor.commands.bench.run_bench`, decisions in `compressor.regression`): per-round speed-up ratios with a
-one-sided confidence bound, absolute throughput only on the baseline's CPU model, and quality on seeded synthetic
-batches labelled by the original's own predictions (so the original scores 1.0 and the pruned model's accuracy is
-its agreement, deterministic). Before timing, the pruned model must reproduce the masked original exactly.
-Exit 0 pass, 1 regression (or a pruned/masked disagreement), 2 invalid or mismatched baseline.
+(`compressor.commands.bench.run_bench`, decisions in `compressor.regression`): per-round speed-up ratios (a
+regression when the change is beyond the tolerance and Welch's one-sided test is significant; inconclusive, also a
+failure, when this run's rounds are too noisy), absolute throughput only on the baseline's CPU model, and quality on
+seeded synthetic batches labelled by the original's own predictions (so the original scores 1.0 and the pruned
+model's accuracy is its agreement, deterministic). Before timing, the pruned model must reproduce the masked original exactly.
+Exit 0 pass, 1 regression or inconclusive (or a pruned/masked disagreement), 2 invalid or mismatched baseline, or
+(with --update-baseline) rounds too dispersed to save: renew the baseline on a quiet machine.
 
 Usage: python benchmarks/bench_ci.py [--update-baseline] [--threads 1] [--rounds 8] [--out runs/bench-ci]
 """
