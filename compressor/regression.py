@@ -348,7 +348,8 @@ def _per_round_status(ref: Metric, now: Measured, change: LogChange, confidence:
         return "inconclusive", NOISY_ADVICE
     if beyond:
         return "inconclusive", f"beyond the tolerance but not significant (p={change.p_value:.2g}); {RERUN}"
-    return ("better" if sign * change.estimate > -sign * limit else "ok"), ""
+    better = sign * np.expm1(change.estimate) > ref.tolerance.relative  # e.g. +10% or more for a 10% tolerance
+    return ("better" if better else "ok"), ""
 
 
 def decide(name: str, ref: Metric, now: Measured, confidence: float) -> Verdict:

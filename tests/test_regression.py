@@ -64,6 +64,12 @@ def test_the_estimate_decides_not_the_confidence_bound() -> None:
     assert v.high > v.limit  # part of the interval lies within the tolerance
 
 
+@pytest.mark.parametrize(("direction", "centre", "status"), [("higher", 1.12, "better"), ("higher", 1.09, "ok"),
+                                                         ("lower", 0.88, "better"), ("lower", 0.91, "ok")])  # fmt: skip
+def test_better_is_a_change_beyond_the_relative_tolerance_in_the_good_direction(direction, centre, status) -> None:
+    assert decide_rounds(exact_rounds(1.0, 0.02), exact_rounds(centre, 0.02, seed=1), direction).status == status
+
+
 def test_significant_but_within_tolerance_is_ok() -> None:
     v = decide_rounds(exact_rounds(1.0, 0.01), exact_rounds(0.95, 0.01, seed=1))
     assert v.p_value < 1e-6 and v.change == pytest.approx(-0.05) and v.status == "ok"
