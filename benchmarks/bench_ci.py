@@ -3,13 +3,16 @@
 A random-init BERT (4 layers × 8 heads, hidden 256, FFN 512) loses 16 of its 32 heads by a fixed plan; the original,
 the pruned model and the pruned model's fp32 ONNX export are saved, then benchmarked and checked against
 benchmarks/baseline_ci.json by the same code path as `compressor bench --reference ... --candidate ... --baseline`
-(`compressor.commands.bench.run_bench`, decisions in `compressor.regression`): per-round speed-up ratios with a
-one-sided confidence bound, absolute throughput only on the baseline's CPU model, and quality on seeded synthetic
-batches labelled by the original's own predictions (so the original scores 1.0 and the pruned model's accuracy is
-its agreement, deterministic). Before timing, the pruned model must reproduce the masked original exactly.
-Exit 0 pass, 1 regression (or a pruned/masked disagreement), 2 invalid or mismatched baseline.
+(`compressor.commands.bench.run_bench`, decisions in `compressor.regression`): per-round speed-up ratios (a
+regression when the change is beyond the tolerance and Welch's one-sided test is significant; inconclusive, also a
+failure, when this run's rounds are too noisy), absolute throughput only on the baseline's CPU model, and quality on
+seeded synthetic batches labelled by the original's own predictions (so the original scores 1.0 and the pruned
+model's accuracy is its agreement, deterministic). Before timing, the pruned model must reproduce the masked
+original exactly.
+Exit 0 pass, 1 regression or inconclusive (or a pruned/masked disagreement), 2 invalid or mismatched baseline, or
+(with --update-baseline) rounds too dispersed to save: renew the baseline on a quiet machine.
 
-Usage: python benchmarks/bench_ci.py [--update-baseline] [--threads 1] [--rounds 8] [--out runs/bench-ci]
+Usage: python benchmarks/bench_ci.py [--update-baseline] [--threads 1] [--rounds 12] [--out runs/bench-ci]
 """
 
 from __future__ import annotations
@@ -39,9 +42,11 @@ BASELINE = ROOT / "benchmarks" / "baseline_ci.json"
 PLAN = {0: [0, 1], 1: [0, 2, 4, 5, 6, 7], 2: [1, 3, 5, 7], 3: [0, 1, 2, 3]}  # 16 of 32 heads, uneven on purpose
 LAYERS, HEADS, HIDDEN, FFN, VOCAB = 4, 8, 256, 512, 1000
 SEQ_LEN, BATCH_SIZES = 128, [1, 8, 32]
-# Written into a new baseline: absolute throughput of this shared machine moves a lot with other jobs, so it gets
-# a wide tolerance; ratios and quality keep the defaults of compressor.regression.
-TOLERANCES = {"throughput": {"relative": 0.5}}
+# Written into a new baseline. This repository's CI shares 2 cores with other jobs: absolute throughput moves a lot,
+# so it gets a wide tolerance, and per-round ratios spread with a log sd of 0.1-0.2 under load, which 12 rounds
+# resolve against a 15% tolerance (`compressor.regression.too_noisy`) but not against the 10% default (that needs
+# a quiet runner). Quality keeps the default.
+TOLERANCES = {"throughput": {"relative": 0.5}, "ratio": {"relative": 0.15}}
 
 
 def build_models(seed: int = 0) -> tuple[torch.nn.Module, torch.nn.Module]:
@@ -116,7 +121,7 @@ def main() -> int:
     parser.add_argument("--baseline", type=Path, default=BASELINE)
     parser.add_argument("--update-baseline", action="store_true", help="write this run's metrics as the baseline")
     parser.add_argument("--threads", type=int, default=1, help="intra-op threads (1 keeps ratios stable)")
-    parser.add_argument("--rounds", type=int, default=8)
+    parser.add_argument("--rounds", type=int, default=12)
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "bench-ci", help="bench report directory")
     args = parser.parse_args()
     start = time.perf_counter()

@@ -8,10 +8,15 @@ A "release" model (MiniLM-L6 by default, or `--model DIR`) is saved, and a basel
 - worse: the release with its classifier bias shifted until test accuracy drops by ≥ 2 points on the checked
   examples (timing unchanged) → caught when `accuracy:pytorch-candidate` is flagged.
 Every check goes through `compressor.commands.bench.run_bench` (what the CLI runs), with timing settings chosen so
-that one check of a MiniLM-sized model fits in 2 minutes on 2 cores. Prints a table and writes
+that one check of a MiniLM-sized model fits in 2 minutes on 2 cores. Each check records its wall seconds, its
+verdicts (change, interval, p-value, status of each timing metric) and the 1-minute load average before and after
+(os.getloadavg), so a reader sees whether the machine was busy. Prints a table and writes
 benchmarks/results/regression_check.json.
 
-Usage: python benchmarks/regression_check.py [--repeats 10] [--model DIR] [--rounds 10] [--eval-examples 600]
+No "half the threads" slowdown: `run_bench` times every candidate with the same thread count (PyTorch's is
+process-wide), so a candidate cannot be given fewer threads than the reference without changing compressor code.
+
+Usage: python benchmarks/regression_check.py [--repeats 10] [--model DIR] [--rounds 20] [--eval-examples 600]
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import os
 import sys
 import tempfile
 import time
@@ -29,6 +35,7 @@ import torch
 
 from compressor import atomic, bench
 from compressor.commands.bench import bench_batches, run_bench
+from compressor.errors import UserError
 from compressor.recipe import BenchSpec, ModelSpec
 from compressor.sources.models import load_model, load_tokenizer
 
@@ -91,18 +98,36 @@ def model_spec(source: str) -> ModelSpec:
     return ModelSpec(source=source, task_tuned=not source.startswith("builtin:"))
 
 
+def load() -> float:
+    """The 1-minute load average: near the core count or above means other work competed with the timing."""
+    return round(os.getloadavg()[0], 2)
+
+
+def timed(run) -> tuple[int, dict]:
+    """Run `run()`; return its result and its wall seconds with the load average before and after."""
+    before, start = load(), time.perf_counter()
+    result = run()
+    return result, {"seconds": time.perf_counter() - start, "load_before": before, "load_after": load()}
+
+
+def bench_against_release(dirs: dict, scenario: str, spec: BenchSpec, batches: list, out: Path, **option) -> int:
+    """`compressor bench --reference release --candidate <scenario>` with `save_baseline=` or `baseline=`."""
+    return run_bench(dirs["unchanged"], dirs[scenario], out, spec, batches_for=lambda _d, _n: batches, **option)
+
+
 def one_check(dirs: dict, scenario: str, spec: BenchSpec, batches: list, baseline: Path, out: Path) -> dict:
-    """Check the scenario's candidate against the baseline; exit code, flagged metrics and wall seconds."""
-    start = time.perf_counter()
-    code = run_bench(
-        dirs["unchanged"], dirs[scenario], out, spec, batches_for=lambda _d, _n: batches, baseline=baseline
-    )
+    """Check the scenario's candidate against the baseline: exit code, flagged metrics, the timing metrics'
+    verdicts, wall seconds and load averages."""
+    code, cost = timed(lambda: bench_against_release(dirs, scenario, spec, batches, out, baseline=baseline))
     verdicts = json.loads((out / "regression.json").read_text())["verdicts"]
+    keep = ("change", "low", "high", "p_value", "status")
     return {
         "exit_code": code,
-        "seconds": time.perf_counter() - start,
+        **cost,
         "regressed": [v["metric"] for v in verdicts if v["status"] == "REGRESSION"],
+        "inconclusive": [v["metric"] for v in verdicts if v["status"] == "inconclusive"],
         "changes": {v["metric"]: v["change"] for v in verdicts},
+        "ratios": {v["metric"]: {k: v[k] for k in keep} for v in verdicts if v["kind"] == "ratio"},
     }
 
 
@@ -113,13 +138,17 @@ def summarize(runs: dict[str, list[dict]]) -> dict:
         return sum(bool(test(r)) for r in runs[scenario])
 
     seconds = [r["seconds"] for rs in runs.values() for r in rs]
+    loads = [r[k] for rs in runs.values() for r in rs for k in ("load_before", "load_after")]
     return {
         "false_alarms": count("unchanged", lambda r: r["exit_code"] != 0),
         "slowdown_caught": count("slower", lambda r: any(m.startswith("ratio:") for m in r["regressed"])),
         "accuracy_drop_caught": count("worse", lambda r: "accuracy:pytorch-candidate" in r["regressed"]),
+        "inconclusive_checks": {s: count(s, lambda r: r["inconclusive"]) for s in runs},
         "repeats": len(runs["unchanged"]),
         "check_seconds_median": float(np.median(seconds)),
         "check_seconds_max": float(max(seconds)),
+        "load_average_max": max(loads),
+        "cpu_count": os.cpu_count(),
     }
 
 
@@ -127,7 +156,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="builtin:minilm-l6", help="release model: builtin:minilm-l6 or a dir")
     parser.add_argument("--repeats", type=int, default=10)
-    parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--batch-sizes", default="1,8")
     parser.add_argument("--seq-len", type=int, default=64)
     parser.add_argument("--threads", type=int, default=2)
@@ -144,25 +173,31 @@ def main() -> int:
         work = Path(tmp)
         dirs, batches = prepare(model_spec(args.model), work, args.eval_examples, args.drop)
         baseline = work / "baseline.json"
-        start = time.perf_counter()
-        run_bench(dirs["unchanged"], dirs["unchanged"], work / "first", spec, batches_for=lambda _d, _n: batches,
-                  save_baseline=baseline)  # fmt: skip
-        baseline_seconds = time.perf_counter() - start
+        try:
+            _, baseline_cost = timed(
+                lambda: bench_against_release(dirs, "unchanged", spec, batches, work / "first", save_baseline=baseline)
+            )
+        except UserError as err:  # e.g. rounds too dispersed on a loaded machine: no baseline, nothing to check
+            print(f"regression_check: error: {err} (load average {load()})", file=sys.stderr)
+            return 2
         runs: dict[str, list[dict]] = {s: [] for s in SCENARIOS}
         for i in range(args.repeats):
             for scenario in SCENARIOS:
                 runs[scenario].append(one_check(dirs, scenario, spec, batches, baseline, work / f"{scenario}-{i}"))
                 r = runs[scenario][-1]
-                print(f"repeat {i + 1} {scenario:9s}: exit {r['exit_code']} in {r['seconds']:.0f} s, "
-                      f"regressed {r['regressed']}", flush=True)  # fmt: skip
+                print(f"repeat {i + 1} {scenario:9s}: exit {r['exit_code']} in {r['seconds']:.0f} s (load "
+                      f"{r['load_before']}→{r['load_after']}), regressed {r['regressed']}, inconclusive "
+                      f"{r['inconclusive']}", flush=True)  # fmt: skip
     summary = summarize(runs)
-    settings = {k: v for k, v in vars(args).items() if k != "out"} | {"baseline_seconds": baseline_seconds}
+    settings = {k: v for k, v in vars(args).items() if k != "out"} | {"baseline": baseline_cost}
     atomic.write_text(args.out, json.dumps({"settings": settings, "summary": summary, "runs": runs}, indent=2))
     n = summary["repeats"]
     print(f"false alarms (unchanged): {summary['false_alarms']} of {n}")
     print(f"15% slowdown caught (extra layer): {summary['slowdown_caught']} of {n}")
     print(f"{100 * args.drop:.0f}-point accuracy drop caught: {summary['accuracy_drop_caught']} of {n}")
-    print(f"one check: median {summary['check_seconds_median']:.0f} s, max {summary['check_seconds_max']:.0f} s")
+    print(f"inconclusive checks: {summary['inconclusive_checks']}")
+    print(f"one check: median {summary['check_seconds_median']:.0f} s, max {summary['check_seconds_max']:.0f} s; "
+          f"load average up to {summary['load_average_max']} on {summary['cpu_count']} CPUs")  # fmt: skip
     print(f"written: {args.out}")
     return 0
 

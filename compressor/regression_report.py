@@ -13,7 +13,7 @@ from pathlib import Path
 
 from compressor import atomic
 from compressor.machine import cpu_model
-from compressor.regression import PER_ROUND_KINDS, Baseline, Verdict, compare, measured_metrics, passed
+from compressor.regression import FAILING, PER_ROUND_KINDS, Baseline, Verdict, compare, measured_metrics, passed
 
 REGRESSION_FILES = ("regression.json", "regression.md", "regression.png")
 
@@ -28,55 +28,71 @@ def _change(v: Verdict, x: float | None) -> str:
     return f"{100 * x:+.1f}%" if v.kind in PER_ROUND_KINDS or v.tolerance.endswith("%") else f"{x:+.4f}"
 
 
-def regression_table(verdicts: Sequence[Verdict]) -> list[str]:
-    """Markdown table rows (header included) for the given verdicts."""
+def _interval(v: Verdict) -> str:
+    if v.low is None or v.high is None:
+        return "–"
+    return f"[{_change(v, v.low)}, {_change(v, v.high)}]"
+
+
+def _status(v: Verdict) -> str:
+    status = f"**{v.status}**" if v.status in FAILING else v.status
+    return status + (f" ({v.note})" if v.note else "")
+
+
+def regression_table(verdicts: Sequence[Verdict], confidence: float) -> list[str]:
+    """Markdown table rows (header included): estimate, its interval and one-sided p-value for per-round metrics."""
+    level = f"{100 * (2 * confidence - 1):.0f}%"
     lines = [
-        "| metric | direction | was | now | change | best plausible change (one-sided CI) | tolerance | status |",
-        "|---|---|---:|---:|---:|---:|---:|---|",
+        f"| metric | direction | was | now | change | {level} interval | p (worse) | tolerance | status |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---|",
     ]
     for v in verdicts:
-        status = f"**{v.status}**" if v.status == "REGRESSION" else v.status + (f" ({v.note})" if v.note else "")
+        p = "–" if v.p_value is None else f"{v.p_value:.2g}"
         lines.append(
             f"| `{v.metric}` | {v.direction} is better | {_fmt(v, v.was)} | {_fmt(v, v.now)} | "
-            f"{_change(v, v.change)} | {_change(v, v.bound)} | {v.tolerance} | {status} |"
+            f"{_change(v, v.change)} | {_interval(v)} | {p} | {v.tolerance} | {_status(v)} |"
         )
     return lines
 
 
 def render_markdown(verdicts: Sequence[Verdict], baseline_path: str | Path, confidence: float) -> str:
     """The summary a person reads in a pull request: regressions first, then every metric."""
-    bad = [v for v in verdicts if v.status == "REGRESSION"]
-    skipped = sum(v.status == "skipped" for v in verdicts)
+    bad = [v for v in verdicts if v.status in FAILING]
+    count = {s: sum(v.status == s for v in verdicts) for s in ("REGRESSION", "inconclusive", "skipped")}
     head = f"## compressor bench: {'FAIL' if bad else 'PASS'} against `{Path(baseline_path).name}`"
     lines = [head, ""]
     lines.append(
-        f"{len(bad)} of {len(verdicts)} metrics regressed; {skipped} skipped. Per-round metrics use the one-sided "
-        f"{100 * confidence:.0f}% bound of the change (Welch t-test on per-round logs); a regression needs that "
-        "bound beyond the tolerance."
+        f"{count['REGRESSION']} of {len(verdicts)} metrics regressed; {count['inconclusive']} inconclusive; "
+        f"{count['skipped']} skipped. A per-round metric regresses when its change (of the geometric mean) is beyond "
+        f"the tolerance in the bad direction and Welch's one-sided t-test on the per-round logs is significant "
+        f"(p < {1 - confidence:.2g}); it is inconclusive (fails too) when this run's rounds are too dispersed to "
+        "detect the tolerance, or the change is beyond it but not significant: re-run on a quiet machine or raise "
+        "--rounds."
     )
     if bad:
-        lines += ["", "### Regressed", "", *regression_table(bad)]
-    lines += ["", "### All metrics", "", *regression_table(verdicts), ""]
+        lines += ["", "### Regressed or inconclusive", "", *regression_table(bad, confidence)]
+    lines += ["", "### All metrics", "", *regression_table(verdicts, confidence), ""]
     return "\n".join(lines)
 
 
 def _plot(verdicts: Sequence[Verdict], path: Path) -> Path:
-    """Change vs baseline per metric (point, confidence bound) against the tolerated change."""
+    """Change vs baseline per metric (estimate, interval) against the tolerated change."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 0.35 * len(verdicts) + 1.5))
-    colours = {"REGRESSION": "tab:red", "ok": "tab:blue", "better": "tab:green", "skipped": "grey"}
+    colours = {"REGRESSION": "tab:red", "inconclusive": "tab:orange", "ok": "tab:blue", "better": "tab:green",
+               "skipped": "grey"}  # fmt: skip
     for i, v in enumerate(verdicts):
         ax.plot([v.change], [i], "o", color=colours[v.status])
-        if v.bound is not None:
-            ax.plot([v.change, v.bound], [i, i], "-", color=colours[v.status])
+        if v.low is not None and v.high is not None:
+            ax.plot([v.low, v.high], [i, i], "-", color=colours[v.status])
         ax.plot([v.limit], [i], "|", color="black", ms=12)
     ax.axvline(0, color="grey", lw=0.8, ls="--")
     ax.set_yticks(range(len(verdicts)), [v.metric for v in verdicts], fontsize=7)
-    ax.set_xlabel("change vs baseline (point, bad-direction bound); | = tolerated change")
+    ax.set_xlabel("change vs baseline (estimate, interval); | = tolerated change")
     ax.set_title("Regression check")
     fig.tight_layout()
     fig.savefig(path, dpi=110)

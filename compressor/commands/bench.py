@@ -134,8 +134,10 @@ def run_bench(
 
     `batches_for(candidate_dir, num_labels)` gives the evaluation batches (None: time only); `tolerances`
     ({kind: {"relative"|"absolute": x}}) override the defaults written into a new baseline. Everything that can be
-    refused (options, baseline file, identity) is refused before anything is timed. Returns the exit code: 0 pass,
-    1 regression; invalid input raises UserError (exit 2).
+    refused (options, baseline file, identity) is refused before anything is timed; a baseline whose rounds are
+    too dispersed to resolve its tolerances is refused after timing, before it is written. Returns the exit code:
+    0 pass, 1 a regression or an inconclusive metric (rounds too noisy to decide); invalid input raises UserError
+    (exit 2).
     """
     from compressor import bench as lib
     from compressor import regression, regression_report
@@ -204,7 +206,7 @@ def bench(
     no_quality: bool = typer.Option(False, "--no-quality", help="time only; skip the accuracy comparison"),
     save_baseline: Path = typer.Option(None, "--save-baseline", help="write this run's metrics as a baseline file"),
     baseline: Path = typer.Option(
-        None, "--baseline", help="check against a baseline file: exit 0 pass, 1 regression, 2 mismatch"
+        None, "--baseline", help="check against a baseline file: exit 0 pass, 1 regression/inconclusive, 2 mismatch"
     ),
 ) -> None:
     """Compare a candidate with a reference (PyTorch or ONNX): accuracy with confidence intervals and throughput;
