@@ -88,9 +88,24 @@ def quantize_graph(
             weight_type=QuantType.QInt8,
             per_channel=per_channel,
             reduce_range=resolve_reduce_range(reduce_range)[0],
-            nodes_to_exclude=list(nodes_to_exclude),
+            nodes_to_exclude=_excluded(src, nodes_to_exclude),
             extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
         )
+
+
+def empty_weight_nodes(file: Path) -> list[str]:
+    """Nodes with a zero-size weight (an FFN whose neurons were all pruned while its layer's heads stay): there is
+    nothing to quantise, and ORT's per-channel quantiser fails on them, so both int8 kinds leave them in fp32."""
+    import onnx
+
+    graph = onnx.load(str(file), load_external_data=False).graph
+    empty = {t.name for t in graph.initializer if any(d == 0 for d in t.dims)}
+    return [node.name for node in graph.node if empty.intersection(node.input)]
+
+
+def _excluded(src: Path, nodes_to_exclude: Sequence[str]) -> list[str]:
+    """The recipe's excluded nodes plus those with an empty weight."""
+    return list(dict.fromkeys([*nodes_to_exclude, *empty_weight_nodes(src)]))
 
 
 def _has_contrib_ops(file: Path) -> bool:
@@ -154,7 +169,7 @@ def quantize_static_graph(
             reduce_range=resolve_reduce_range(reduce_range)[0],
             activation_type=QuantType.QUInt8,
             weight_type=QuantType.QInt8,
-            nodes_to_exclude=list(nodes_to_exclude),
+            nodes_to_exclude=_excluded(typed, nodes_to_exclude),
             calibrate_method=CalibrationMethod.MinMax,
             extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
         )

@@ -318,6 +318,24 @@ def test_neuron_and_layer_pruned_model_exports_with_parity(tmp_path, arch, unifo
     assert np.abs(onnx_logits - ex.torch_logits(unpruned, CHECK[0])).max() > 1e-2  # the pruning is visible
 
 
+def test_int8_of_a_model_with_an_ffn_without_neurons(tmp_path):
+    """A layer that keeps heads but lost every FFN neuron has zero-size weights: both int8 kinds leave those nodes
+    in fp32 (ORT's per-channel quantiser fails on them) and still quantise the rest."""
+    import onnx
+
+    from compressor.quantize import empty_weight_nodes
+
+    model_dir, _, _ = saved_unit_model(tmp_path, "bert", uniform=False)
+    options = ex.Int8Options(calibration=CALIBRATION, validation=labelled_by(model_dir, VALIDATION_BATCHES))
+    variants = ["fp32", "optimized", "int8", "int8_static"]
+    result = ex.export_onnx(model_dir, tmp_path / "onnx", variants, CHECK, int8=options)
+    assert empty_weight_nodes(Path(result["optimized"]["file"])), "the fixture has an FFN without neurons"
+    for name in ("int8", "int8_static"):
+        graph = onnx.load(result[name]["file"]).graph
+        assert any(n.op_type in {"DynamicQuantizeMatMul", "MatMulInteger", "QuantizeLinear"} for n in graph.node)
+        assert result[name]["agreement"] >= 0.75 and result[name]["max_abs_diff"] < 0.5
+
+
 def labelled_by(model_dir: Path, batches: list[dict]) -> list[dict]:
     """Batches labelled with the PyTorch model's own predictions, so the fp32 graph scores 100% on them."""
     model = load_pruned(model_dir)
