@@ -10,7 +10,8 @@ with the smallest loss increase per unit of cost saved is kept. Non-additive eff
 heads) show up in the measured loss, where a first-order score cannot see them. If the kept slices fall short of
 the step's goal (a kind ran out), the budget's own cross-kind selection finishes the step.
 
-Cost: `parts` x kinds forward passes over the scoring batches per step (no backward), a few seconds on CPU.
+Cost: 1 + `parts` x kinds forward passes over the scoring batches per step (no backward): for MiniLM-L6 on 2
+CPU cores, 512 scoring examples, about 20-60 s per step under load (the 2x run's step log).
 """
 
 from __future__ import annotations
