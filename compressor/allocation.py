@@ -60,13 +60,13 @@ def _merge(into: UnitPlan, plan: UnitPlan) -> None:
 
 def _best_slice(budget: Budget, goal: float, scores: dict, alive: Alive, loss: LossFn, base: float) -> dict | None:
     """The single-kind proposal toward `goal` with the lowest measured loss increase per cost saved, or None."""
-    best = None
+    best, cost_now = None, budget.cost(alive)
     for kind in sorted(scores):
         plan = budget.select_to(goal, {kind: scores[kind]}, alive)
         if _empty(plan):
             continue
         after = apply_plan_to_masks(plan, alive)
-        saved = budget.cost(alive) - budget.cost(after)
+        saved = cost_now - budget.cost(after)
         if saved <= 0:
             continue
         value = loss(after)
