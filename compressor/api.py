@@ -27,7 +27,7 @@ from typing import Protocol
 import datasets
 import torch
 from accelerate import Accelerator
-from accelerate.utils import broadcast, set_seed
+from accelerate.utils import broadcast, broadcast_object_list, set_seed
 from torch import nn
 from tqdm.auto import tqdm
 
@@ -35,6 +35,7 @@ from compressor.allocation import masked_loss, select_measured
 from compressor.budget import Budget, plan_budget
 from compressor.distill import TeacherTargets, load_or_compute, step_examples
 from compressor.errors import UserError
+from compressor.latency.check import measured_speedup
 from compressor.layout import num_layers, original_ffn_size, original_num_heads
 from compressor.recipe import PruneSpec
 from compressor.selection import mask_to_plan
@@ -87,6 +88,12 @@ class Masks:
     def heads_per_layer(self) -> list[int]:
         return [int(x) for x in self.heads.sum(1)]
 
+    def pruned_copy(self, model: nn.Module) -> nn.Module:
+        """A copy of `model` with the dead units sliced out and empty layers removed (`model` is untouched)."""
+        if self.neurons is None:
+            return pruned_copy(model, mask_to_plan(self.heads)).eval()
+        return pruned_units_copy(model, self.unit_plan()).eval()
+
 
 @dataclass
 class StepRecord:
@@ -135,9 +142,7 @@ class PruneResult:
     def pruned(self) -> nn.Module:
         """A copy of `model` with the masked units sliced out, empty layers removed (equal logits to the masked
         model)."""
-        if self.masks.neurons is None:
-            return pruned_copy(self.model, self.plan).eval()
-        return pruned_units_copy(self.model, self.masks.unit_plan()).eval()
+        return self.masks.pruned_copy(self.model)
 
 
 @dataclass(frozen=True)
@@ -189,11 +194,13 @@ def prune(
     loop = _Loop(model, tokenizer, train, validation, config, accelerator, seed, score_batches, budget, targets)
     fresh = PruneState(Masks.full(model, config.units))
     state = hook.resume(model, fresh) if hook is not None else fresh
+    if (last := next((e["calibration"] for e in reversed(state.log) if "calibration" in e), None)) is not None:
+        budget.calibration = last  # a resumed run keeps the correction its finished steps measured
     bar = tqdm(total=config.steps, initial=len(state.steps), desc="prune steps", leave=False,
                disable=not accelerator.is_local_main_process)  # fmt: skip
     for step in range(len(state.steps), config.steps):
         if budget.met(state.masks.alive()):
-            log.info("budget: the latency table predicts the goal met after %d steps; stopping", step)
+            log.info("budget: the goal is met after %d steps (latency table, corrected by measurement); stopping", step)
             break
         state.steps.append(_step(loop, state.masks, step))
         state.masks = state.steps[-1].masks
@@ -300,7 +307,7 @@ def _step(loop: _Loop, masks: Masks, step: int) -> StepRecord:
     if masks.neurons is not None:
         entry |= _unit_entry(masks, plan)
     if p.resolved_budget.kind != "heads":  # FLOP and speed-up budgets log their progress, with or without neurons
-        entry |= loop.budget.progress(masks.alive())
+        entry |= _calibrate(loop, masks) | loop.budget.progress(masks.alive())
     if (after_prune := _validate(loop, masks)) is not None:
         entry["val_after_prune"] = after_prune
     if diagnostics:
@@ -327,6 +334,24 @@ def _step(loop: _Loop, masks: Masks, step: int) -> StepRecord:
     entry["seconds"] = time.perf_counter() - t0
     _log_step(entry, p.steps)
     return StepRecord(entry=entry, scores=scores["heads"], masks=masks, neuron_scores=scores.get("neurons"))
+
+
+def _calibrate(loop: _Loop, masks: Masks) -> dict:
+    """For a speed-up budget with `calibrate` on: time the physically pruned model against the unpruned one on the
+    budget's runtime (main process only; the result is broadcast) and correct the table's later predictions."""
+    spec = loop.config.resolved_budget
+    if spec.kind != "speedup" or not spec.calibrate:
+        return {}
+    acc, measured = loop.accelerator, [0.0]
+    if acc.is_main_process:
+        model = acc.unwrap_model(loop.model)
+        original, pruned = Masks.full(model, loop.config.units).pruned_copy(model), masks.pruned_copy(model)
+        measured[0] = measured_speedup(original, pruned, spec.runtime, spec.batch_size, spec.seq_len)
+        del original, pruned
+    if acc.num_processes > 1:
+        measured = broadcast_object_list(measured)
+    factor = loop.budget.calibrate(masks.alive(), measured[0])
+    return {"measured_speedup": round(measured[0], 4), "calibration": factor}  # unrounded: a resume reuses it
 
 
 def _unit_entry(masks: Masks, plan: UnitPlan) -> dict:
@@ -359,7 +384,7 @@ def _log_step(entry: dict, steps: int) -> None:
             entry["neurons_left"],
             entry["neurons_per_layer"],
             entry["layers_left"],
-            {k: entry[k] for k in ("flops_left_fraction", "predicted_speedup") if k in entry},
+            {k: entry[k] for k in ("flops_left_fraction", "predicted_speedup", "measured_speedup") if k in entry},
         )
 
 

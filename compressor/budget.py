@@ -59,6 +59,7 @@ class Budget:
     costs: UnitCosts
     total_flops: int
     table: LatencyTable | None = None
+    calibration: float = 1.0  # measured / predicted speed-up at the last check (`calibrate`); 1 until measured
 
     @property
     def kind(self) -> str:
@@ -70,9 +71,23 @@ class Budget:
             return None
         return self.table.speedup(self.table.dims.full(), widths_of(alive, self.table.dims))
 
+    def expected_speedup(self, alive: dict[str, torch.Tensor]) -> float | None:
+        """The table's prediction scaled by the last measured correction: what the budget's goals are held to."""
+        predicted = self.predicted_speedup(alive)
+        return None if predicted is None else predicted * self.calibration
+
+    def calibrate(self, alive: dict[str, torch.Tensor], measured: float) -> float:
+        """Record that the model `alive` describes measured `measured`x on the budget's runtime, so later goals
+        ask the table for goal / (measured / predicted). Returns the new correction factor."""
+        predicted = self.predicted_speedup(alive)
+        if predicted is None or not measured > 0:
+            raise ValueError(f"budget: calibrate needs a speed-up budget and a positive measurement, got {measured}")
+        self.calibration = measured / predicted
+        return self.calibration
+
     def met(self, alive: dict[str, torch.Tensor]) -> bool:
         """Whether the final goal is already reached (a speed-up budget stops pruning early then)."""
-        speedup = self.predicted_speedup(alive)
+        speedup = self.expected_speedup(alive)
         return speedup is not None and speedup >= self.goals[-1]
 
     def target_remove(self, step: int, alive: dict[str, torch.Tensor]) -> dict[str, int]:
@@ -85,7 +100,7 @@ class Budget:
             left = masked_flops(self.model, alive, self.costs.seq_len)
             share = (self.goals[step] - (self.total_flops - left)) / max(left, 1)
         else:
-            share = 1 - (self.predicted_speedup(alive) or 1.0) / self.goals[step]
+            share = 1 - (self.expected_speedup(alive) or 1.0) / self.goals[step]
         return {kind: max(0, round(share * int(mask.sum()))) for kind, mask in alive.items()}
 
     def select(self, step: int, scores: dict[str, torch.Tensor], alive: dict[str, torch.Tensor]) -> UnitPlan:
@@ -103,6 +118,7 @@ class Budget:
         if self.kind == "flops":
             removed = self.total_flops - masked_flops(self.model, alive, self.costs.seq_len)
             return select_units(scores, alive, self.costs, int(goal) - removed, p.min_heads_per_layer, p.uniform_ffn)
+        goal /= self.calibration  # the table's own scale
         return select_by_latency(scores, alive, self.table, goal, self.costs, p.min_heads_per_layer, p.uniform_ffn)
 
     def intermediate_goals(self, step: int, alive: dict[str, torch.Tensor], parts: int) -> list[float]:
@@ -112,7 +128,7 @@ class Budget:
         if self.kind == "flops":
             now = self.total_flops - masked_flops(self.model, alive, self.costs.seq_len)
             return [now + (goal - now) * (k + 1) / parts for k in range(parts)]
-        now = self.predicted_speedup(alive) or 1.0
+        now = self.expected_speedup(alive) or 1.0
         return [now * (goal / now) ** ((k + 1) / parts) for k in range(parts)]
 
     def cost(self, alive: dict[str, torch.Tensor]) -> float:
@@ -128,6 +144,8 @@ class Budget:
         out = {"flops_left_fraction": round(left / self.total_flops, 6)}
         if (speedup := self.predicted_speedup(alive)) is not None:
             out["predicted_speedup"] = round(speedup, 4)
+            if self.calibration != 1.0:
+                out["expected_speedup"] = round(speedup * self.calibration, 4)
         return out
 
 

@@ -296,6 +296,7 @@ def budget_stage(state: RunState) -> dict:
     if budget.kind != "speedup":
         return out
     out["predicted_speedup"] = steps[-1].get("predicted_speedup") if steps else None
+    out["measured_in_run"] = steps[-1].get("measured_speedup") if steps else None  # the last step's own check
     speedups = state.report.get("bench", {}).get("speedups", {})
     row = _speedup_row(speedups, RUNTIME_CANDIDATES[budget.runtime], budget)
     reference = "pytorch-original" if budget.runtime == "pytorch" else f"{budget.runtime}-original"

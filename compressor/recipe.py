@@ -107,8 +107,8 @@ class BudgetSpec(Strict):
     """How much to prune, for the whole model: a fraction of heads removed, a fraction of encoder FLOPs removed,
     or a measured speed-up on a named runtime at a batch size and sequence length (`compressor.latency`).
 
-    `runtime`, `batch_size` and `seq_len` describe where the speed-up is measured (used by kind `speedup`); the
-    runtimes are those of `compressor.latency.RUNTIMES` (a test keeps the two in step).
+    `runtime` (one of `compressor.latency.RUNTIMES`), `batch_size`, `seq_len`: where a speed-up is measured;
+    `calibrate`: time the real pruned model after every step to correct the table (`compressor.latency.check`).
     """
 
     kind: Literal["heads", "flops", "speedup"] = "heads"
@@ -118,6 +118,7 @@ class BudgetSpec(Strict):
     runtime: Literal["pytorch", "onnx-fp32", "onnx-int8"] = "pytorch"
     batch_size: int = Field(32, ge=1)
     seq_len: int = Field(64, ge=8, le=4096)
+    calibrate: bool = True
 
     def describe(self) -> str:
         """One phrase for humans, e.g. '2.0x speed-up on pytorch (batch 32, 64 tokens)' or '50% of heads'."""

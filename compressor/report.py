@@ -199,6 +199,7 @@ def _budget_lines(budget: dict) -> list[str]:
         "|---|---:|",
         f"| asked | {budget['value']:.2f}× |",
         f"| predicted by the latency table | {_x(budget.get('predicted_speedup'))} |",
+        f"| measured by the last pruning step (its correction of the table) | {_x(budget.get('measured_in_run'))} |",
         f"| measured (this run's bench, vs {budget.get('measured_vs', 'the original')}) | {_x(measured)} |",
     ]
     if measured is not None:

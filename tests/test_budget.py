@@ -7,7 +7,7 @@ import torch
 
 import compressor
 from compressor import budget as budget_mod
-from compressor.api import Masks, PruneState
+from compressor.api import Masks, PruneState, StepRecord
 from compressor.baseline import drop_top_layers, layers_to_drop, recovery_spec
 from compressor.cost import masked_flops, unit_costs
 from compressor.latency import Dims, LatencyTable
@@ -20,6 +20,8 @@ FINETUNE = TrainSpec(epochs=1, lr=5e-4, batch_size=16, max_examples=32)
 
 
 def _spec(**budget) -> PruneSpec:
+    if budget.get("kind") == "speedup":
+        budget.setdefault("calibrate", False)  # the table alone decides, unless a test measures
     return PruneSpec(
         units=["heads", "neurons"],
         budget=budget,
@@ -125,6 +127,89 @@ def test_speedup_budget_stops_when_a_resumed_state_already_meets_it(task, tiny_t
 
     result = compressor.prune(model, tok, train, _spec(kind="speedup", value=2.0), hook=Resume())
     assert result.steps == [] and result.masks is alive
+
+
+@pytest.fixture
+def measured(tiny_table, monkeypatch):
+    """The real model's measured speed-up, faked as `factor` times the table's prediction for its shape."""
+    from compressor import api
+    from compressor.units import alive_units
+
+    table, _ = tiny_table
+    calls, factor = [], {"value": 1.3}
+
+    def fake(original, pruned, runtime, batch_size, seq_len):
+        full, shape = (budget_mod.widths_of(alive_units(m), table.dims) for m in (original, pruned))
+        calls.append((full, shape, runtime, batch_size, seq_len))
+        return factor["value"] * table.speedup(full, shape)
+
+    monkeypatch.setattr(api, "measured_speedup", fake)
+    return calls, factor
+
+
+def test_measured_speedup_corrects_the_tables_later_goals(task, tiny_table, measured):
+    """A real model 1.3x faster than the table predicts: every step logs the measurement and the correction, the
+    budget is held to the corrected prediction, and fewer units go than the table alone would remove."""
+    model, tok, train, val = task
+    table, _ = tiny_table
+    calls, _ = measured
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    result = compressor.prune(model, tok, train, _spec(kind="speedup", value=2.0, calibrate=True), validation=val)
+    assert len(calls) == len(result.steps) == 2
+    assert all(full == table.dims.full() and tuple(rest) == ("pytorch", 32, 64) for full, _, *rest in calls)
+    for entry in result.steps:
+        assert entry["measured_speedup"] == pytest.approx(1.3 * entry["predicted_speedup"], rel=1e-3)
+        assert entry["calibration"] == pytest.approx(1.3) and entry["expected_speedup"] >= entry["predicted_speedup"]
+    assert result.steps[-1]["expected_speedup"] >= 2.0 > result.steps[-1]["predicted_speedup"]
+    model.load_state_dict(state)
+    plain = compressor.prune(model, tok, train, _spec(kind="speedup", value=2.0), validation=val)
+    assert plain.steps[-1]["predicted_speedup"] >= 2.0
+    assert int(result.masks.neurons.sum()) + int(result.masks.heads.sum()) > int(plain.masks.neurons.sum()) + int(
+        plain.masks.heads.sum())  # fmt: skip
+
+
+def test_resumed_run_keeps_the_measured_correction(task, tiny_table, measured):
+    """The correction a finished step measured is restored on resume: here it already says the goal is met."""
+    model, tok, train, _ = task
+    alive = Masks.full(model, ["heads", "neurons"])
+    alive.heads[:, 6:] = False
+    done = StepRecord(entry={"step": 1, "calibration": 10.0}, scores=torch.zeros(1), masks=alive)
+
+    class Resume:
+        def resume(self, model, fresh):
+            return PruneState(alive, [done])
+
+        def after_step(self, model, state):
+            raise AssertionError("no step expected: the restored correction meets the goal")
+
+    result = compressor.prune(model, tok, train, _spec(kind="speedup", value=2.0, calibrate=True), hook=Resume())
+    assert result.steps == [done.entry] and measured[0] == []
+
+
+def test_calibrate_needs_a_speedup_budget_and_a_positive_measurement(task, tiny_table):
+    model = task[0]
+    alive = Masks.full(model, ["heads", "neurons"]).alive()
+    speed = budget_mod.plan_budget(model, _spec(kind="speedup", value=2.0))
+    assert speed.calibrate(alive, 1.5) == pytest.approx(1.5) and speed.expected_speedup(alive) == pytest.approx(1.5)
+    with pytest.raises(ValueError, match="positive measurement"):
+        speed.calibrate(alive, 0.0)
+    with pytest.raises(ValueError, match="speed-up budget"):
+        budget_mod.plan_budget(model, _spec(kind="flops", value=0.3)).calibrate(alive, 1.5)
+
+
+@pytest.mark.parametrize("runtime", ["pytorch", "onnx-fp32"])
+def test_measured_speedup_times_real_models_on_the_runtime(task, runtime):
+    """The real timing behind the correction runs on both kinds of runtime and leaves the models usable."""
+    from compressor.latency.check import measured_speedup
+
+    model = task[0].eval()
+    small = Masks.full(model, ["heads", "neurons"])
+    small.heads[:, 2:] = False
+    pruned = small.pruned_copy(model)
+    ratio = measured_speedup(model, pruned, runtime, batch_size=2, seq_len=8, rounds=2, min_time_s=0.01)
+    assert 0 < ratio < float("inf")
+    ids = torch.ones(1, 8, dtype=torch.long)
+    assert pruned(input_ids=ids).logits.shape == model(input_ids=ids).logits.shape
 
 
 def test_unreachable_speedup_is_refused_in_one_line(task, tiny_table):

@@ -11,12 +11,13 @@ import torch
 from conftest import tiny_recipe
 from transformers import AutoTokenizer
 
+from compressor import api, outdir
 from compressor import budget as budget_mod
-from compressor import outdir
 from compressor.checkpoint import load_pruned
 from compressor.latency import Dims, LatencyTable
 from compressor.recipe import dump_recipe, parse_recipe
 from compressor.runner import run_recipe
+from compressor.units import alive_units
 
 UNITS = {"units": ["heads", "neurons"], "criterion": {"name": "taylor"}, "steps": 2, "score_examples": 64}
 FINETUNE = {"epochs": 1, "lr": 5e-4, "batch_size": 16, "max_examples": 96}
@@ -30,15 +31,23 @@ def _recipe(tmp_path, model_dir, data, name, budget, **overrides):
 
 @pytest.fixture
 def linear_table(monkeypatch):
-    """A known latency table (layer ms = 1 + heads/10 + neurons/20) instead of timing one in a unit test."""
+    """A known latency table (layer ms = 1 + heads/10 + neurons/20) instead of timing one in a unit test; the
+    run's per-step measurement of the real pruned model is faked as exactly what the table predicts."""
+    tables = []
 
     def fake(config, runtime, batch_size, seq_len, **kwargs):
         dims = Dims.from_config(config)
         heads, neurons = [0, dims.heads], [0, dims.intermediate]
         grid = [[1 + h / 10 + n / 20 for n in neurons] for h in heads]
-        return LatencyTable(runtime, batch_size, seq_len, 1, dims, heads, neurons, grid, outside_ms=0.5)
+        tables.append(LatencyTable(runtime, batch_size, seq_len, 1, dims, heads, neurons, grid, outside_ms=0.5))
+        return tables[-1]
+
+    def measured(original, pruned, runtime, batch_size, seq_len):
+        table = tables[-1]
+        return table.speedup(*(budget_mod.widths_of(alive_units(m), table.dims) for m in (original, pruned)))
 
     monkeypatch.setattr(budget_mod, "load_or_build", fake)
+    monkeypatch.setattr(api, "measured_speedup", measured)
 
 
 def test_speedup_budget_run_end_to_end(tmp_path, tiny_model_dir, tiny_csv, cache_dir, linear_table):
@@ -51,6 +60,8 @@ def test_speedup_budget_run_end_to_end(tmp_path, tiny_model_dir, tiny_csv, cache
     assert pruned["masked_vs_pruned_max_abs_diff"] <= 1e-4 and report["export"]["fp32"]["max_abs_diff"] <= 1e-4
     assert pruned["units_removed"]["neurons"] == report["original"]["ffn_neurons"] - pruned["ffn_neurons"] > 0
     assert report["steps"][-1]["predicted_speedup"] >= 1.6
+    assert [s["calibration"] for s in report["steps"]] == pytest.approx([1.0] * len(report["steps"]))
+    assert report["budget"]["measured_in_run"] == report["steps"][-1]["measured_speedup"]
     b = report["budget"]
     assert (b["kind"], b["value"], b["runtime"], b["predicted_speedup"]) == ("speedup", 1.6, "pytorch", pytest.approx(
         report["steps"][-1]["predicted_speedup"]))  # fmt: skip
