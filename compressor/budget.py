@@ -158,9 +158,9 @@ def plan_budget(model: nn.Module, spec: PruneSpec, cache_dir: str | Path | None 
     total = masked_flops(model, {}, budget.seq_len)
     table = None
     if budget.kind == "heads":
-        goals = [float(g) for g in schedule(_heads_total(model), budget.value, spec.steps)]
+        goals = [float(g) for g in schedule(_heads_total(model), budget.value, spec.steps, spec.schedule)]
     elif budget.kind == "flops":
-        goals = [float(g) for g in flop_schedule(total, budget.value, spec.steps)]
+        goals = [float(g) for g in flop_schedule(total, budget.value, spec.steps, spec.schedule)]
     else:
         table = load_or_build(model.config, budget.runtime, budget.batch_size, budget.seq_len, cache_dir=cache_dir)
         goals = [budget.value ** ((k + 1) / spec.steps) for k in range(spec.steps)]

@@ -157,13 +157,13 @@ class PruneSpec(Strict):
         False, description="remove neurons in equal numbers per layer so plain transformers can load the result"
     )
     steps: int = Field(4, ge=1, le=100, description="refused at run time when a step would remove no head")
+    schedule: Literal["linear", "geometric"] = Field(
+        "linear", description="head/FLOP budgets: equal amounts per step, or the same share of what is left"
+    )
     scope: Literal["global", "per_layer"] = "global"
     min_heads_per_layer: int = Field(0, ge=0, le=4096)
-    allocation: Literal["measured", "ratio"] = Field(
-        "measured",
-        description="how unit kinds share a FLOP/speed-up budget: 'measured' gives each slice of a step to the kind "
-        "whose removal raises the loss least (forward passes); 'ratio' trusts the criterion's score per cost",
-    )
+    allocation: Literal["measured", "ratio"] = Field("measured", description="unit kinds share a FLOP/speed-up "
+        "budget by each slice's measured loss increase per cost, or by the criterion's score per cost")  # fmt: skip
     allocation_parts: int = Field(4, ge=1, le=64, description="slices per step for allocation 'measured'")
     score_examples: int = Field(512, ge=1, le=10**7)
     score_batch_size: int = Field(32, ge=1, le=65536)
@@ -347,14 +347,13 @@ class Recipe(Strict):
 
 
 def check_against_model(recipe: Recipe, total_heads: int, max_positions: int | None) -> None:
-    """Checks that need the model's config (read before any weights or data load).
+    """Checks that need the model's config (read before any weights or data load). `prune.steps` is refused (not
+    clamped) when a step would remove no head: the schedule is part of the experiment the report describes."""
+    from compressor.selection import schedule
 
-    `prune.steps` is refused (not clamped) when some step would remove no head: the schedule is part of the
-    experiment, so changing it silently would report a different run than the recipe describes.
-    """
-    budget = recipe.prune.resolved_budget  # FLOP and speed-up budgets remove many small units: only heads can run out
+    budget, p = recipe.prune.resolved_budget, recipe.prune  # FLOP / speed-up budgets remove many small units
     goal = round(budget.value * total_heads) if budget.kind == "heads" else None
-    cumulative = [round(goal * (k + 1) / recipe.prune.steps) for k in range(recipe.prune.steps)] if goal else []
+    cumulative = schedule(total_heads, budget.value, p.steps, p.schedule) if goal else []
     if any(b <= a for a, b in zip([0, *cumulative], cumulative, strict=False)):
         raise RecipeError(
             f"prune.steps: {recipe.prune.steps} steps for {goal} heads to remove (target {budget.value} of "

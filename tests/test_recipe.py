@@ -148,11 +148,18 @@ def test_a_few_aliases_are_fine(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    ("target", "steps", "heads", "ok"),
-    [(0.5, 6, 12, True), (0.5, 7, 12, False), (0.25, 3, 12, True), (0.1, 2, 12, False)],
+    ("target", "steps", "heads", "shape", "ok"),
+    [
+        (0.5, 6, 12, "linear", True),
+        (0.5, 7, 12, "linear", False),
+        (0.25, 3, 12, "linear", True),
+        (0.1, 2, 12, "linear", False),
+        (0.5, 4, 12, "geometric", True),
+        (0.5, 6, 12, "geometric", False),  # 1, 2, 4, 4, 5, 6: the fourth step would remove none
+    ],
 )
-def test_steps_that_would_remove_no_head_are_refused(target: float, steps: int, heads: int, ok: bool) -> None:
-    recipe = parse_recipe({"prune": {"target": target, "steps": steps}})
+def test_steps_that_would_remove_no_head_are_refused(target, steps, heads, shape, ok) -> None:
+    recipe = parse_recipe({"prune": {"target": target, "steps": steps, "schedule": shape}})
     if ok:
         check_against_model(recipe, heads, 512)
     else:

@@ -416,3 +416,23 @@ def test_cli_validate_refuses_criterion_for_neurons_in_one_line(tmp_path) -> Non
         f"compressor: error: {recipe}: prune.criterion.name: 'attribution' cannot score neurons; expected one of "
         "['ablation', 'l0', 'magnitude', 'random', 'taylor']"
     ]
+
+
+@pytest.mark.parametrize(
+    ("target", "steps", "shape", "expected"),
+    [
+        (0.75, 6, "linear", [9, 18, 27, 36, 45, 54]),
+        (0.75, 6, "geometric", [15, 27, 36, 43, 49, 54]),  # each step removes ~21% of what is left
+        (0.5, 4, "geometric", [11, 21, 29, 36]),
+        (0.5, 1, "geometric", [36]),
+    ],
+)
+def test_head_schedules_end_at_the_target(target, steps, shape, expected) -> None:
+    from compressor.selection import flop_schedule, schedule
+
+    assert schedule(72, target, steps, shape) == expected
+    flops = flop_schedule(10**9, target, steps, shape)
+    assert flops[-1] == round(target * 10**9) and flops == sorted(flops)
+    if shape == "geometric" and steps > 1:  # later steps remove less than earlier ones
+        amounts = [b - a for a, b in zip([0, *flops], flops, strict=False)]
+        assert amounts == sorted(amounts, reverse=True)
