@@ -1,7 +1,8 @@
 """Distillation on vs off (issue 14): the same recipes, same seeds, with and without `prune.finetune.distill`.
 
-For each recipe (default: the 50% and 75% MiniLM recipes with 1,500 examples per step, which distil), this script
-derives its distillation-off twin (same recipe, `distill: null`, output directory `<output_dir>_nodistill`), runs
+For each recipe (default: the 50% and 75% MiniLM recipes with 1,500 examples per step), this script derives its
+twin with distillation switched the other way (`distill: null`, output `<output_dir>_nodistill`, for a recipe that
+distils; alpha 0.7, T 2, output `<output_dir>_distill`, for one that does not, as the 75% recipe now), runs
 both through `benchmarks/finetuned.py`'s `finished_report` (a finished run is reused; --rerun starts over) and
 prints one row per run: test accuracy of the original and the pruned model with the paired McNemar p, wall time
 without the shared base fine-tune (and its ratio to the distillation-off run), every int8 variant with its
@@ -29,16 +30,22 @@ from finetuned import finished_report, summarise  # noqa: E402
 DEFAULT_RECIPES = ["minilm_rt_50pct", "minilm_rt_75pct"]
 
 
-def off_twin(recipe: Path) -> Path:
-    """Write the distillation-off copy of `recipe` under runs/ and return its path."""
+ON = {"alpha": 0.7, "temperature": 2.0}  # the settings the distilling recipes use
+
+
+def twin(recipe: Path) -> tuple[Path, bool]:
+    """Write, under runs/, the copy of `recipe` with distillation switched the other way (`distill: null` for a
+    recipe that distils, `ON` for one that does not); return its path and whether the twin distils."""
     data = yaml.safe_load(recipe.read_text())
-    data["name"] = f"{data['name']}_nodistill"
-    data["output_dir"] = f"{data['output_dir']}_nodistill"
-    data["prune"]["finetune"]["distill"] = None
+    distils = data["prune"]["finetune"].get("distill") is not None
+    suffix = "_nodistill" if distils else "_distill"
+    data["name"] = f"{data['name']}{suffix}"
+    data["output_dir"] = f"{data['output_dir']}{suffix}"
+    data["prune"]["finetune"]["distill"] = None if distils else dict(ON)
     path = ROOT / "runs" / f"{data['name']}.yaml"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(yaml.safe_dump(data, sort_keys=False))
-    return path
+    return path, not distils
 
 
 def row(name: str, report: dict) -> dict:
@@ -96,10 +103,11 @@ def table(rows: list[dict]) -> str:
 
 
 def on_and_off(name: str, rerun: bool) -> list[dict]:
-    """Rows of the distillation-off twin and of the recipe itself (which distils), wall-time ratio on the latter."""
+    """Rows of the recipe and of its twin, distillation off first; wall-time ratio on the distilling one."""
     recipe = ROOT / "recipes" / f"{name}.yaml"
-    off = row(f"{name}_nodistill", finished_report(off_twin(recipe), rerun))
-    on = row(name, finished_report(recipe, rerun))
+    other, other_distils = twin(recipe)
+    runs = {other_distils: (other.stem, other), not other_distils: (name, recipe)}
+    off, on = (row(label, finished_report(path, rerun)) for label, path in (runs[False], runs[True]))
     on["wall_time_ratio"] = on["run_seconds"] / max(off["run_seconds"], 1)
     return [off, on]
 
@@ -113,7 +121,7 @@ def pair_of_runs(off_dir: Path, on_dir: Path) -> list[dict]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--recipes", nargs="+", default=DEFAULT_RECIPES, help="distilling recipe names under recipes/")
+    parser.add_argument("--recipes", nargs="+", default=DEFAULT_RECIPES, help="recipe names under recipes/")
     parser.add_argument("--rerun", action="store_true", help="run every recipe again (--force) even if finished")
     parser.add_argument("--runs", nargs="+", type=Path, help="finished run directories, in off/on pairs")
     args = parser.parse_args()
