@@ -55,6 +55,11 @@ def figures(report: dict, run: str) -> dict:
         "seq_len": seq,
         "predicted_speedup": budget.get("predicted_speedup"),
         "measured_speedup": budget.get("measured_speedup"),
+        "measured_by_last_step": budget.get("measured_in_run"),  # the step's own check that corrects the table
+        "step_checks": [
+            {k: s.get(k) for k in ("step", "predicted_speedup", "measured_speedup", "calibration")}
+            for s in report.get("steps", [])
+        ],
         "budget_within_10pct": budget.get("within_10pct"),
         "original_accuracy": original,
         "pruned_accuracy": report["pruned"]["test"]["accuracy"],

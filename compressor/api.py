@@ -32,7 +32,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from compressor.allocation import masked_loss, select_measured
-from compressor.budget import Budget, plan_budget
+from compressor.budget import Budget, max_steps, plan_budget
 from compressor.distill import TeacherTargets, load_or_compute, step_examples
 from compressor.errors import UserError
 from compressor.latency.check import measured_speedup
@@ -198,10 +198,14 @@ def prune(
         budget.calibration = last  # a resumed run keeps the correction its finished steps measured
     bar = tqdm(total=config.steps, initial=len(state.steps), desc="prune steps", leave=False,
                disable=not accelerator.is_local_main_process)  # fmt: skip
-    for step in range(len(state.steps), config.steps):
+    for step in range(len(state.steps), max_steps(config)):
         if budget.met(state.masks.alive()):
             log.info("budget: the goal is met after %d steps (latency table, corrected by measurement); stopping", step)
             break
+        if step >= config.steps:
+            log.info(
+                "budget: measured short of %.2fx after the scheduled steps; top-up step %d", budget.goal(step), step + 1
+            )
         state.steps.append(_step(loop, state.masks, step))
         state.masks = state.steps[-1].masks
         if hook is not None:
@@ -237,7 +241,7 @@ def _teacher_targets(
         return None
     if isinstance(teacher, TeacherTargets):
         return teacher
-    examples = step_examples(len(train_ds), config.finetune, seed, config.steps)
+    examples = step_examples(len(train_ds), config.finetune, seed, max_steps(config))
     source = teacher if teacher is not None else model
     return load_or_compute(None, source, train_ds, tokenizer, accelerator, distill, examples)
 

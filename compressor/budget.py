@@ -24,6 +24,7 @@ from compressor.recipe import BudgetSpec, PruneSpec, RecipeError
 from compressor.selection import check_feasible, check_flop_budget, flop_schedule, schedule, select_heads, select_units
 from compressor.units import UnitPlan
 
+TOP_UP_STEPS = 2  # extra steps a self-measuring speed-up budget may take when its last scheduled one lands short
 NEURON_BLOCK = 32  # FFN neurons of one layer removed together under a speed-up budget (one table lookup each)
 FLOOR_SHARE = 0.1  # a unit saves at least this share of its FLOP-proportional milliseconds (flat grid cells)
 
@@ -39,6 +40,13 @@ def check_budget(config, spec: PruneSpec) -> None:
         costs, width = unit_costs(shell, budget.seq_len), original_ffn_size(shell)
         shape = {"heads": (layers, heads), "neurons": (layers, width)}
         check_flop_budget(costs, shape, budget.value, spec.units, spec.min_heads_per_layer, spec.uniform_ffn)
+
+
+def max_steps(spec: PruneSpec) -> int:
+    """`spec.steps`, plus up to `TOP_UP_STEPS` more at the final goal for a speed-up budget that measures itself
+    (`calibrate`): the table's correction is only known after a step, so the last scheduled one can land short."""
+    budget = spec.resolved_budget
+    return spec.steps + (TOP_UP_STEPS if budget.kind == "speedup" and budget.calibrate else 0)
 
 
 def widths_of(alive: dict[str, torch.Tensor], dims) -> Widths:
@@ -85,6 +93,10 @@ class Budget:
         self.calibration = measured / predicted
         return self.calibration
 
+    def goal(self, step: int) -> float:
+        """Step `step`'s cumulative goal (0-based); a top-up step past the schedule keeps the final one."""
+        return self.goals[min(step, len(self.goals) - 1)]
+
     def met(self, alive: dict[str, torch.Tensor]) -> bool:
         """Whether the final goal is already reached (a speed-up budget stops pruning early then)."""
         speedup = self.expected_speedup(alive)
@@ -95,12 +107,12 @@ class Budget:
         the share of cost still to cut, applied to each kind's alive count (FLOP / speed-up budgets). What a
         criterion that aims its sparsity (`l0`) is told for the kind it scores."""
         if self.kind == "heads":
-            return {"heads": int(self.goals[step]) - int((~alive["heads"]).sum())}
+            return {"heads": int(self.goal(step)) - int((~alive["heads"]).sum())}
         if self.kind == "flops":
             left = masked_flops(self.model, alive, self.costs.seq_len)
-            share = (self.goals[step] - (self.total_flops - left)) / max(left, 1)
+            share = (self.goal(step) - (self.total_flops - left)) / max(left, 1)
         else:
-            share = 1 - (self.expected_speedup(alive) or 1.0) / self.goals[step]
+            share = 1 - (self.expected_speedup(alive) or 1.0) / self.goal(step)
         return {kind: max(0, round(share * int(mask.sum()))) for kind, mask in alive.items()}
 
     def select(self, step: int, scores: dict[str, torch.Tensor], alive: dict[str, torch.Tensor]) -> UnitPlan:
@@ -109,7 +121,7 @@ class Budget:
         if self.kind == "heads":
             n = self.target_remove(step, alive)["heads"]
             return {"heads": select_heads(scores["heads"], alive["heads"], n, p.scope, p.min_heads_per_layer)}
-        return self.select_to(self.goals[step], scores, alive)
+        return self.select_to(self.goal(step), scores, alive)
 
     def select_to(self, goal: float, scores: dict[str, torch.Tensor], alive: dict[str, torch.Tensor]) -> UnitPlan:
         """New removals, among the kinds in `scores`, that reach `goal` (FLOPs removed in all, or a predicted
@@ -124,7 +136,7 @@ class Budget:
     def intermediate_goals(self, step: int, alive: dict[str, torch.Tensor], parts: int) -> list[float]:
         """`parts` goals evenly spaced from where `alive` stands to step `step`'s goal (the last is the step's own):
         FLOPs removed spaced linearly, predicted speed-ups geometrically (FLOP / speed-up budgets)."""
-        goal = self.goals[step]
+        goal = self.goal(step)
         if self.kind == "flops":
             now = self.total_flops - masked_flops(self.model, alive, self.costs.seq_len)
             return [now + (goal - now) * (k + 1) / parts for k in range(parts)]

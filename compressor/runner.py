@@ -28,7 +28,7 @@ from safetensors.torch import load_file, save_file
 from compressor import atomic, outdir
 from compressor.api import Masks, PruneState, StepRecord, prune
 from compressor.baseline import baseline_examples, layer_drop_baseline
-from compressor.budget import check_budget
+from compressor.budget import check_budget, max_steps
 from compressor.checkpoint import load_pruned, save_pruned
 from compressor.cost import masked_flops
 from compressor.distill import TeacherTargets, load_or_compute, step_examples
@@ -288,7 +288,7 @@ def _teacher(run: RunState, model: torch.nn.Module) -> TeacherTargets | None:
     finetune = run.recipe.prune.finetune
     if finetune is None or finetune.distill is None:
         return None
-    train_ds, seed, steps = run.splits["train"], run.recipe.seed, run.recipe.prune.steps
+    train_ds, seed, steps = run.splits["train"], run.recipe.seed, max_steps(run.recipe.prune)  # top-ups too
     draws = [step_examples(len(train_ds), finetune, seed, steps)]
     if run.recipe.prune.baseline == "layer_drop":  # its draws too: one teacher pass, all cached for a resume
         draws.append(baseline_examples(len(train_ds), finetune, steps, seed))

@@ -168,6 +168,33 @@ def test_measured_speedup_corrects_the_tables_later_goals(task, tiny_table, meas
         plain.masks.heads.sum())  # fmt: skip
 
 
+def test_a_budget_measured_short_after_its_last_step_takes_a_top_up_step(task, tiny_table, monkeypatch):
+    """The real model matches the table at step 1 but is 20% slower from step 2, the last scheduled one: the loop
+    takes one more step at the final goal (its recovery distils: teacher targets cover the top-up draw) and stops."""
+    from compressor import api
+    from compressor.recipe import FinetuneSpec
+    from compressor.units import alive_units
+
+    model, tok, train, val = task
+    table, _ = tiny_table
+    factors = iter([1.0, 0.8, 0.8, 0.8])
+
+    def drifting(original, pruned, runtime, batch_size, seq_len):
+        shapes = (budget_mod.widths_of(alive_units(m), table.dims) for m in (original, pruned))
+        return next(factors) * table.speedup(*shapes)
+
+    monkeypatch.setattr(api, "measured_speedup", drifting)
+    distil = FinetuneSpec(**FINETUNE.model_dump(), distill={"alpha": 0.5, "temperature": 2.0})
+    spec = _spec(kind="speedup", value=2.0, calibrate=True).model_copy(update={"finetune": distil})
+    result = compressor.prune(model, tok, train, spec, validation=val)
+    steps = result.steps
+    assert [s["step"] for s in steps] == [1, 2, 3] and [s["calibration"] for s in steps] == pytest.approx([1, 0.8, 0.8])
+    assert steps[1]["predicted_speedup"] >= 2.0 and steps[1]["measured_speedup"] < 2.0  # scheduled steps: short
+    assert steps[2]["measured_speedup"] >= 2.0  # the top-up meets the goal, and no further step is taken
+    assert budget_mod.max_steps(spec) == 2 + budget_mod.TOP_UP_STEPS
+    assert budget_mod.max_steps(_spec(kind="speedup", value=2.0)) == 2  # the table alone: no top-up
+
+
 def test_resumed_run_keeps_the_measured_correction(task, tiny_table, measured):
     """The correction a finished step measured is restored on resume: here it already says the goal is met."""
     model, tok, train, _ = task
