@@ -10,7 +10,12 @@ unpruned original's accuracy from `report.json`, then timed at batch 32 with `co
 Dynamic quantisation picks each activation's scale per batch, so an int8 model's predictions depend slightly on
 what else is in the batch (padding included): the numbers here can differ by an example or two from a run report.
 
-Usage: .venv/bin/python benchmarks/int8.py [--run runs/minilm_rt_50pct] [--threads 2] [--rounds 3]
+With `--sensitive N ...` it first scans where the error comes from: every quantizable node (MatMuls, fused
+attention, pooler and classifier, embedding lookup) is kept in fp32 alone, and the validation split's agreement with
+fp32 is measured; then variants keep the N most helpful nodes in fp32. The choice uses the validation split only; the
+table scores every variant on the test split.
+
+Usage: .venv/bin/python benchmarks/int8.py [--run runs/minilm_rt_50pct] [--threads 2] [--rounds 3] [--sensitive 1 2 4]
        → prints a table and writes benchmarks/results/int8.json
 """
 
@@ -28,6 +33,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+import numpy as np  # noqa: E402
 import onnx  # noqa: E402
 from transformers import AutoTokenizer  # noqa: E402
 
@@ -56,6 +62,36 @@ def ffn_output_nodes(graph_file: Path) -> list[str]:
     return [name for name in matmuls if "/output/dense/" in name and "/attention/" not in name]
 
 
+SCAN_BASE = {"reduce_range": True}  # the sensitivity scan starts from the 7-bit per-channel variant
+QUANTIZABLE = ("MatMul", "Attention", "Gemm", "EmbedLayerNormalization")  # what ORT's dynamic quantiser converts
+
+
+def quantizable_nodes(graph_file: Path) -> list[str]:
+    """Names of the nodes dynamic quantisation turns into int8 ops (MatMuls, fused attention, the pooler and
+    classifier Gemms, the fused embedding lookup)."""
+    graph = onnx.load(str(graph_file), load_external_data=False).graph
+    return [n.name for n in graph.node if n.op_type in QUANTIZABLE]
+
+
+def sensitivity(optimized: Path, batches: list, work: Path, threads: int) -> list[dict]:
+    """For every quantizable node, the validation agreement with the fp32 graph of the default int8 variant with
+    that one node kept in fp32, most helpful first: where int8's error comes from, measured (not guessed)."""
+    from compressor.bench.quality import collect_logits
+
+    def predictions(variant_dir: Path) -> np.ndarray:
+        return collect_logits(bench.onnx_candidate("v", variant_dir, threads), batches).argmax(-1)
+
+    reference = predictions(optimized)
+    default = predictions(quantized_variant(optimized, work / "all", SCAN_BASE))
+    rows = []
+    for i, node in enumerate(quantizable_nodes(optimized / ONNX_FILE)):
+        variant = quantized_variant(optimized, work / f"n{i}", {**SCAN_BASE, "nodes_to_exclude": [node]})
+        agreement = float((predictions(variant) == reference).mean())
+        rows.append({"node": node, "agreement": agreement, "gain": agreement - float((default == reference).mean())})
+        shutil.rmtree(variant)
+    return sorted(rows, key=lambda r: -r["agreement"])
+
+
 def quantized_variant(source_dir: Path, dest_dir: Path, options: dict) -> Path:
     """A copy of an exported variant directory (config, tokenizer) with its graph quantised under `options`."""
     shutil.copytree(source_dir, dest_dir, ignore=shutil.ignore_patterns("*.onnx", "*.onnx_data"))
@@ -73,6 +109,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "int8.json")
+    parser.add_argument(
+        "--sensitive",
+        type=int,
+        nargs="*",
+        default=[],
+        help="also scan each node's int8 sensitivity on the validation split and add variants with the N most "
+        "sensitive nodes kept in fp32 (e.g. --sensitive 1 2 4)",
+    )
     args = parser.parse_args(argv)
     optimized = args.run / "onnx" / "optimized"
     if not (args.run / "report.json").exists() or not (optimized / ONNX_FILE).exists():
@@ -85,9 +129,19 @@ def main(argv: list[str] | None = None) -> int:
     test = tokenize(task.test, tokenizer, task.text_fields, recipe.data.max_length)
     batches = sample_batches(test, tokenizer, len(test), 32, seed=0)
 
+    variants, scan = dict(VARIANTS), None
     with tempfile.TemporaryDirectory() as tmp:
+        if args.sensitive:  # chosen on the validation split, scored on the test split like every other variant
+            val = tokenize(task.validation, tokenizer, task.text_fields, recipe.data.max_length)
+            scan = sensitivity(optimized, sample_batches(val, tokenizer, len(val), 32, seed=0), Path(tmp), args.threads)
+            for n in args.sensitive:
+                nodes = [r["node"] for r in scan[:n]]
+                variants[f"int8 per-channel, {n} most sensitive fp32"] = {
+                    "reduce_range": False,
+                    "nodes_to_exclude": nodes,
+                }
         candidates = [bench.onnx_candidate(REFERENCE, optimized, args.threads)]
-        for i, (name, options) in enumerate(VARIANTS.items()):
+        for i, (name, options) in enumerate(variants.items()):
             variant = quantized_variant(optimized, Path(tmp) / f"v{i}", options)
             candidates.append(bench.onnx_candidate(name, variant, args.threads))
         quality = bench.measure_quality(candidates, batches, REFERENCE)
@@ -117,6 +171,8 @@ def main(argv: list[str] | None = None) -> int:
         "rounds": args.rounds,
         "machine": bench.machine_info(),
         "rows": rows,
+        "sensitivity_on_validation": scan,
+        "variant_options": variants,
     }
     print(f"{'variant':36s} {'MB':>6s} {'test acc':>8s} {'vs orig':>8s} {'agree':>7s} {'speed-up b32':>12s}")
     for name, r in rows.items():
