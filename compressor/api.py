@@ -372,9 +372,9 @@ def _unit_entry(masks: Masks, plan: UnitPlan) -> dict:
 def _log_step(entry: dict, steps: int) -> None:
     accuracy = {k: entry[k]["accuracy"] for k in ("val_after_prune", "val_after_finetune") if k in entry}
     log.info(
-        "step %d/%d: %d heads left %s | val acc after prune %s, after fine-tune %s (%.0fs)",
+        "step %d%s: %d heads left %s | val acc after prune %s, after fine-tune %s (%.0fs)",
         entry["step"],
-        steps,
+        f"/{steps}" if entry["step"] <= steps else f" (top-up after {steps} scheduled)",
         entry["heads_left"],
         entry["heads_per_layer"],
         _fmt(accuracy.get("val_after_prune")),

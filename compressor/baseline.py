@@ -41,21 +41,27 @@ def drop_top_layers(original: nn.Module, count: int) -> nn.Module:
     return apply_unit_plan(copy.deepcopy(original), plan).eval()
 
 
-def recovery_spec(finetune: TrainSpec | None, steps: int) -> TrainSpec | None:
-    """The pruning run's whole recovery budget as one fine-tune, same rate and batch: `steps` × its examples per
-    epoch when capped (so the baseline, like the steps, sees that many distinct examples), else `steps` × epochs."""
+def recovery_spec(finetune: TrainSpec | None, steps: int, n: int) -> TrainSpec | None:
+    """The pruning run's whole recovery budget as one fine-tune on a split of `n` examples, same rate and batch:
+    as many example passes as `steps` fine-tunes of `finetune`. Capped steps give `steps` × `max_examples` distinct
+    examples while the split has that many; beyond it, the whole split for the fractional number of epochs that
+    makes the same count (else the baseline would stop after one epoch with fewer updates than the steps had).
+    Uncapped steps give `steps` × `epochs` epochs."""
     if finetune is None:
         return None
-    if finetune.max_examples is not None:
-        return finetune.model_copy(update={"max_examples": finetune.max_examples * steps})
-    return finetune.model_copy(update={"epochs": finetune.epochs * steps})
+    if finetune.max_examples is None:
+        return finetune.model_copy(update={"epochs": finetune.epochs * steps})
+    total = finetune.max_examples * steps
+    if total <= n:
+        return finetune.model_copy(update={"max_examples": total})
+    return finetune.model_copy(update={"max_examples": None, "epochs": finetune.epochs * total / n})
 
 
 def baseline_examples(n: int, finetune: TrainSpec | None, steps: int, seed: int) -> list[int] | None:
     """The train examples the baseline's fine-tune after `steps` pruning steps draws (None: all of them). With
     fewer steps (a budget met early) it draws a prefix of the same seeded permutation, so the recipe's
     `prune.steps` gives a superset known before the run."""
-    spec = recovery_spec(finetune, steps)
+    spec = recovery_spec(finetune, steps, n)
     return [] if spec is None else drawn_examples(n, spec.max_examples, seed)
 
 
@@ -88,7 +94,7 @@ def layer_drop_baseline(
     examples it draws beyond theirs get their logits from `original` (the teacher), computed here."""
     count = layers_to_drop(original, target_flops, seq_len)
     model = drop_top_layers(original, count).to(accelerator.device)
-    spec = recovery_spec(finetune, steps)
+    spec = recovery_spec(finetune, steps, len(train_ds))
     info = {
         "kind": "layer_drop",
         "layers_dropped": count,

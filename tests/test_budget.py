@@ -309,9 +309,12 @@ def test_layer_drop_baseline_matches_flops_and_recovery_budget(task):
     dropped = drop_top_layers(model, 2)
     assert masked_flops(dropped, {}, 64) == pytest.approx(total / 3)
     assert removed_layers(dropped) == [1, 2] and removed_layers(model) == []
-    assert recovery_spec(FINETUNE, 3).max_examples == 96 and recovery_spec(FINETUNE, 3).epochs == 1
-    assert recovery_spec(FINETUNE.model_copy(update={"max_examples": None}), 3).epochs == 3
-    assert recovery_spec(None, 3) is None
+    assert recovery_spec(FINETUNE, 3, 1000).max_examples == 96 and recovery_spec(FINETUNE, 3, 1000).epochs == 1
+    assert recovery_spec(FINETUNE.model_copy(update={"max_examples": None}), 3, 1000).epochs == 3
+    assert recovery_spec(None, 3, 1000) is None
+    # More example passes than the split holds: all of it, for as many (fractional) epochs as the steps had passes
+    beyond = recovery_spec(FINETUNE, 3, 64)
+    assert beyond.max_examples is None and beyond.epochs == pytest.approx(96 / 64)
 
 
 def test_flat_latency_grid_is_floored_and_empties_a_layer(task):
