@@ -11,7 +11,8 @@ The setting a recipe should ship is the one with the best *validation* accuracy;
 the chosen one, so the test split is not used to choose.
 
 Usage: python benchmarks/recovery.py [--recipes R ...] [--settings S ...] [--rerun]
-  → prints a Markdown table and writes benchmarks/results/recovery.json
+  → prints a Markdown table and writes benchmarks/results/recovery.json (rows of earlier sweeps are kept; a
+    recipe and setting run again replace their row)
 """
 
 from __future__ import annotations
@@ -107,11 +108,12 @@ def main() -> None:
     parser.add_argument("--rerun", action="store_true", help="run every variant again (--force) even if finished")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "recovery.json")
     args = parser.parse_args()
-    rows = []
-    for recipe in args.recipes:
-        for setting in args.settings:
+    rows = json.loads(args.out.read_text()) if args.out.exists() else []  # earlier sweeps' rows are kept
+    for setting in args.settings:
+        for recipe in args.recipes:
             path = variant(ROOT / "recipes" / f"{recipe}.yaml", setting, SETTINGS[setting])
-            rows.append(row(recipe, setting, finished_report(path, args.rerun)))
+            new = row(recipe, setting, finished_report(path, args.rerun))
+            rows = [r for r in rows if (r["recipe"], r["setting"]) != (recipe, setting)] + [new]
             choose(rows)
             args.out.parent.mkdir(parents=True, exist_ok=True)
             args.out.write_text(json.dumps(rows, indent=2) + "\n")  # after every run: a partial sweep is kept
