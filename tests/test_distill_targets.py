@@ -102,7 +102,7 @@ def test_baseline_computes_only_the_examples_the_steps_did_not_draw(task, monkey
     monkeypatch.setattr(distill, "compute_logits", lambda m, ds, *a: passes.append(len(ds)) or real(m, ds, *a))
     torch.manual_seed(0)
     lazy = layer_drop_baseline(copy.deepcopy(model), flops, 16, train, tok, FINETUNE, SPEC.steps, acc, teacher=partial)
-    drawn = drawn_examples(len(train), recovery_spec(FINETUNE, SPEC.steps).max_examples, 0)
+    drawn = drawn_examples(len(train), recovery_spec(FINETUNE, SPEC.steps, len(train)).max_examples, 0)
     assert passes == [len(set(drawn) - set(steps))] and passes[0] > 0
     torch.manual_seed(0)
     eager = layer_drop_baseline(model, flops, 16, train, tok, FINETUNE, SPEC.steps, acc, teacher=everything)
