@@ -50,10 +50,13 @@ def figures(report: dict, run: str) -> dict:
     budget, original = report["budget"], report["original"]["test"]["accuracy"]
     seq, batch = budget["seq_len"], budget["batch_size"]
     pruned, int8 = _bench_row(report, "pytorch-pruned") or {}, _bench_row(report, "onnx-int8") or {}
+    speed = budget["kind"] == "speedup"
     out = {
         "run": run,
-        "asked_speedup": budget["value"],
-        "runtime": budget["runtime"],
+        "budget_kind": budget["kind"],
+        "asked": budget["value"],  # a speed-up factor, or the fraction of FLOPs / heads removed
+        "asked_speedup": budget["value"] if speed else None,
+        "runtime": budget["runtime"] if speed else None,
         "batch_size": batch,
         "seq_len": seq,
         "predicted_speedup": budget.get("predicted_speedup"),
@@ -88,12 +91,12 @@ def figures(report: dict, run: str) -> dict:
 
 def _goals(f: dict) -> dict:
     """Each of the issue's goals that applies to this run: True / False (None when a figure is missing)."""
-    drop, int8_drop, int8_speed = GOALS.get(f["asked_speedup"], (None, None, None))
+    drop, int8_drop, int8_speed = GOALS.get(f["asked_speedup"] or 0.0, (None, None, None))
 
     def check(value, ok):
         return None if value is None else bool(ok(value))
 
-    goals = {"budget_within_10pct": f["budget_within_10pct"]}
+    goals = {"budget_within_10pct": f["budget_within_10pct"]} if f["asked_speedup"] is not None else {}
     if drop is not None:
         goals["speedup_met"] = check(f["measured_speedup"], lambda v: v >= f["asked_speedup"])
         goals["accuracy_within_goal"] = check(f["pruned_drop_points"], lambda v: v <= drop)
@@ -110,13 +113,20 @@ def _fmt(x, spec: str = ".2f") -> str:
     return "–" if x is None else format(x, spec)
 
 
+def _asked(f: dict) -> str:
+    """'2.00×' for a speed-up budget, '50% FLOPs' (or heads) removed for the others."""
+    if f["asked_speedup"] is not None:
+        return f"{f['asked_speedup']:.2f}×"
+    return f"{f['asked']:.0%} {f['budget_kind']}"
+
+
 def print_table(rows: list[dict]) -> None:
     print("| run | asked | predicted | measured | Δacc pts (p) | int8 × | int8 Δacc pts (p) | vs layer-drop pts (p) |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for f in rows:
         base = f.get("baseline") or {}
         print(
-            f"| {f['run']} | {_fmt(f['asked_speedup'])}× | {_fmt(f['predicted_speedup'])}× | "
+            f"| {f['run']} | {_asked(f)} | {_fmt(f['predicted_speedup'])}× | "
             f"{_fmt(f['measured_speedup'])}× | {_fmt(f['pruned_drop_points'])} ({_fmt(f['pruned_mcnemar_p'], '.3g')})"
             f" | {_fmt(f['int8_speedup'])} | {_fmt(f['int8_drop_points'])} ({_fmt(f['int8_mcnemar_p'], '.3g')}) | "
             f"{_fmt(base.get('pruned_minus_baseline_points'))} ({_fmt(base.get('mcnemar_p'), '.3g')}, "

@@ -203,6 +203,7 @@ def prune(
             log.info("budget: the goal is met after %d steps (latency table, corrected by measurement); stopping", step)
             break
         if step >= config.steps:
+            bar.total = step + 1
             log.info(
                 "budget: measured short of %.2fx after the scheduled steps; top-up step %d", budget.goal(step), step + 1
             )

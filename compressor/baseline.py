@@ -43,15 +43,15 @@ def drop_top_layers(original: nn.Module, count: int) -> nn.Module:
 
 def recovery_spec(finetune: TrainSpec | None, steps: int, n: int) -> TrainSpec | None:
     """The pruning run's whole recovery budget as one fine-tune on a split of `n` examples, same rate and batch:
-    as many example passes as `steps` fine-tunes of `finetune`. Capped steps give `steps` × `max_examples` distinct
-    examples while the split has that many; beyond it, the whole split for the fractional number of epochs that
-    makes the same count (else the baseline would stop after one epoch with fewer updates than the steps had).
-    Uncapped steps give `steps` × `epochs` epochs."""
+    as many example passes as `steps` fine-tunes of `finetune`. Capped steps (each sees min(`max_examples`, `n`)
+    examples) give `steps` × that many distinct examples while the split has that many; beyond it, the whole split
+    for the fractional number of epochs that makes the same count (else the baseline would stop after one epoch with
+    fewer updates than the steps had). Uncapped steps give `steps` × `epochs` epochs."""
     if finetune is None:
         return None
     if finetune.max_examples is None:
         return finetune.model_copy(update={"epochs": finetune.epochs * steps})
-    total = finetune.max_examples * steps
+    total = min(finetune.max_examples, n) * steps
     if total <= n:
         return finetune.model_copy(update={"max_examples": total})
     return finetune.model_copy(update={"max_examples": None, "epochs": finetune.epochs * total / n})

@@ -315,6 +315,9 @@ def test_layer_drop_baseline_matches_flops_and_recovery_budget(task):
     # More example passes than the split holds: all of it, for as many (fractional) epochs as the steps had passes
     beyond = recovery_spec(FINETUNE, 3, 64)
     assert beyond.max_examples is None and beyond.epochs == pytest.approx(96 / 64)
+    # A cap above the split's size: each step saw the whole split once, so the baseline gets `steps` epochs
+    over_cap = recovery_spec(FINETUNE, 3, 20)
+    assert over_cap.max_examples is None and over_cap.epochs == pytest.approx(3)
 
 
 def test_flat_latency_grid_is_floored_and_empties_a_layer(task):
