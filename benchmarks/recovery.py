@@ -92,9 +92,9 @@ def table(rows: list[dict]) -> str:
     head = "| recipe | setting | heads left | val (last step) | test | Δ vs original | McNemar p | s | chosen |"
     lines = [head, "|---|---|---:|---:|---:|---:|---:|---:|---|"]
     for r in rows:
-        p = r["mcnemar_p"]
+        p, val = r["mcnemar_p"], r["val_after_last_step"]
         lines.append(
-            f"| {r['recipe']} | {r['setting']} | {r['heads_left']} | {r['val_after_last_step']:.4f} |"
+            f"| {r['recipe']} | {r['setting']} | {r['heads_left']} | {'–' if val is None else f'{val:.4f}'} |"
             f" {r['pruned_test_accuracy']:.2f} | {r['delta_points']:+.2f} | {'–' if p is None else f'{p:.3g}'} |"
             f" {r['run_seconds']} | {'yes' if r.get('chosen_by_validation') else ''} |"
         )
