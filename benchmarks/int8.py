@@ -82,12 +82,12 @@ def sensitivity(optimized: Path, batches: list, work: Path, threads: int) -> lis
         return collect_logits(bench.onnx_candidate("v", variant_dir, threads), batches).argmax(-1)
 
     reference = predictions(optimized)
-    default = predictions(quantized_variant(optimized, work / "all", SCAN_BASE))
+    default = float((predictions(quantized_variant(optimized, work / "all", SCAN_BASE)) == reference).mean())
     rows = []
     for i, node in enumerate(quantizable_nodes(optimized / ONNX_FILE)):
         variant = quantized_variant(optimized, work / f"n{i}", {**SCAN_BASE, "nodes_to_exclude": [node]})
         agreement = float((predictions(variant) == reference).mean())
-        rows.append({"node": node, "agreement": agreement, "gain": agreement - float((default == reference).mean())})
+        rows.append({"node": node, "agreement": agreement, "gain": agreement - default})
         shutil.rmtree(variant)
     return sorted(rows, key=lambda r: -r["agreement"])
 
@@ -136,10 +136,7 @@ def main(argv: list[str] | None = None) -> int:
             scan = sensitivity(optimized, sample_batches(val, tokenizer, len(val), 32, seed=0), Path(tmp), args.threads)
             for n in args.sensitive:
                 nodes = [r["node"] for r in scan[:n]]
-                variants[f"int8 per-channel, {n} most sensitive fp32"] = {
-                    "reduce_range": False,
-                    "nodes_to_exclude": nodes,
-                }
+                variants[f"int8 per-channel, {n} most sensitive fp32"] = {**SCAN_BASE, "nodes_to_exclude": nodes}
         candidates = [bench.onnx_candidate(REFERENCE, optimized, args.threads)]
         for i, (name, options) in enumerate(variants.items()):
             variant = quantized_variant(optimized, Path(tmp) / f"v{i}", options)

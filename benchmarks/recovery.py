@@ -7,8 +7,8 @@ a one-round bench for the test-split McNemar test; a finished run is reused) and
 validation accuracy after the last step's fine-tune, the test accuracy with its paired McNemar p against the
 original, and the wall time without the shared base fine-tune.
 
-The setting a recipe should ship is the one with the best *validation* accuracy; the test column is read only for
-the chosen one, so the test split is not used to choose.
+The setting a recipe should ship is the one with the best *validation* accuracy (marked "chosen"); the test column
+is printed for every row but plays no part in the choice.
 
 Usage: python benchmarks/recovery.py [--recipes R ...] [--settings S ...] [--rerun]
   → prints a Markdown table and writes benchmarks/results/recovery.json (rows of earlier sweeps are kept; a
@@ -32,7 +32,7 @@ from finetuned import finished_report  # noqa: E402
 
 DEFAULT_RECIPES = ["minilm_rt_50pct", "minilm_rt_75pct"]
 DISTILL = {"alpha": 0.7, "temperature": 2.0}
-SETTINGS: dict[str, dict] = {  # name → changes to prune / prune.finetune (None deletes the key)
+SETTINGS: dict[str, dict] = {  # name → changes to prune / prune.finetune (distill None switches it off)
     "lr5e-5": {"finetune": {"lr": 5.0e-5, "distill": None}},
     "lr5e-5_distill": {"finetune": {"lr": 5.0e-5, "distill": DISTILL}},
     "lr1e-4": {"finetune": {"lr": 1.0e-4, "distill": None}},
