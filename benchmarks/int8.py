@@ -5,7 +5,8 @@ The run's `onnx/optimized` graph (fp32, fused attention) is quantised several wa
 with ORT's reduced 7-bit range, and per-channel with the feed-forward output projections (the MatMul fed by GELU,
 whose activations have the widest range) kept in fp32. Each variant is scored on the run's whole test split, in the
 same seeded batches the run's bench stage uses, against the fp32 graph (agreement, McNemar) and against the
-unpruned original's accuracy from `report.json`, then timed at batch 32 with `compressor.bench`.
+unpruned original's accuracy from `report.json`, then timed at batch 32 with `compressor.bench`. The run's own
+`onnx/int8` (what its gate, and its fp32 fallback if the recipe allows one, shipped) is measured beside them.
 
 Dynamic quantisation picks each activation's scale per batch, so an int8 model's predictions depend slightly on
 what else is in the batch (padding included): the numbers here can differ by an example or two from a run report.
@@ -45,6 +46,8 @@ from compressor.train import sample_batches, tokenize  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 REFERENCE = "fp32-optimized"
+SHIPPED = "int8 as the run shipped it"
+SHIPPED_FIELDS = ("status", "gate", "excluded_nodes")
 # Weight range pinned (not "auto") so every machine measures the same variants: "(default)" is the default on CPUs
 # with VNNI; without VNNI compressor defaults to the reduced (7-bit) range (`compressor.quantize.resolve_reduce_range`).
 VARIANTS: dict[str, dict] = {
@@ -138,6 +141,9 @@ def main(argv: list[str] | None = None) -> int:
                 nodes = [r["node"] for r in scan[:n]]
                 variants[f"int8 per-channel, {n} most sensitive fp32"] = {**SCAN_BASE, "nodes_to_exclude": nodes}
         candidates = [bench.onnx_candidate(REFERENCE, optimized, args.threads)]
+        shipped = args.run / "onnx" / "int8"
+        if (shipped / ONNX_FILE).exists():  # what the run's own gate (and fp32 fallback) shipped, as it is on disk
+            candidates.append(bench.onnx_candidate(SHIPPED, shipped, args.threads))
         for i, (name, options) in enumerate(variants.items()):
             variant = quantized_variant(optimized, Path(tmp) / f"v{i}", options)
             candidates.append(bench.onnx_candidate(name, variant, args.threads))
@@ -169,6 +175,9 @@ def main(argv: list[str] | None = None) -> int:
         "machine": bench.machine_info(),
         "rows": rows,
         "sensitivity_on_validation": scan,
+        "shipped_int8": {  # the run's own int8: its gate verdict and the nodes it kept in fp32
+            k: v for k, v in report.get("export", {}).get("int8", {}).items() if k in SHIPPED_FIELDS
+        },
         "variant_options": variants,
     }
     print(f"{'variant':36s} {'MB':>6s} {'test acc':>8s} {'vs orig':>8s} {'agree':>7s} {'speed-up b32':>12s}")

@@ -213,9 +213,10 @@ def render_deployment_section(export: dict | None, distill: dict | None) -> str:
             gate = info.get("gate")
             acc = "–" if gate is None else f"{100 * gate['accuracy']:.2f}% vs {100 * gate['fp32_accuracy']:.2f}%"
             status = info.get("status", "passed parity")
-            lines.append(
-                f"| {name} | {acc} | {'REJECTED (failed the int8 gate)' if status == 'rejected' else status} |"
-            )
+            status = "REJECTED (failed the int8 gate)" if status == "rejected" else status
+            kept = (info.get("fp32_fallback") or {}).get("kept_fp32")
+            status += f", {len(kept)} node(s) kept in fp32: {', '.join(kept)}" if kept else ""
+            lines.append(f"| {name} | {acc} | {status} |")
     return "\n".join(lines) + "\n"
 
 

@@ -41,7 +41,14 @@ from compressor.inference import (
     quiet_ort,
     torch_logits,
 )
-from compressor.quantize import INT8_VARIANTS, Int8Options, build_int8, quantize_graph, resolve_reduce_range
+from compressor.quantize import (
+    INT8_VARIANTS,
+    Int8Options,
+    build_int8,
+    fp32_fallback,
+    quantize_graph,
+    resolve_reduce_range,
+)
 from compressor.quantize import gate as int8_gate
 from compressor.quantize import status as int8_status
 
@@ -256,7 +263,8 @@ def _build_all(model, model_dir, tmp, out_dir, names, batches, reference, atol, 
 
 
 def _build_int8(tmp, out_dir, names, built: dict, batches, reference: dict, options: Int8Options) -> dict:
-    """The requested int8 variants of the last float graph built (optimised, else fp32), each checked and gated."""
+    """The requested int8 variants of the last float graph built (optimised, else fp32), each checked and gated; a
+    variant failing its gate gets `options.fallback_nodes` tries at keeping its most error-prone nodes in fp32."""
     wanted = [n for n in INT8_VARIANTS if n in names]
     if not wanted:
         return {}
@@ -265,28 +273,60 @@ def _build_int8(tmp, out_dir, names, built: dict, batches, reference: dict, opti
     fp32_val = evaluate_variant(OnnxClassifier(tmp / "fp32"), options.validation) if options.validation else None
     results = {}
     for name in wanted:
-        dest = _sibling_dir(tmp, name, tmp / "fp32")
-        how = build_int8(name, source, dest / ONNX_FILE, options, OnnxClassifier(source).feed)
-        entry = _variant_entry(name, dest / ONNX_FILE, _check(dest / ONNX_FILE, batches, reference), {}, out_dir)
+        file = _sibling_dir(tmp, name, tmp / "fp32") / ONNX_FILE
+        how = build_int8(name, source, file, options, OnnxClassifier(source).feed)
+        gate = None if fp32_val is None else _int8_gate(file, fp32_val, options)
+        fallback = None
+        if gate is not None and not gate["passed"] and options.fallback_nodes:
+            log.info("export: %s failed its gate; scanning its nodes for an fp32 fallback", name)
+            fallback = fp32_fallback(
+                name,
+                source,
+                file,
+                options,
+                OnnxClassifier(source).feed,
+                lambda graph, batches: evaluate_variant(OnnxClassifier(graph), batches),
+                fp32_val,
+            )
+            fallback["first_gate"] = gate
+            gate = fallback["tries"][-1]["gate"] if fallback["passed"] else gate
+        entry = _variant_entry(name, file, _check(file, batches, reference), {}, out_dir)
         entry.update(quantized_from=source_name, weights=how, per_channel=options.per_channel)
         entry["reduce_range"], entry["reduce_range_reason"] = resolve_reduce_range(options.reduce_range)
-        entry["excluded_nodes"] = list(options.exclude_nodes)
-        if fp32_val is not None:
-            variant_val = evaluate_variant(OnnxClassifier(dest / ONNX_FILE), options.validation)
-            entry["gate"] = int8_gate(variant_val, fp32_val, options.max_drop)
+        entry["excluded_nodes"] = [*options.exclude_nodes, *(fallback["kept_fp32"] if fallback else [])]
+        if gate is not None:
+            entry["gate"] = gate
+        if fallback is not None:
+            entry["fp32_fallback"] = fallback
         entry["status"] = int8_status(entry)
-        if entry["status"] == "rejected":
-            g = entry["gate"]
-            log.warning(
-                "export: %s rejected: validation accuracy %.4f vs fp32 %.4f (drop %.4f > max_drop %g); kept on disk",
-                name,
-                g["accuracy"],
-                g["fp32_accuracy"],
-                g["drop"],
-                g["max_drop"],
-            )
+        _log_int8(name, entry)
         results[name] = entry
     return results
+
+
+def _int8_gate(file: Path, fp32_val: dict, options: Int8Options) -> dict:
+    """The validation gate of the int8 graph at `file` against the fp32 graph's results."""
+    variant_val = evaluate_variant(OnnxClassifier(file), options.validation)
+    return int8_gate(variant_val, fp32_val, options.max_drop, options.min_agreement)
+
+
+def _log_int8(name: str, entry: dict) -> None:
+    """One log line for an int8 variant rescued by the fp32 fallback or rejected by its gate."""
+    fallback, g = entry.get("fp32_fallback"), entry.get("gate")
+    if fallback and fallback["passed"]:
+        log.info("export: %s passes its gate with %d node(s) kept in fp32", name, len(fallback["kept_fp32"]))
+    if entry["status"] == "rejected":
+        log.warning(
+            "export: %s rejected: validation accuracy %.4f vs fp32 %.4f (drop %.4f, max %s), agreement %.4f (min %s);"
+            " kept on disk",
+            name,
+            g["accuracy"],
+            g["fp32_accuracy"],
+            g["drop"],
+            g["max_drop"],
+            g["agreement_with_fp32"],
+            g["min_agreement"],
+        )
 
 
 def _sibling_dir(tmp: Path, name: str, fp32_dir: Path) -> Path:

@@ -7,15 +7,20 @@ Two kinds, both with int8 weights (per output channel by default) and optional n
   in the graph as QuantizeLinear/DequantizeLinear pairs around each quantised MatMul.
 
 int8 trades accuracy for speed, so neither is accepted on faith: `gate` compares a variant's validation accuracy
-with its fp32 graph's, and a variant that drops more than `max_drop` is marked rejected (it stays on disk, so the
-user can still inspect or benchmark it, but the report never recommends it).
+(and, when asked, its prediction agreement) with its fp32 graph's, and a variant that drops more than `max_drop` is
+marked rejected (it stays on disk, so the user can still inspect or benchmark it, but the report never recommends
+it). With `fallback_nodes`, a variant that fails is first given a second chance by `fp32_fallback`: every node it
+quantises is scanned for how much of the error it causes, and the fewest most error-prone nodes are kept in fp32
+until the gate passes (mixed precision, chosen on the validation split).
 """
 
 from __future__ import annotations
 
+import os
+import shutil
 import tempfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
 
@@ -24,6 +29,11 @@ import numpy as np
 from compressor.machine import CPUINFO, cpu_has_vnni
 
 INT8_VARIANTS = ("int8", "int8_static")
+# The ops each kind turns into int8 (ORT's dynamic IntegerOps registry; static QDQ is limited to MatMuls here).
+QUANTIZED_OPS = {
+    "int8": ("MatMul", "Attention", "Gather", "EmbedLayerNormalization"),
+    "int8_static": ("MatMul",),
+}
 
 ReduceRange = bool | Literal["auto"]
 
@@ -36,6 +46,8 @@ class Int8Options:
     reduce_range: ReduceRange = "auto"  # 7-bit weights; "auto": on where the CPU lacks VNNI (`resolve_reduce_range`)
     exclude_nodes: tuple[str, ...] = ()
     max_drop: float | None = None  # allowed accuracy drop vs fp32 (fraction); None: measured but never rejected
+    min_agreement: float | None = None  # required prediction agreement with fp32 (fraction); None: not gated
+    fallback_nodes: int = 0  # a variant failing its gate may keep up to this many nodes in fp32 (`fp32_fallback`)
     calibration: Sequence[Mapping] = field(default=(), repr=False)  # training batches (int8_static)
     validation: Sequence[Mapping] = field(default=(), repr=False)  # labelled batches for the gate
 
@@ -191,9 +203,105 @@ def build_int8(
     return f"int8 {scheme}, activations uint8 static (QDQ, calibrated on {examples} training examples)"
 
 
-def gate(variant: dict, fp32: dict, max_drop: float | None) -> dict:
+def quantized_nodes(file: Path, name: str = "int8") -> list[str]:
+    """Names of the nodes int8 variant `name` quantises in graph `file`: ops of its kind (`QUANTIZED_OPS`) with a
+    non-empty weight of two or more dimensions among their initializers (so a Gather of token ids is not counted).
+    These are the nodes a fallback can keep in fp32."""
+    import onnx
+
+    graph = onnx.load(str(file), load_external_data=False).graph
+    weights = {t.name for t in graph.initializer if len(t.dims) >= 2 and all(d > 0 for d in t.dims)}
+    return [n.name for n in graph.node if n.op_type in QUANTIZED_OPS[name] and weights.intersection(n.input)]
+
+
+SCAN_EXAMPLES = 256  # validation examples the fallback's per-node scan measures (a ranking, not the gate)
+
+
+def fp32_fallback(
+    name: str,
+    source: Path,
+    dest: Path,
+    options: Int8Options,
+    feed: Callable[[Mapping], dict[str, np.ndarray]],
+    evaluate: Callable[[Path, Sequence[Mapping]], dict],
+    fp32: dict,
+) -> dict:
+    """Rescue int8 variant `name` (at `dest`, failing its gate) by keeping its most error-prone nodes in fp32.
+
+    Why: int8's error is not spread evenly. One MatMul whose input has outlier activations (BERT's feed-forward
+    outputs are the known case: dynamic quantisation uses one scale per batch matrix, so one large channel crushes
+    the rest) can cause much of the error; keeping that node in fp32 costs a few percent of the speed, not all of it.
+
+    What: every node the variant quantises is kept in fp32 alone, and the mean |Δlogit| against fp32 on the first
+    `SCAN_EXAMPLES` validation examples is measured (a continuous error: prediction agreement on a few hundred
+    examples moves by single flips and ranks nodes by chance). Then the 1, 2, ... `options.fallback_nodes` nodes
+    whose fp32 copy lowered the error most are kept in fp32 together and gated on the whole validation split, until
+    one passes. `evaluate(graph, batches)` is an `evaluate_variant` result; `fp32` is the fp32 graph's on
+    `options.validation`. The first passing graph replaces `dest`; if none passes, `dest` is left as it was.
+    The choice and the gate use the same validation split, so the gate is optimistic by the choice: measure the
+    shipped variant on the test split (the bench stage does).
+
+    Returns the record for the report: "scan" (per node, lowest error first), "tries" (nodes kept and gate of
+    each), "kept_fp32" (the passing try's nodes, else []) and "passed".
+    """
+    candidates = [n for n in quantized_nodes(source, name) if n not in options.exclude_nodes]
+    scan_batches = _first_examples(options.validation, SCAN_EXAMPLES)
+    scan_fp32 = _head(fp32, sum(len(b["input_ids"]) for b in scan_batches))
+    with tempfile.TemporaryDirectory(dir=dest.parent.parent) as tmp:
+
+        def build(nodes: Sequence[str], label: str) -> Path:
+            file = Path(tmp) / label / dest.name
+            build_int8(name, source, file, replace(options, exclude_nodes=(*options.exclude_nodes, *nodes)), feed)
+            return file
+
+        scan = []
+        for i, node in enumerate(candidates):
+            file = build([node], f"scan{i}")
+            scan.append({"node": node, **_closeness(evaluate(file, scan_batches), scan_fp32)})
+            shutil.rmtree(file.parent)
+        scan.sort(key=lambda r: (r["mean_abs_logit_diff"], -r["agreement"]))
+        tries = []
+        for k in range(1, min(options.fallback_nodes, len(scan)) + 1):
+            nodes = [r["node"] for r in scan[:k]]
+            file = build(nodes, f"try{k}")
+            verdict = gate(evaluate(file, options.validation), fp32, options.max_drop, options.min_agreement)
+            tries.append({"kept_fp32": nodes, "gate": verdict})
+            if verdict["passed"]:
+                os.replace(file, dest)
+                return {"scan": scan, "tries": tries, "kept_fp32": nodes, "passed": True}
+    return {"scan": scan, "tries": tries, "kept_fp32": [], "passed": False}
+
+
+def _first_examples(batches: Sequence[Mapping], n: int) -> list[Mapping]:
+    """The leading batches of `batches` holding at least `n` examples (all of them if there are fewer)."""
+    out, seen = [], 0
+    for batch in batches:
+        if seen >= n:
+            break
+        out.append(batch)
+        seen += len(batch["input_ids"])
+    return out
+
+
+def _head(result: dict, n: int) -> dict:
+    """An `evaluate_variant` result cut to its first `n` examples."""
+    return {**result, "logits": result["logits"][:n], "predictions": result["predictions"][:n], "examples": n}
+
+
+def _closeness(result: dict, fp32: dict) -> dict:
+    """Prediction agreement and mean |Δlogit| of an `evaluate_variant` result against the fp32 graph's."""
+    if not fp32["examples"]:
+        return {"agreement": 1.0, "mean_abs_logit_diff": 0.0}
+    return {
+        "agreement": float((result["predictions"] == fp32["predictions"]).mean()),
+        "mean_abs_logit_diff": float(np.abs(result["logits"] - fp32["logits"]).mean()),
+    }
+
+
+def gate(variant: dict, fp32: dict, max_drop: float | None, min_agreement: float | None = None) -> dict:
     """The accuracy gate of one int8 variant: `evaluate_variant` results of it and of its fp32 graph on the same
-    labelled validation batches. `passed` is False when accuracy drops by more than `max_drop`."""
+    labelled validation batches. `passed` is False when accuracy drops by more than `max_drop`, or when the share
+    of predictions that agree with fp32 is below `min_agreement` (either check is off when None)."""
     drop = fp32["accuracy"] - variant["accuracy"]
     agreement = float((variant["predictions"] == fp32["predictions"]).mean()) if fp32["examples"] else 1.0
     return {
@@ -204,22 +312,24 @@ def gate(variant: dict, fp32: dict, max_drop: float | None) -> dict:
         "drop": drop,
         "agreement_with_fp32": agreement,
         "max_drop": max_drop,
-        "passed": max_drop is None or drop <= max_drop + 1e-12,
+        "min_agreement": min_agreement,
+        "passed": (max_drop is None or drop <= max_drop + 1e-12)
+        and (min_agreement is None or agreement >= min_agreement - 1e-12),
     }
 
 
 def status(entry: dict) -> str:
     """'rejected' when a variant failed its gate, 'accepted' when it passed one, else 'ungated'."""
     result = entry.get("gate")
-    if result is None or result.get("max_drop") is None:
+    if result is None or (result.get("max_drop") is None and result.get("min_agreement") is None):
         return "ungated"
     return "accepted" if result["passed"] else "rejected"
 
 
 def int8_options(spec, variants: Sequence[str], train_ds, validation_ds, tokenizer, seed: int = 0) -> Int8Options:
     """`Int8Options` for a run: the recipe's `export.int8` (`spec`), calibration batches drawn from the training
-    split (only when `int8_static` is requested) and the validation split (or `spec.eval_examples` of it) for the
-    gate."""
+    split (only when `int8_static` is requested) and the validation split (or `spec.eval_examples` of it), in
+    batches of `spec.eval_batch_size`, for the gate."""
     from compressor.train import sample_batches
 
     calibration = ()
@@ -231,6 +341,8 @@ def int8_options(spec, variants: Sequence[str], train_ds, validation_ds, tokeniz
         reduce_range=spec.reduce_range,
         exclude_nodes=tuple(spec.exclude_nodes),
         max_drop=spec.max_drop,
+        min_agreement=spec.min_agreement,
+        fallback_nodes=spec.fallback_nodes,
         calibration=calibration,
-        validation=sample_batches(validation_ds, tokenizer, n, 64, seed=seed),
+        validation=sample_batches(validation_ds, tokenizer, n, spec.eval_batch_size, seed=seed),
     )

@@ -218,7 +218,11 @@ class Int8Spec(Strict):
     """int8 variants: `int8` is dynamic quantisation, `int8_static` static QDQ calibrated on training examples.
 
     Each requested int8 variant's validation accuracy is compared with its fp32 graph's; one that drops more than
-    `max_drop` (a fraction: 0.003 = 0.3 points) is kept on disk but marked rejected and never recommended.
+    `max_drop` (a fraction: 0.003 = 0.3 points), or agrees with fp32 on fewer than `min_agreement` of the
+    predictions, is kept on disk but marked rejected and never recommended. With `fallback_nodes` > 0 a variant
+    that fails is first rescanned: its nodes are ranked by how much int8 error each causes, and up to that many of
+    the worst are kept in fp32 until the gate passes (the scan costs one quantisation and one validation pass per
+    quantised node).
     """
 
     per_channel: bool = Field(True, description="int8 weights per output channel (else per tensor)")
@@ -228,7 +232,20 @@ class Int8Spec(Strict):
     exclude_nodes: list[str] = Field(default_factory=list, description="ONNX node names kept in fp32")
     calibration_examples: int = Field(256, ge=1, le=10**6, description="training examples that calibrate int8_static")
     max_drop: float | None = Field(0.005, ge=0, lt=1, description="allowed validation accuracy drop; null = no gate")
+    min_agreement: float | None = Field(
+        None, gt=0, le=1, description="required share of validation predictions equal to fp32's; null = not gated"
+    )
+    fallback_nodes: int = Field(
+        0, ge=0, le=1000, description="nodes a failing variant may keep in fp32 to pass its gate; 0 = no fallback"
+    )
     eval_examples: int | None = Field(None, ge=1, le=10**9, description="validation examples for the gate; null = all")
+    eval_batch_size: int = Field(
+        32,
+        ge=1,
+        le=4096,
+        description="batch size of the gate's validation pass: dynamic int8 picks one activation scale per batch, "
+        "so its accuracy depends on the batch size it serves at (set yours)",
+    )
 
 
 class ExportSpec(Strict):

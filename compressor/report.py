@@ -161,17 +161,36 @@ def _export_table(export: dict) -> list[str]:
         "|---|---:|---:|---:|---|---|",
     ]
     for name, info in export.items():
-        g = info.get("gate")
-        gate = "–" if g is None else f"{_pct(g['accuracy'])} vs {_pct(g['fp32_accuracy'])} ({100 * g['drop']:+.2f}"
-        if g is not None:
-            gate += f", max {_pct(g['max_drop'])})" if g["max_drop"] is not None else ", ungated)"
         status = info.get("status", "passed parity")
         status = f"**{status}** (kept on disk, never recommended)" if status == "rejected" else status
         lines.append(
             f"| {name} | {info['size_bytes'] / 1e6:.1f} | {info['max_abs_diff']:.2e} | {_pct(info['agreement'])} | "
-            f"{gate} | {status} |"
+            f"{_gate_cell(info.get('gate'))} | {status}{_fallback_note(info.get('fp32_fallback'))} |"
         )
     return lines
+
+
+def _gate_cell(g: dict | None) -> str:
+    """'val acc vs fp32 (drop, max)' for an int8 gate, plus the agreement when the gate requires one."""
+    if g is None:
+        return "–"
+    cell = f"{_pct(g['accuracy'])} vs {_pct(g['fp32_accuracy'])} ({100 * g['drop']:+.2f}"
+    cell += f", max {_pct(g['max_drop'])})" if g["max_drop"] is not None else ", no max)"
+    if g.get("min_agreement") is not None:
+        cell += f"; agreement {_pct(g['agreement_with_fp32'])} (min {_pct(g['min_agreement'])})"
+    return cell
+
+
+def _fallback_note(fallback: dict | None) -> str:
+    """What the fp32 fallback did to an int8 variant that failed its first gate."""
+    if not fallback:
+        return ""
+    first = fallback["first_gate"]
+    before = f"first try: {_pct(first['accuracy'])}, agreement {_pct(first['agreement_with_fp32'])}"
+    if fallback["passed"]:
+        kept = ", ".join(f"`{n}`" for n in fallback["kept_fp32"])
+        return f" after keeping {len(fallback['kept_fp32'])} node(s) in fp32: {kept} ({before})"
+    return f"; an fp32 fallback of up to {len(fallback['tries'])} node(s) did not pass ({before})"
 
 
 def _units_lines(pruned: dict) -> list[str]:

@@ -18,7 +18,7 @@ from compressor.checkpoint import load_pruned, save_pruned
 from compressor.cli import app
 from compressor.errors import UserError
 from compressor.layout import present_heads
-from compressor.quantize import resolve_reduce_range
+from compressor.quantize import quantized_nodes, resolve_reduce_range
 from compressor.surgery import prune_heads
 from compressor.testing import ARCHS, tiny_batch, tiny_model
 
@@ -424,16 +424,23 @@ def test_rejected_int8_is_reported_and_never_recommended(tmp_path, tiny_model_di
             negate_output(dest)
         return how
 
+    import compressor.quantize as quantize
+
     monkeypatch.setattr(ex, "build_int8", broken)
+    monkeypatch.setattr(quantize, "build_int8", broken)  # the fp32 fallback's builds are broken too
+    int8 = {"max_drop": 0.05, "min_agreement": 0.5, "fallback_nodes": 1, "calibration_examples": 32}
     recipe = tiny_recipe(
         tiny_model_dir,
         tiny_csv,
         tmp_path / "out",
-        export={"variants": ["fp32", "int8", "int8_static"], "int8": {"max_drop": 0.05, "calibration_examples": 32}},
+        export={"variants": ["fp32", "int8", "int8_static"], "int8": int8},
         bench={"batch_sizes": [4], "seq_len": 16, "rounds": 1, "warmup": 0, "min_time_s": 0.01, "max_drop": None},
     )  # no accuracy gate vs the original: this test is about the int8 gate (tests/test_report.py has that one)
     report = run_recipe(parse_recipe(recipe))
     assert report["export"]["int8"]["status"] == "rejected"
+    assert report["export"]["int8"]["gate"]["min_agreement"] == 0.5  # the recipe's gate reaches the export
+    assert len(report["export"]["int8"]["fp32_fallback"]["tries"]) == 1
+    assert "fp32_fallback" not in report["export"]["int8_static"], "a variant that passes needs no fallback"
     assert report["export"]["int8_static"]["gate"]["examples"] == 30  # the whole validation split
     rec = report["recommendation"]
     assert rec["variant"] != "onnx-int8" and rec["rejected"] == ["onnx-int8"]
@@ -444,6 +451,83 @@ def test_rejected_int8_is_reported_and_never_recommended(tmp_path, tiny_model_di
     assert saved["recommendation"] == rec and saved["distillation"] is None
     md = (tmp_path / "out" / "report.md").read_text()
     assert "| int8 |" in md and "**rejected** (kept on disk, never recommended)" in md
+    assert "an fp32 fallback of up to 1 node(s) did not pass" in md
     assert f"**Recommendation: `{rec['variant']}`**" in md and "distillation off" in md
     card = (tmp_path / "out" / "model" / "README.md").read_text()
     assert "| int8 |" in card and "REJECTED (failed the int8 gate)" in card and "distillation off" in card
+
+
+OUTLIER_NODE = "/bert/encoder/layer.0/output/dense/MatMul"
+
+
+def outlier_model(root: Path) -> Path:
+    """A tiny BERT whose first feed-forward block has one activation outlier (an intermediate neuron always at 300,
+    which the output projection ignores): fp32 is unaffected, but dynamic int8 quantises that projection's input
+    with one scale per batch matrix, so the outlier crushes every other channel (the known BERT failure)."""
+    from transformers import AutoTokenizer
+
+    model_dir = saved_model(root, "bert", {0: [1]})
+    model = load_pruned(model_dir)
+    block = model.bert.encoder.layer[0]
+    with torch.no_grad():
+        block.intermediate.dense.weight[0].zero_()
+        block.intermediate.dense.bias[0] = 300.0
+        block.output.dense.weight[:, 0].zero_()
+    return save_pruned(model, model_dir, AutoTokenizer.from_pretrained(model_dir))
+
+
+def test_fp32_fallback_finds_the_outlier_node_and_passes_the_gate(tmp_path):
+    import onnx
+
+    from compressor.checkpoint import render_deployment_section
+    from compressor.report import _export_table
+
+    model_dir = outlier_model(tmp_path)
+    val = labelled_by(model_dir, [tiny_batch(batch=16, seq=11, seed=s) for s in range(20, 28)])
+    variants = ["fp32", "optimized", "int8"]
+    plain = ex.Int8Options(max_drop=None, min_agreement=0.97, validation=val)
+    rejected = ex.export_onnx(model_dir, tmp_path / "plain", variants, CHECK, int8=plain)["int8"]
+    assert rejected["status"] == "rejected" and "fp32_fallback" not in rejected, "no fallback unless asked"
+
+    options = ex.Int8Options(max_drop=None, min_agreement=0.97, validation=val, fallback_nodes=2)
+    int8 = ex.export_onnx(model_dir, tmp_path / "onnx", variants, CHECK, int8=options)["int8"]
+    fallback = int8["fp32_fallback"]
+    assert fallback["first_gate"] == rejected["gate"] and not fallback["first_gate"]["passed"]
+    assert fallback["scan"][0]["node"] == OUTLIER_NODE, "the scan ranks the outlier's node first"
+    assert len(fallback["scan"]) == len(quantized_nodes(tmp_path / "onnx" / "optimized" / "model.onnx"))
+    assert fallback["passed"] and fallback["kept_fp32"] == [OUTLIER_NODE] and len(fallback["tries"]) == 1
+    assert int8["status"] == "accepted" and int8["gate"]["agreement_with_fp32"] >= 0.97
+    assert int8["excluded_nodes"] == [OUTLIER_NODE]
+    graph = {n.name: n.op_type for n in onnx.load(int8["file"]).graph.node}
+    assert graph[OUTLIER_NODE] == "MatMul", "the kept node stays a float MatMul"
+    assert any(op in {"MatMulInteger", "DynamicQuantizeMatMul"} for op in graph.values()), "the rest is int8"
+    assert int8["max_abs_diff"] < rejected["max_abs_diff"] / 2, "the shipped graph is the rescued one"
+    table = "\n".join(_export_table({"int8": int8}))
+    assert f"accepted after keeping 1 node(s) in fp32: `{OUTLIER_NODE}`" in table and "(min 97.00)" in table
+    assert f"accepted, 1 node(s) kept in fp32: {OUTLIER_NODE}" in render_deployment_section({"int8": int8}, None)
+
+
+def test_fp32_fallback_that_never_passes_leaves_the_variant_rejected_and_unchanged(tmp_path, monkeypatch):
+    import onnx
+
+    import compressor.quantize as quantize
+
+    model_dir = saved_model(tmp_path, "bert", UNEVEN_EMPTY)
+    real = quantize.build_int8
+
+    def broken(name, source, dest, options, feed):  # every build flips every prediction: nothing can pass
+        how = real(name, source, dest, options, feed)
+        negate_output(dest)
+        return how
+
+    monkeypatch.setattr(ex, "build_int8", broken)
+    monkeypatch.setattr(quantize, "build_int8", broken)
+    options = ex.Int8Options(max_drop=0.01, validation=labelled_by(model_dir, VALIDATION_BATCHES), fallback_nodes=3)
+    int8 = ex.export_onnx(model_dir, tmp_path / "onnx", ["fp32", "int8"], CHECK, int8=options)["int8"]
+    fallback = int8["fp32_fallback"]
+    assert int8["status"] == "rejected" and not fallback["passed"] and fallback["kept_fp32"] == []
+    assert [len(t["kept_fp32"]) for t in fallback["tries"]] == [1, 2, 3]
+    assert int8["gate"] == fallback["first_gate"] and int8["excluded_nodes"] == []
+    graph = onnx.load(int8["file"]).graph
+    assert not [n for n in graph.node if n.name in fallback["tries"][-1]["kept_fp32"] and n.op_type == "MatMul"]
+    assert not [p for p in (tmp_path / "onnx").rglob("*") if p.name.startswith("tmp")], "trial graphs cleaned up"

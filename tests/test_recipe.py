@@ -43,6 +43,8 @@ BAD = [
     ({"bench": {"batch_sizes": []}}, "bench.batch_sizes"),
     ({"data": {"text_fields": []}}, "data.text_fields"),
     ({"export": {"variants": ["fp16"]}}, "export.variants.0"),
+    ({"export": {"int8": {"min_agreement": 99}}}, "export.int8.min_agreement: Input should be less than or equal to 1"),
+    ({"export": {"int8": {"fallback_nodes": -1}}}, "export.int8.fallback_nodes: Input should be greater than or equal"),
     ({"prune": {"min_heads_per_layer": -1}}, "prune.min_heads_per_layer"),
     ({"base_finetune": {"epochs": float("inf")}}, "base_finetune.epochs: Input should be a finite number"),
     ({"prune": {"finetune": {"lr": float("nan")}}}, "prune.finetune.lr: Input should be a finite number"),
