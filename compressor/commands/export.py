@@ -22,22 +22,40 @@ def parse_variants(text: str) -> list[str]:
         ) from None
 
 
-def check_batches(recipe_path: Path | None, model_dir: Path, examples: int) -> list[dict]:
-    """A seeded sample of the validation split of the recipe's data (default data without a recipe), tokenised by
-    the model's own tokenizer, in batches of 32: the real inputs the parity gate runs on."""
+def _task(recipe_path: Path | None, model_dir: Path):
+    """(recipe or None, its task data or the default data, the model's own tokenizer)."""
     from transformers import AutoTokenizer
 
-    from compressor.batches import eval_batches
     from compressor.recipe import DataSpec, load_recipe
     from compressor.sources import load_task_data
 
-    spec = load_recipe(recipe_path).data if recipe_path is not None else DataSpec()
-    data = load_task_data(spec)
+    recipe = load_recipe(recipe_path) if recipe_path is not None else None
+    data = load_task_data(recipe.data if recipe else DataSpec())
     try:
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
     except (OSError, ValueError) as err:
         raise UserError(f"MODEL_DIR: '{model_dir}' has no usable tokenizer ({err}); expected a saved model") from None
-    return eval_batches(data, tokenizer, "validation", spec.max_length, examples, seed=1)
+    return recipe, data, tokenizer
+
+
+def check_batches(data, tokenizer, max_length: int, examples: int) -> list[dict]:
+    """A seeded sample of the validation split, tokenised by the model's own tokenizer, in batches of 32: the real
+    inputs the parity gate runs on."""
+    from compressor.batches import eval_batches
+
+    return eval_batches(data, tokenizer, "validation", max_length, examples, seed=1)
+
+
+def recipe_int8(recipe, data, tokenizer, names: list[str]):
+    """The recipe's `export.int8` settings on its data (calibration from the training split, the gate and its fp32
+    fallback on the validation split), so a standalone export's int8 is checked exactly like a run's."""
+    from compressor.quantize import int8_options
+    from compressor.train import tokenize
+
+    def split(name: str):
+        return tokenize(getattr(data, name), tokenizer, data.text_fields, recipe.data.max_length)
+
+    return int8_options(recipe.export.int8, names, split("train"), split("validation"), tokenizer, seed=recipe.seed)
 
 
 @one_line_errors
@@ -47,11 +65,17 @@ def export(
     variants: str = typer.Option("fp32,optimized,int8", "--variants", help="comma-separated: fp32,optimized,int8"),
     atol: float = typer.Option(1e-4, "--atol", help="max |logit difference| allowed between ONNX fp32 and PyTorch"),
     opset: int = typer.Option(None, "--opset", help="ONNX opset (default: optimum's choice)"),
-    recipe: Path = typer.Option(None, "--recipe", help="recipe whose data provides the parity-check batches"),
+    recipe: Path = typer.Option(
+        None,
+        "--recipe",
+        help="recipe whose data provides the parity-check batches, and whose export.int8 settings (gate, fp32 "
+        "fallback, calibration) the int8 variants follow; without one int8 is ungated",
+    ),
     check_examples: int = typer.Option(128, "--check-examples", help="validation examples for the parity gate"),
 ) -> None:
     """Export to ONNX (fp32, ORT-optimised, dynamic int8); stop with one line if fp32 misses PyTorch by > atol."""
     from compressor.export import export_onnx
+    from compressor.recipe import DataSpec
 
     names = parse_variants(variants)
     if not atol > 0:
@@ -64,13 +88,19 @@ def export(
         raise UserError(f"MODEL_DIR: directory '{model_dir}' not found (expected a saved model directory)")
     if not (model_dir / "config.json").is_file():
         raise UserError(f"MODEL_DIR: '{model_dir}' has no config.json (expected a saved model directory)")
-    batches = check_batches(recipe, model_dir, check_examples)
-    result = export_onnx(model_dir, out_dir, names, batches, atol=atol, opset=opset)
+    spec, data, tokenizer = _task(recipe, model_dir)
+    max_length = (spec.data if spec else DataSpec()).max_length
+    batches = check_batches(data, tokenizer, max_length, check_examples)
+    int8 = recipe_int8(spec, data, tokenizer, names) if spec else None
+    result = export_onnx(model_dir, out_dir, names, batches, atol=atol, opset=opset, int8=int8)
     for name, info in result.items():
         fusion = f", fused attention nodes {info['fused_attention_nodes']}" if name != "fp32" else ""
+        status = f", {info['status']}" if "status" in info else ""
+        kept = info.get("excluded_nodes")
+        status += f" ({len(kept)} node(s) kept in fp32)" if kept else ""
         typer.echo(
             f"{name}: {info['size_bytes'] / 1e6:.1f} MB, max |Δlogit| {info['max_abs_diff']:.2e}, "
-            f"agreement {info['agreement']:.4f} on {info['check_examples']} examples{fusion} → {info['dir']}"
+            f"agreement {info['agreement']:.4f} on {info['check_examples']} examples{fusion}{status} → {info['dir']}"
         )
 
 
