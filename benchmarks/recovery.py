@@ -32,12 +32,15 @@ from finetuned import finished_report  # noqa: E402
 
 DEFAULT_RECIPES = ["minilm_rt_50pct", "minilm_rt_75pct"]
 DISTILL = {"alpha": 0.7, "temperature": 2.0}
+HIDDEN = {**DISTILL, "hidden_weight": 1.0}  # plus layer-wise hidden-state MSE (TinyBERT's weight)
 SETTINGS: dict[str, dict] = {  # name → changes to prune / prune.finetune (distill None switches it off)
     "lr5e-5": {"finetune": {"lr": 5.0e-5, "distill": None}},
     "lr5e-5_distill": {"finetune": {"lr": 5.0e-5, "distill": DISTILL}},
     "lr1e-4": {"finetune": {"lr": 1.0e-4, "distill": None}},
     "lr1e-4_distill": {"finetune": {"lr": 1.0e-4, "distill": DISTILL}},
     "lr1e-4_geometric": {"schedule": "geometric", "finetune": {"lr": 1.0e-4, "distill": None}},
+    "lr5e-5_hidden": {"finetune": {"lr": 5.0e-5, "distill": HIDDEN}},
+    "lr1e-4_hidden": {"finetune": {"lr": 1.0e-4, "distill": HIDDEN}},
 }
 
 
