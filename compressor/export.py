@@ -270,6 +270,9 @@ def _build_int8(tmp, out_dir, names, built: dict, batches, reference: dict, opti
         return {}
     source_name = "optimized" if "optimized" in built else "fp32"
     source = tmp / source_name / ONNX_FILE
+    smoothing = None
+    if options.smooth_alpha is not None:
+        source, smoothing = _smoothed(source, tmp / ".smoothed" / ONNX_FILE, batches, reference, options)
     fp32_val = evaluate_variant(OnnxClassifier(tmp / "fp32"), options.validation) if options.validation else None
     results = {}
     for name in wanted:
@@ -292,6 +295,8 @@ def _build_int8(tmp, out_dir, names, built: dict, batches, reference: dict, opti
             gate = fallback["tries"][-1]["gate"] if fallback["passed"] else gate
         entry = _variant_entry(name, file, _check(file, batches, reference), {}, out_dir)
         entry.update(quantized_from=source_name, weights=how, per_channel=options.per_channel)
+        if smoothing is not None:
+            entry["smoothing"] = smoothing
         entry["reduce_range"], entry["reduce_range_reason"] = resolve_reduce_range(options.reduce_range)
         entry["excluded_nodes"] = [*options.exclude_nodes, *(fallback["kept_fp32"] if fallback else [])]
         if gate is not None:
@@ -301,7 +306,21 @@ def _build_int8(tmp, out_dir, names, built: dict, batches, reference: dict, opti
         entry["status"] = int8_status(entry)
         _log_int8(name, entry)
         results[name] = entry
+    shutil.rmtree(tmp / ".smoothed", ignore_errors=True)
     return results
+
+
+def _smoothed(source: Path, dest: Path, batches, reference: dict, options: Int8Options) -> tuple[Path, dict]:
+    """`source` with activation outliers moved into the weights (`compressor.smoothing`), calibrated on
+    `options.calibration`, and the rescaled fp32 graph's max |Δlogit| against PyTorch (rounding only: ~1e-6)."""
+    from compressor.smoothing import smooth_graph
+
+    if not options.calibration:
+        raise UserError("export.int8.smooth_alpha: smoothing needs calibration batches; expected training examples")
+    info = smooth_graph(source, dest, options.calibration, OnnxClassifier(source).feed, options.smooth_alpha)
+    info["max_abs_diff"] = _check(dest, batches, reference)["max_abs_diff"]
+    log.info("export: int8 input smoothing (alpha %g) on %d MatMuls", info["alpha"], info["matmuls"])
+    return dest, info
 
 
 def _int8_gate(file: Path, fp32_val: dict, options: Int8Options) -> dict:

@@ -48,6 +48,7 @@ class Int8Options:
     max_drop: float | None = None  # allowed accuracy drop vs fp32 (fraction); None: measured but never rejected
     min_agreement: float | None = None  # required prediction agreement with fp32 (fraction); None: not gated
     fallback_nodes: int = 0  # a variant failing its gate may keep up to this many nodes in fp32 (`fp32_fallback`)
+    smooth_alpha: float | None = None  # SmoothQuant migration strength before quantising (`compressor.smoothing`)
     calibration: Sequence[Mapping] = field(default=(), repr=False)  # training batches (int8_static)
     validation: Sequence[Mapping] = field(default=(), repr=False)  # labelled batches for the gate
 
@@ -328,12 +329,12 @@ def status(entry: dict) -> str:
 
 def int8_options(spec, variants: Sequence[str], train_ds, validation_ds, tokenizer, seed: int = 0) -> Int8Options:
     """`Int8Options` for a run: the recipe's `export.int8` (`spec`), calibration batches drawn from the training
-    split (only when `int8_static` is requested) and the validation split (or `spec.eval_examples` of it), in
-    batches of `spec.eval_batch_size`, for the gate."""
+    split (only when `int8_static` or smoothing is requested) and the validation split (or `spec.eval_examples`
+    of it), in batches of `spec.eval_batch_size`, for the gate."""
     from compressor.train import sample_batches
 
     calibration = ()
-    if "int8_static" in variants:
+    if "int8_static" in variants or (spec.smooth_alpha is not None and any(v in INT8_VARIANTS for v in variants)):
         calibration = sample_batches(train_ds, tokenizer, spec.calibration_examples, 32, seed=seed + 2)
     n = spec.eval_examples or len(validation_ds)
     return Int8Options(
@@ -343,6 +344,7 @@ def int8_options(spec, variants: Sequence[str], train_ds, validation_ds, tokeniz
         max_drop=spec.max_drop,
         min_agreement=spec.min_agreement,
         fallback_nodes=spec.fallback_nodes,
+        smooth_alpha=spec.smooth_alpha,
         calibration=calibration,
         validation=sample_batches(validation_ds, tokenizer, n, spec.eval_batch_size, seed=seed),
     )

@@ -239,6 +239,13 @@ class Int8Spec(Strict):
         0, ge=0, le=1000, description="nodes a failing variant may keep in fp32 to pass its gate; 0 = no fallback"
     )
     eval_examples: int | None = Field(None, ge=1, le=10**9, description="validation examples for the gate; null = all")
+    smooth_alpha: float | None = Field(
+        None,
+        gt=0,
+        le=1,
+        description="SmoothQuant: move activation outliers into the weights before quantising (per input channel, "
+        "s = max|x|^alpha / max|w|^(1-alpha), calibrated on calibration_examples training examples); null = off",
+    )
     eval_batch_size: int = Field(
         32,
         ge=1,

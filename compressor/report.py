@@ -163,8 +163,9 @@ def _export_table(export: dict) -> list[str]:
     for name, info in export.items():
         status = info.get("status", "passed parity")
         status = f"**{status}** (kept on disk, never recommended)" if status == "rejected" else status
+        label = f"{name} (inputs smoothed, α {info['smoothing']['alpha']:g})" if info.get("smoothing") else name
         lines.append(
-            f"| {name} | {info['size_bytes'] / 1e6:.1f} | {info['max_abs_diff']:.2e} | {_pct(info['agreement'])} | "
+            f"| {label} | {info['size_bytes'] / 1e6:.1f} | {info['max_abs_diff']:.2e} | {_pct(info['agreement'])} | "
             f"{_gate_cell(info.get('gate'))} | {status}{_fallback_note(info.get('fp32_fallback'))} |"
         )
     return lines

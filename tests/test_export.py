@@ -250,7 +250,7 @@ def test_evaluate_variant_accuracy():
 def test_cli_export(tmp_path, tiny_csv):
     model_dir = saved_model(tmp_path, "bert", UNEVEN_EMPTY)
     recipe = tmp_path / "recipe.yaml"
-    int8 = {"max_drop": 0.5, "calibration_examples": 16}
+    int8 = {"max_drop": 0.5, "calibration_examples": 16, "smooth_alpha": 0.5}
     recipe.write_text(yaml.safe_dump(tiny_recipe(model_dir, tiny_csv, tmp_path / "run", export={"int8": int8})))
     args = ["export", str(model_dir), str(tmp_path / "onnx"), "--variants", "fp32,int8,int8_static"]
     result = CliRunner().invoke(app, [*args, "--recipe", str(recipe), "--check-examples", "20"])
@@ -262,6 +262,8 @@ def test_cli_export(tmp_path, tiny_csv):
         assert manifest[name]["gate"]["max_drop"] == 0.5 and manifest[name]["gate"]["examples"] == 30
         assert f"{name}: " in result.output and manifest[name]["status"] in result.output
     assert "calibrated on 16 training examples" in manifest["int8_static"]["weights"]
+    assert manifest["int8"]["smoothing"] == manifest["int8_static"]["smoothing"]  # one rescaled graph for both
+    assert manifest["int8"]["smoothing"]["alpha"] == 0.5 and manifest["int8"]["smoothing"]["examples"] == 16
     plain = CliRunner().invoke(app, ["export", str(model_dir), str(tmp_path / "onnx2"), "--variants", "fp32,int8"])
     assert plain.exit_code == 0 and "gate" not in json.loads((tmp_path / "onnx2" / "export.json").read_text())["int8"]
 
@@ -539,3 +541,63 @@ def test_fp32_fallback_that_never_passes_leaves_the_variant_rejected_and_unchang
     graph = onnx.load(int8["file"]).graph
     assert not [n for n in graph.node if n.name in fallback["tries"][-1]["kept_fp32"] and n.op_type == "MatMul"]
     assert not [p for p in (tmp_path / "onnx").rglob("*") if p.name.startswith("tmp")], "trial graphs cleaned up"
+
+
+# ------------------------------------------------------------------------ activation smoothing (SmoothQuant)
+
+
+@pytest.mark.parametrize("arch", ["bert", "distilbert", "roberta"])
+def test_smoothing_rescales_every_matmul_and_keeps_the_logits(tmp_path, arch):
+    import onnx
+
+    from compressor.smoothing import smooth_graph, smoothable_matmuls
+
+    model_dir = saved_model(tmp_path, arch, UNEVEN_EMPTY)
+    ex.export_onnx(model_dir, tmp_path / "onnx", ["fp32", "optimized"], CHECK)
+    source = tmp_path / "onnx" / "optimized" / "model.onnx"
+    before = onnx.load(str(source)).graph
+    feed = ex.OnnxClassifier(source).feed
+    info = smooth_graph(source, tmp_path / "smooth" / "model.onnx", CALIBRATION, feed, alpha=0.8)
+    after = onnx.load(str(tmp_path / "smooth" / "model.onnx")).graph
+    assert info["matmuls"] == len(smoothable_matmuls(before)) > 0 and info["examples"] == 24
+    producers = {o: n.op_type for n in after.node for o in n.output}
+    inputs = [producers[n.input[0]] for n in smoothable_matmuls(after)]
+    attention_layers = sum(1 for n in before.node if n.op_type == "Attention")
+    assert attention_layers > 0, "the optimised graph fuses attention: the fold is exercised"
+    assert inputs.count("Attention") == info["folded_into_attention"] == attention_layers, "folded into V"
+    assert inputs.count("Mul") == info["matmuls"] - attention_layers and set(inputs) <= {"Mul", "Attention"}
+    assert len(after.node) == len(before.node) + info["matmuls"] - attention_layers
+    weights = {t.name: onnx.numpy_helper.to_array(t) for t in before.initializer}
+    rescaled = {t.name: onnx.numpy_helper.to_array(t) for t in after.initializer}
+    assert any(not np.allclose(weights[n.input[1]], rescaled[n.input[1]]) for n in smoothable_matmuls(before))
+    for batch in CHECK:  # x/s @ (s W) == x @ W up to float rounding
+        smoothed = ex.OnnxClassifier(tmp_path / "smooth" / "model.onnx")(batch)
+        assert np.abs(smoothed - ex.OnnxClassifier(source)(batch)).max() < 1e-4
+
+
+def test_smoothing_scales():
+    from compressor.smoothing import SCALE_RANGE, smoothing_scales
+
+    act = np.array([4.0, 1.0, 0.0, 9.0], np.float32)
+    weight = np.array([[1.0, -1.0], [0.25, 0.0], [2.0, 1.0], [0.0, 0.0]], np.float32)
+    scales = smoothing_scales(act, weight, alpha=0.5)
+    assert scales[:2] == pytest.approx([2.0, 2.0])  # sqrt(4)/sqrt(1), sqrt(1)/sqrt(0.25)
+    assert scales[2] == 1.0, "a channel never active is left alone"
+    assert scales[3] == SCALE_RANGE[1], "a zero weight row gets the largest scale, not inf"
+    assert smoothing_scales(act, weight, alpha=1.0)[0] == pytest.approx(4.0)
+
+
+def test_smoothing_tames_the_outlier_that_breaks_int8(tmp_path):
+    """The planted activation outlier wrecks plain dynamic int8; smoothed, the same int8 stays close to fp32."""
+    model_dir = outlier_model(tmp_path)
+    calibration = [tiny_batch(batch=16, seq=11, seed=s) for s in range(40, 44)]
+    variants = ["fp32", "optimized", "int8"]
+    plain = ex.export_onnx(model_dir, tmp_path / "plain", variants, CHECK)["int8"]
+    options = ex.Int8Options(smooth_alpha=0.8, calibration=calibration)
+    smooth = ex.export_onnx(model_dir, tmp_path / "onnx", variants, CHECK, int8=options)["int8"]
+    assert smooth["smoothing"]["matmuls"] > 0 and smooth["smoothing"]["max_abs_diff"] < 1e-4
+    assert smooth["max_abs_diff"] < plain["max_abs_diff"] / 3
+    assert smooth["agreement"] >= plain["agreement"]
+    assert not (tmp_path / "onnx" / ".smoothed").exists(), "the rescaled fp32 graph is not shipped"
+    with pytest.raises(UserError, match=r"export\.int8\.smooth_alpha: smoothing needs calibration batches"):
+        ex.export_onnx(model_dir, tmp_path / "x", variants, CHECK, int8=ex.Int8Options(smooth_alpha=0.8))
