@@ -28,6 +28,7 @@ def test_minilm_small_slice_all_stages(tmp_path, cache_dir) -> None:
                 "score_examples": 64,
                 "finetune": {"epochs": 1, "lr": 5e-5, "max_examples": 128},
             },
+            "export": {"int8": {"smooth_alpha": 0.8, "calibration_examples": 64}},
             "bench": {"batch_sizes": [1, 32], "seq_len": 32, "rounds": 2, "warmup": 1, "min_time_s": 0.1},
             "analysis": {"examples": 24},
         }
@@ -39,6 +40,10 @@ def test_minilm_small_slice_all_stages(tmp_path, cache_dir) -> None:
     for variant in ("fp32", "optimized", "int8"):
         assert variant in report["export"]
     assert report["export"]["fp32"]["max_abs_diff"] <= 1e-4
+    smoothing = report["export"]["int8"]["smoothing"]  # the rescaled fp32 graph is the same function
+    fused = report["export"]["optimized"]["fused_attention_nodes"]  # one per layer that kept heads
+    assert smoothing["folded_into_attention"] == fused and smoothing["matmuls"] == 12 + fused  # + 2 FFN per layer
+    assert smoothing["max_abs_diff"] <= 1e-4
     saved = json.loads((tmp_path / "out" / "report.json").read_text())
     assert saved["status"] == "complete"
     model_dir = tmp_path / "out" / "model"
