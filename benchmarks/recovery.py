@@ -41,6 +41,9 @@ SETTINGS: dict[str, dict] = {  # name → changes to prune / prune.finetune (dis
     "lr1e-4_geometric": {"schedule": "geometric", "finetune": {"lr": 1.0e-4, "distill": None}},
     "lr5e-5_hidden": {"finetune": {"lr": 5.0e-5, "distill": HIDDEN}},
     "lr1e-4_hidden": {"finetune": {"lr": 1.0e-4, "distill": HIDDEN}},
+    # the same 1,500 examples per step over more, smaller steps (so more recovery in total)
+    "lr5e-5_distill_6steps": {"steps": 6, "finetune": {"lr": 5.0e-5, "distill": DISTILL}},
+    "lr5e-5_9steps": {"steps": 9, "finetune": {"lr": 5.0e-5, "distill": None}},
 }
 
 

@@ -116,6 +116,7 @@ def test_flagship_recipe_runs_through_hub_paths_on_local_copies(tmp_path, tiny_m
     mnli_copy.save_to_disk(tmp_path / "glue_mnli")
     recipe = yaml.safe_load((ROOT / "recipes" / "bert_mnli_50pct.yaml").read_text())
     recipe["data"]["source"] = str(tmp_path / "glue_mnli")
+    recipe["data"]["max_length"] = 64  # the tiny stand-in has 64 positions (bert-base has 512)
     recipe["output_dir"] = str(tmp_path / "out")
     recipe["base_finetune"] = {"epochs": 1, "lr": 1e-3, "batch_size": 16}
     recipe["prune"].update(steps=2, score_examples=32, finetune={"epochs": 1, "lr": 1e-3, "max_examples": 32})
