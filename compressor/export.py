@@ -14,8 +14,11 @@ bare `onnxruntime.InferenceSession`; tokenizer files and `config.json` sit besid
     out_dir/int8_static/model.onnx static QDQ int8 of the same graph, calibrated on training examples
     out_dir/export.json            what `export_onnx` returned
 
+Both int8 variants quantise the same source graph, smoothed first when `Int8Options.smooth_alpha` is set
+(`compressor.smoothing`: activation outliers moved into the weights; the smoothed fp32 graph is not shipped).
+
 Running a graph or the PyTorch model on batches and comparing logits (`OnnxClassifier`, `evaluate_variant`,
-`compare`) lives in `compressor.inference`; int8 building and gating in `compressor.quantize`.
+`compare`) lives in `compressor.inference`; int8 building, gating and the fp32 fallback in `compressor.quantize`.
 """
 
 from __future__ import annotations
@@ -281,18 +284,7 @@ def _build_int8(tmp, out_dir, names, built: dict, batches, reference: dict, opti
         gate = None if fp32_val is None else _int8_gate(file, fp32_val, options)
         fallback = None
         if gate is not None and not gate["passed"] and options.fallback_nodes:
-            log.info("export: %s failed its gate; scanning its nodes for an fp32 fallback", name)
-            fallback = fp32_fallback(
-                name,
-                source,
-                file,
-                options,
-                OnnxClassifier(source).feed,
-                lambda graph, batches: evaluate_variant(OnnxClassifier(graph), batches),
-                fp32_val,
-            )
-            fallback["first_gate"] = gate
-            gate = fallback["tries"][-1]["gate"] if fallback["passed"] else gate
+            gate, fallback = _rescue(name, source, file, options, gate, fp32_val)
         entry = _variant_entry(name, file, _check(file, batches, reference), {}, out_dir)
         entry.update(quantized_from=source_name, weights=how, per_channel=options.per_channel)
         if smoothing is not None:
@@ -321,6 +313,22 @@ def _smoothed(source: Path, dest: Path, batches, reference: dict, options: Int8O
     info["max_abs_diff"] = _check(dest, batches, reference)["max_abs_diff"]
     log.info("export: int8 input smoothing (alpha %g) on %d MatMuls", info["alpha"], info["matmuls"])
     return dest, info
+
+
+def _rescue(name: str, source: Path, file: Path, options: Int8Options, gate: dict, fp32_val: dict):
+    """(gate, fallback record) after `fp32_fallback` tried to make the failing int8 graph at `file` pass."""
+    log.info("export: %s failed its gate; scanning its nodes for an fp32 fallback", name)
+    fallback = fp32_fallback(
+        name,
+        source,
+        file,
+        options,
+        OnnxClassifier(source).feed,
+        lambda graph, batches: evaluate_variant(OnnxClassifier(graph), batches),
+        fp32_val,
+    )
+    fallback["first_gate"] = gate
+    return (fallback["tries"][-1]["gate"] if fallback["passed"] else gate), fallback
 
 
 def _int8_gate(file: Path, fp32_val: dict, options: Int8Options) -> dict:
