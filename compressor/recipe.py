@@ -222,7 +222,8 @@ class Int8Spec(Strict):
     predictions, is kept on disk but marked rejected and never recommended. With `fallback_nodes` > 0 a variant
     that fails is first rescanned: its nodes are ranked by how much int8 error each causes, and up to that many of
     the worst are kept in fp32 until the gate passes (the scan costs one quantisation and one validation pass per
-    quantised node).
+    quantised node). `smooth_alpha` rescales activation outliers into the weights before either kind is quantised
+    (SmoothQuant; `compressor.smoothing`).
     """
 
     per_channel: bool = Field(True, description="int8 weights per output channel (else per tensor)")
