@@ -11,10 +11,10 @@ unpruned original's accuracy from `report.json`, then timed at batch 32 with `co
 Dynamic quantisation picks each activation's scale per batch, so an int8 model's predictions depend slightly on
 what else is in the batch (padding included): the numbers here can differ by an example or two from a run report.
 
-With `--sensitive N ...` it first scans where the error comes from: every quantizable node (MatMuls, fused
-attention, pooler and classifier, embedding lookup) is kept in fp32 alone, and the validation split's agreement with
-fp32 is measured; then variants keep the N most helpful nodes in fp32. The choice uses the validation split only; the
-table scores every variant on the test split.
+With `--sensitive N ...` it first scans where the error comes from: every node dynamic int8 quantises
+(`compressor.quantize.quantized_nodes`: MatMuls, fused attention, embedding lookup) is kept in fp32 alone, and the
+validation split's agreement with fp32 is measured; then variants keep the N most helpful nodes in fp32. The choice
+uses the validation split only; the table scores every variant on the test split.
 
 Usage: .venv/bin/python benchmarks/int8.py [--run runs/minilm_rt_50pct] [--threads 2] [--rounds 3] [--sensitive 1 2 4]
        → prints a table and writes benchmarks/results/int8.json
@@ -40,6 +40,7 @@ from transformers import AutoTokenizer  # noqa: E402
 
 from compressor import bench  # noqa: E402
 from compressor.export import ONNX_FILE, quantize_graph  # noqa: E402
+from compressor.quantize import quantized_nodes  # noqa: E402
 from compressor.recipe import load_recipe  # noqa: E402
 from compressor.sources import load_task_data  # noqa: E402
 from compressor.train import sample_batches, tokenize  # noqa: E402
@@ -66,14 +67,6 @@ def ffn_output_nodes(graph_file: Path) -> list[str]:
 
 
 SCAN_BASE = {"reduce_range": False}  # the sensitivity scan starts from the 8-bit per-channel variant
-QUANTIZABLE = ("MatMul", "Attention", "Gemm", "EmbedLayerNormalization")  # what ORT's dynamic quantiser converts
-
-
-def quantizable_nodes(graph_file: Path) -> list[str]:
-    """Names of the nodes dynamic quantisation turns into int8 ops (MatMuls, fused attention, the pooler and
-    classifier Gemms, the fused embedding lookup)."""
-    graph = onnx.load(str(graph_file), load_external_data=False).graph
-    return [n.name for n in graph.node if n.op_type in QUANTIZABLE]
 
 
 def sensitivity(optimized: Path, batches: list, work: Path, threads: int) -> list[dict]:
@@ -87,7 +80,7 @@ def sensitivity(optimized: Path, batches: list, work: Path, threads: int) -> lis
     reference = predictions(optimized)
     default = float((predictions(quantized_variant(optimized, work / "all", SCAN_BASE)) == reference).mean())
     rows = []
-    for i, node in enumerate(quantizable_nodes(optimized / ONNX_FILE)):
+    for i, node in enumerate(quantized_nodes(optimized / ONNX_FILE)):
         variant = quantized_variant(optimized, work / f"n{i}", {**SCAN_BASE, "nodes_to_exclude": [node]})
         agreement = float((predictions(variant) == reference).mean())
         rows.append({"node": node, "agreement": agreement, "gain": agreement - default})

@@ -87,12 +87,14 @@ def smooth_graph(
     nodes = smoothable_matmuls(graph)
     maxima = activation_maxima(model, list(dict.fromkeys(n.input[0] for n in nodes)), batches, feed)
     weights = {t.name: t for t in graph.initializer}
+    producers = {out: n for n in graph.node for out in n.output}
+    uses = Counter(name for n in graph.node for name in n.input)  # the folds below change no tensor's readers
     muls, folded = {}, 0
     for i, node in enumerate(nodes):
         weight = numpy_helper.to_array(weights[node.input[1]])
         scales = smoothing_scales(maxima[node.input[0]], weight, alpha)
         weights[node.input[1]].CopyFrom(numpy_helper.from_array(weight * scales[:, None], node.input[1]))
-        if _fold_into_attention(graph, node.input[0], weights, scales):
+        if _fold_into_attention(producers.get(node.input[0]), node.input[0], weights, uses, scales):
             folded += 1
             continue
         inverse, smoothed = f"{node.name or i}_smooth_inverse", f"{node.input[0]}_smoothed_{i}"
@@ -112,16 +114,14 @@ def smooth_graph(
     return {"alpha": alpha, "matmuls": len(nodes), "folded_into_attention": folded, "examples": examples}
 
 
-def _fold_into_attention(graph, tensor: str, weights: dict, scales: np.ndarray) -> bool:
-    """Divide the value columns of the fused `Attention` node producing `tensor` by `scales` (so its output comes
-    out already divided), when that is exact: the node's packed QKV weight and bias are initializers it alone uses,
-    and `tensor` has no other reader. Returns whether it folded."""
+def _fold_into_attention(producer, tensor: str, weights: dict, uses: Counter, scales: np.ndarray) -> bool:
+    """Divide the value columns of `producer`, the node computing `tensor`, by `scales` (so its output comes out
+    already divided), when that is exact: it is a fused `Attention` whose packed QKV weight and bias are
+    initializers it alone uses, and `tensor` has no other reader. Returns whether it folded."""
     from onnx import helper, numpy_helper
 
-    producer = next((n for n in graph.node if tensor in n.output), None)
     if producer is None or producer.op_type != "Attention" or producer.output[0] != tensor or len(producer.input) < 3:
         return False
-    uses = Counter(name for node in graph.node for name in node.input)
     weight_name, bias_name = producer.input[1], producer.input[2]
     if uses[tensor] != 1 or weight_name not in weights or bias_name not in weights:
         return False
