@@ -16,7 +16,12 @@ With `--sensitive N ...` it first scans where the error comes from: every node d
 validation split's agreement with fp32 is measured; then variants keep the N most helpful nodes in fp32. The choice
 uses the validation split only; the table scores every variant on the test split.
 
+With `--smooth ALPHA ...` it adds activation-smoothed variants (`compressor.smoothing`, calibrated on the recipe's
+training examples as a run's export is), one per smoothing scope: every MatMul, and "cheap" (the feed-forward
+down-projections skipped).
+
 Usage: .venv/bin/python benchmarks/int8.py [--run runs/minilm_rt_50pct] [--threads 2] [--rounds 3] [--sensitive 1 2 4]
+                                           [--smooth 0.8]
        → prints a table and writes benchmarks/results/int8.json
 """
 
@@ -40,8 +45,10 @@ from transformers import AutoTokenizer  # noqa: E402
 
 from compressor import bench  # noqa: E402
 from compressor.export import ONNX_FILE, quantize_graph  # noqa: E402
-from compressor.quantize import quantized_nodes  # noqa: E402
+from compressor.inference import OnnxClassifier  # noqa: E402
+from compressor.quantize import int8_options, quantized_nodes  # noqa: E402
 from compressor.recipe import load_recipe  # noqa: E402
+from compressor.smoothing import SCOPES, smooth_graph  # noqa: E402
 from compressor.sources import load_task_data  # noqa: E402
 from compressor.train import sample_batches, tokenize  # noqa: E402
 
@@ -88,13 +95,19 @@ def sensitivity(optimized: Path, batches: list, work: Path, threads: int) -> lis
     return sorted(rows, key=lambda r: -r["agreement"])
 
 
-def quantized_variant(source_dir: Path, dest_dir: Path, options: dict) -> Path:
-    """A copy of an exported variant directory (config, tokenizer) with its graph quantised under `options`."""
+def quantized_variant(source_dir: Path, dest_dir: Path, options: dict, calibration: list | None = None) -> Path:
+    """A copy of an exported variant directory (config, tokenizer) with its graph quantised under `options`
+    (smoothed first, on `calibration`, when they name a `smooth_alpha`)."""
     shutil.copytree(source_dir, dest_dir, ignore=shutil.ignore_patterns("*.onnx", "*.onnx_data"))
     source = source_dir / ONNX_FILE
     options = dict(options)
     if options.pop("keep_ffn_output", False):
         options["nodes_to_exclude"] = ffn_output_nodes(source)
+    alpha, scope = options.pop("smooth_alpha", None), options.pop("smooth_scope", "all")
+    if alpha is not None:
+        smoothed = dest_dir.with_name(dest_dir.name + "_smoothed.onnx")
+        smooth_graph(source, smoothed, calibration, OnnxClassifier(source).feed, alpha, scope)
+        source = smoothed
     quantize_graph(source, dest_dir / ONNX_FILE, **options)
     return dest_dir
 
@@ -112,6 +125,13 @@ def main(argv: list[str] | None = None) -> int:
         default=[],
         help="also scan each node's int8 sensitivity on the validation split and add variants with the N most "
         "sensitive nodes kept in fp32 (e.g. --sensitive 1 2 4)",
+    )
+    parser.add_argument(
+        "--smooth",
+        type=float,
+        nargs="*",
+        default=[],
+        help="also add activation-smoothed variants at these alphas, one per smoothing scope (e.g. --smooth 0.8)",
     )
     args = parser.parse_args(argv)
     optimized = args.run / "onnx" / "optimized"
@@ -137,8 +157,17 @@ def main(argv: list[str] | None = None) -> int:
         shipped = args.run / "onnx" / "int8"
         if (shipped / ONNX_FILE).exists():  # what the run's own gate (and fp32 fallback) shipped, as it is on disk
             candidates.append(bench.onnx_candidate(SHIPPED, shipped, args.threads))
+        for alpha in args.smooth:
+            for scope in SCOPES:
+                options = {**SCAN_BASE, "smooth_alpha": alpha, "smooth_scope": scope}
+                variants[f"int8 per-channel, smoothed α {alpha:g} ({scope})"] = options
+        calibration = None
+        if args.smooth:  # the training batches a run's export calibrates on (`int8_options`)
+            train = tokenize(task.train, tokenizer, task.text_fields, recipe.data.max_length)
+            spec = recipe.export.int8.model_copy(update={"smooth_alpha": args.smooth[0]})
+            calibration = int8_options(spec, ["int8"], train, [], tokenizer).calibration
         for i, (name, options) in enumerate(variants.items()):
-            variant = quantized_variant(optimized, Path(tmp) / f"v{i}", options)
+            variant = quantized_variant(optimized, Path(tmp) / f"v{i}", options, calibration)
             candidates.append(bench.onnx_candidate(name, variant, args.threads))
         quality = bench.measure_quality(candidates, batches, REFERENCE)
         timing = bench.measure_throughput(candidates, [32], recipe.bench.seq_len, args.rounds, threads=args.threads)
@@ -173,10 +202,10 @@ def main(argv: list[str] | None = None) -> int:
         },
         "variant_options": variants,
     }
-    print(f"{'variant':36s} {'MB':>6s} {'test acc':>8s} {'vs orig':>8s} {'agree':>7s} {'speed-up b32':>12s}")
+    print(f"{'variant':44s} {'MB':>6s} {'test acc':>8s} {'vs orig':>8s} {'agree':>7s} {'speed-up b32':>12s}")
     for name, r in rows.items():
         print(
-            f"{name:36s} {r['size_mb']:6.1f} {100 * r['test_accuracy']:8.2f} {r['points_vs_unpruned_original']:+8.2f}"
+            f"{name:44s} {r['size_mb']:6.1f} {100 * r['test_accuracy']:8.2f} {r['points_vs_unpruned_original']:+8.2f}"
             f" {100 * r['agreement_with_fp32']:7.2f} {r['speedup_vs_fp32_b32']:11.2f}×"
         )
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -7,10 +7,12 @@ a one-round bench for the test-split McNemar test; a finished run is reused) and
 validation accuracy after the last step's fine-tune, the test accuracy with its paired McNemar p against the
 original, and the wall time without the shared base fine-tune.
 
-The setting a recipe should ship is the one with the best *validation* accuracy (marked "chosen"); the test column
-is printed for every row but plays no part in the choice.
+The setting a recipe should ship is the one with the best *validation* accuracy (marked "chosen"; averaged over
+its seeds when run with `--seeds`); the test column is printed for every row but plays no part in the choice. With
+several seeds a second table gives each setting's mean and spread of the test Δ: at these split sizes one seed's
+Δ is mostly noise.
 
-Usage: python benchmarks/recovery.py [--recipes R ...] [--settings S ...] [--rerun]
+Usage: python benchmarks/recovery.py [--recipes R ...] [--settings S ...] [--seeds 0 1 2] [--rerun]
   → prints a Markdown table and writes benchmarks/results/recovery.json (rows of earlier sweeps are kept; a
     recipe and setting run again replace their row)
 """
@@ -20,6 +22,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import statistics
 import sys
 from pathlib import Path
 
@@ -47,9 +50,12 @@ SETTINGS: dict[str, dict] = {  # name → changes to prune / prune.finetune (dis
 }
 
 
-def variant(recipe: Path, name: str, changes: dict) -> Path:
-    """Write `recipe` with `changes` applied to its `prune` section under runs/recovery/; return its path."""
+def variant(recipe: Path, name: str, changes: dict, seed: int | None = None) -> Path:
+    """Write `recipe` with `changes` applied to its `prune` section (and its `seed` replaced, when given) under
+    runs/recovery/; return its path."""
     data = yaml.safe_load(recipe.read_text())
+    if seed is not None:
+        data["seed"] = seed
     prune = data["prune"]
     for key, value in changes.items():
         if key == "finetune":
@@ -67,7 +73,7 @@ def variant(recipe: Path, name: str, changes: dict) -> Path:
     return path
 
 
-def row(recipe: str, setting: str, report: dict) -> dict:
+def row(recipe: str, setting: str, report: dict, seed: int) -> dict:
     """The figures of one run: last-step validation, test accuracy and McNemar p, wall time without the base."""
     original = 100 * report["original"]["test"]["accuracy"]
     pruned = 100 * report["pruned"]["test"]["accuracy"]
@@ -75,6 +81,7 @@ def row(recipe: str, setting: str, report: dict) -> dict:
     return {
         "recipe": recipe,
         "setting": setting,
+        "seed": seed,
         "heads_left": report["pruned"]["heads_left"],
         "val_after_last_step": (last.get("val_after_finetune") or {}).get("accuracy"),
         "original_test_accuracy": round(original, 2),
@@ -85,45 +92,84 @@ def row(recipe: str, setting: str, report: dict) -> dict:
     }
 
 
+def settings_of(rows: list[dict]) -> dict[tuple[str, str], list[dict]]:
+    """Rows grouped by (recipe, setting): one row per seed run."""
+    groups: dict[tuple[str, str], list[dict]] = {}
+    for r in rows:
+        groups.setdefault((r["recipe"], r["setting"]), []).append(r)
+    return groups
+
+
 def choose(rows: list[dict]) -> None:
-    """Mark, per recipe, the setting with the best validation accuracy after its last step."""
+    """Mark, per recipe, the rows of the setting with the best validation accuracy after its last step (averaged
+    over the seeds it ran with)."""
+    groups = settings_of([r for r in rows if r["val_after_last_step"] is not None])
     for recipe in {r["recipe"] for r in rows}:
-        mine = [r for r in rows if r["recipe"] == recipe and r["val_after_last_step"] is not None]
-        best = max(mine, key=lambda r: r["val_after_last_step"], default=None)
-        for r in mine:
-            r["chosen_by_validation"] = r is best
+        mine = {setting: g for (rec, setting), g in groups.items() if rec == recipe}
+        best = max(mine, key=lambda s: statistics.fmean(r["val_after_last_step"] for r in mine[s]), default=None)
+        for setting, group in mine.items():
+            for r in group:
+                r["chosen_by_validation"] = setting == best
 
 
 def table(rows: list[dict]) -> str:
-    head = "| recipe | setting | heads left | val (last step) | test | Δ vs original | McNemar p | s | chosen |"
-    lines = [head, "|---|---|---:|---:|---:|---:|---:|---:|---|"]
+    head = "| recipe | setting | seed | heads left | val (last step) | test | Δ vs original | McNemar p | s | chosen |"
+    lines = [head, "|---|---|---:|---:|---:|---:|---:|---:|---:|---|"]
     for r in rows:
         p, val = r["mcnemar_p"], r["val_after_last_step"]
+        chosen = "yes" if r.get("chosen_by_validation") else ""
         lines.append(
-            f"| {r['recipe']} | {r['setting']} | {r['heads_left']} | {'–' if val is None else f'{val:.4f}'} |"
-            f" {r['pruned_test_accuracy']:.2f} | {r['delta_points']:+.2f} | {'–' if p is None else f'{p:.3g}'} |"
-            f" {r['run_seconds']} | {'yes' if r.get('chosen_by_validation') else ''} |"
+            f"| {r['recipe']} | {r['setting']} | {r.get('seed', 0)} | {r['heads_left']} |"
+            f" {'–' if val is None else f'{val:.4f}'} | {r['pruned_test_accuracy']:.2f} | {r['delta_points']:+.2f} |"
+            f" {'–' if p is None else f'{p:.3g}'} | {r['run_seconds']} | {chosen} |"
         )
     return "\n".join(lines)
+
+
+def seed_summary(rows: list[dict]) -> str:
+    """Per setting run with more than one seed: mean validation, and mean and spread of the test Δ."""
+    head = "| recipe | setting | seeds | mean val | mean Δ | sd Δ | min Δ | max Δ |"
+    lines = [head, "|---|---|---:|---:|---:|---:|---:|---:|"]
+    for (recipe, setting), group in settings_of(rows).items():
+        if len(group) < 2:
+            continue
+        deltas = [r["delta_points"] for r in group]
+        vals = [r["val_after_last_step"] for r in group if r["val_after_last_step"] is not None]
+        mean_val = f"{statistics.fmean(vals):.4f}" if vals else "–"
+        lines.append(
+            f"| {recipe} | {setting} | {len(group)} | {mean_val} | {statistics.fmean(deltas):+.2f} |"
+            f" {statistics.stdev(deltas):.2f} | {min(deltas):+.2f} | {max(deltas):+.2f} |"
+        )
+    return "\n".join(lines) if len(lines) > 2 else ""
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--recipes", nargs="+", default=DEFAULT_RECIPES, help="recipe names under recipes/")
     parser.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=list(SETTINGS))
+    parser.add_argument(
+        "--seeds",
+        type=int,
+        nargs="+",
+        default=[0],
+        help="recipe seeds to run each setting with (the seed also drives the base fine-tune, so each seed has its "
+        "own original; Δ is always against the same seed's original)",
+    )
     parser.add_argument("--rerun", action="store_true", help="run every variant again (--force) even if finished")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "recovery.json")
     args = parser.parse_args()
     rows = json.loads(args.out.read_text()) if args.out.exists() else []  # earlier sweeps' rows are kept
-    for setting in args.settings:
-        for recipe in args.recipes:
-            path = variant(ROOT / "recipes" / f"{recipe}.yaml", setting, SETTINGS[setting])
-            new = row(recipe, setting, finished_report(path, args.rerun))
-            rows = [r for r in rows if (r["recipe"], r["setting"]) != (recipe, setting)] + [new]
-            choose(rows)
-            args.out.parent.mkdir(parents=True, exist_ok=True)
-            args.out.write_text(json.dumps(rows, indent=2) + "\n")  # after every run: a partial sweep is kept
-            print(table(rows), flush=True)
+    runs = [(setting, seed, recipe) for setting in args.settings for seed in args.seeds for recipe in args.recipes]
+    for setting, seed, recipe in runs:
+        name = setting if seed == 0 else f"{setting}_seed{seed}"  # seed 0: every recipe's own seed, the first sweeps
+        path = variant(ROOT / "recipes" / f"{recipe}.yaml", name, SETTINGS[setting], seed)
+        new = row(recipe, setting, finished_report(path, args.rerun), seed)
+        rows = [r for r in rows if (r["recipe"], r["setting"], r.get("seed", 0)) != (recipe, setting, seed)] + [new]
+        choose(rows)
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(rows, indent=2) + "\n")  # after every run: a partial sweep is kept
+        print(table(rows), flush=True)
+    print(seed_summary(rows))
     print(f"wrote {args.out}")
 
 

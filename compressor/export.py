@@ -309,9 +309,13 @@ def _smoothed(source: Path, dest: Path, batches, reference: dict, options: Int8O
 
     if not options.calibration:
         raise UserError("export.int8.smooth_alpha: smoothing needs calibration batches; expected training examples")
-    info = smooth_graph(source, dest, options.calibration, OnnxClassifier(source).feed, options.smooth_alpha)
+    feed = OnnxClassifier(source).feed
+    info = smooth_graph(source, dest, options.calibration, feed, options.smooth_alpha, options.smooth_scope)
     info["max_abs_diff"] = _check(dest, batches, reference)["max_abs_diff"]
-    log.info("export: int8 input smoothing (alpha %g) on %d MatMuls", info["alpha"], info["matmuls"])
+    log.info(
+        "export: int8 input smoothing (alpha %g, scope %s) on %d MatMuls (%d folded into attention, %d skipped)",
+        *(info[k] for k in ("alpha", "scope", "matmuls", "folded_into_attention", "skipped")),
+    )
     return dest, info
 
 

@@ -10,6 +10,11 @@ where the input is the output of ONNX Runtime's fused `Attention` (and nothing e
 of attention is a mix of one value channel, so dividing that value column's weight and bias by `s` is free. The
 rescaled graph is an fp32 graph equal to the original up to float rounding, and is then quantised as usual.
 
+A `Mul` is one more pass over its activation. Before a MatMul whose input is wider than its output (a feed-forward
+down-projection, fed by the GELU over the widest activation) that pass costs the most, relative to the MatMul, and
+on MiniLM it made int8 about 6% slower at batch 32 (`docs/results.md`). `scope="cheap"` skips exactly those
+MatMuls (unless their division folds), so smoothing adds no measurable time; `"all"` smooths every one.
+
 Pure graph rewriting: no training imports, no knowledge of the model's architecture beyond "a MatMul with a constant
 two-dimensional weight".
 """
@@ -23,6 +28,7 @@ from pathlib import Path
 import numpy as np
 
 SCALE_RANGE = (1e-4, 1e4)  # clip on s: a zero weight row or a dead channel must not give inf or 0
+SCOPES = ("all", "cheap")  # which smoothable MatMuls get smoothed (see the module docstring)
 
 
 def smoothable_matmuls(graph) -> list:
@@ -75,32 +81,46 @@ def smoothing_scales(act_max: np.ndarray, weight: np.ndarray, alpha: float) -> n
 
 
 def smooth_graph(
-    src: Path, dest: Path, batches: Sequence[Mapping], feed: Callable[[Mapping], dict], alpha: float
+    src: Path,
+    dest: Path,
+    batches: Sequence[Mapping],
+    feed: Callable[[Mapping], dict],
+    alpha: float,
+    scope: str = "all",
 ) -> dict:
-    """Write `src` with every smoothable MatMul rescaled (see the module docstring) to `dest`, its activation
-    maxima measured on `batches` (fed through `feed`). Returns {"alpha", "matmuls", "examples"}."""
+    """Write `src` with its smoothable MatMuls rescaled (every one, or with `scope="cheap"` those whose division
+    is free or whose input is no wider than their output; see the module docstring) to `dest`, activation maxima
+    measured on `batches` (fed through `feed`). Returns {"alpha", "scope", "matmuls", "folded_into_attention",
+    "skipped", "examples"}."""
     import onnx
     from onnx import numpy_helper
 
+    if scope not in SCOPES:
+        raise ValueError(f"scope: expected one of {', '.join(SCOPES)}, got {scope!r}")
     model = onnx.load(str(src))
     graph = model.graph
-    nodes = smoothable_matmuls(graph)
-    maxima = activation_maxima(model, list(dict.fromkeys(n.input[0] for n in nodes)), batches, feed)
     weights = {t.name: t for t in graph.initializer}
     producers = {out: n for n in graph.node for out in n.output}
     uses = Counter(name for n in graph.node for name in n.input)  # the folds below change no tensor's readers
+    candidates = smoothable_matmuls(graph)
+    folds = [_attention_fold(producers.get(n.input[0]), n, weights, uses) for n in candidates]
+    chosen = [i for i, n in enumerate(candidates) if scope == "all" or folds[i] or not _projects_down(n, weights)]
+    nodes = [candidates[i] for i in chosen]
+    maxima = activation_maxima(model, list(dict.fromkeys(n.input[0] for n in nodes)), batches, feed)
     muls, folded = {}, 0
-    for i, node in enumerate(nodes):
+    for i, node in zip(chosen, nodes, strict=True):
         weight = numpy_helper.to_array(weights[node.input[1]])
         scales = smoothing_scales(maxima[node.input[0]], weight, alpha)
-        weights[node.input[1]].CopyFrom(numpy_helper.from_array(weight * scales[:, None], node.input[1]))
-        if _fold_into_attention(producers.get(node.input[0]), node.input[0], weights, uses, scales):
+        if folds[i] is not None:
+            _divide_values(folds[i], weights, scales)
             folded += 1
-            continue
-        inverse, smoothed = f"{node.name or i}_smooth_inverse", f"{node.input[0]}_smoothed_{i}"
-        graph.initializer.append(numpy_helper.from_array((1.0 / scales).astype(np.float32), inverse))
-        muls[node.output[0]] = onnx.helper.make_node("Mul", [node.input[0], inverse], [smoothed], name=f"{inverse}_mul")
-        node.input[0] = smoothed
+        else:
+            inverse, smoothed = f"{node.name or i}_smooth_inverse", f"{node.input[0]}_smoothed_{i}"
+            graph.initializer.append(numpy_helper.from_array((1.0 / scales).astype(np.float32), inverse))
+            mul = onnx.helper.make_node("Mul", [node.input[0], inverse], [smoothed], name=f"{inverse}_mul")
+            muls[node.output[0]] = mul
+            node.input[0] = smoothed
+        weights[node.input[1]].CopyFrom(numpy_helper.from_array(weight * scales[:, None], node.input[1]))
     ordered = []
     for node in graph.node:  # each Mul right before its MatMul keeps the graph topologically sorted
         ordered += [muls[node.output[0]]] if node.output[0] in muls else []
@@ -111,30 +131,51 @@ def smooth_graph(
     dest.parent.mkdir(parents=True, exist_ok=True)
     onnx.save(model, str(dest))
     examples = sum(len(b["input_ids"]) for b in batches)
-    return {"alpha": alpha, "matmuls": len(nodes), "folded_into_attention": folded, "examples": examples}
+    return {
+        "alpha": alpha,
+        "scope": scope,
+        "matmuls": len(nodes),
+        "folded_into_attention": folded,
+        "skipped": len(candidates) - len(nodes),
+        "examples": examples,
+    }
 
 
-def _fold_into_attention(producer, tensor: str, weights: dict, uses: Counter, scales: np.ndarray) -> bool:
-    """Divide the value columns of `producer`, the node computing `tensor`, by `scales` (so its output comes out
-    already divided), when that is exact: it is a fused `Attention` whose packed QKV weight and bias are
-    initializers it alone uses, and `tensor` has no other reader. Returns whether it folded."""
-    from onnx import helper, numpy_helper
+def _projects_down(node, weights: dict) -> bool:
+    """Whether MatMul `node` narrows its input (its weight [in, out] has in > out: a feed-forward down-projection)."""
+    rows, cols = weights[node.input[1]].dims
+    return rows > cols
 
+
+def _attention_fold(producer, matmul, weights: dict, uses: Counter):
+    """`producer` (the node computing `matmul`'s input) when dividing that input can be folded into it exactly:
+    a fused `Attention` whose packed QKV weight and bias are initializers it alone uses, whose value width is the
+    MatMul's input width, and whose output nothing else reads. Else None."""
+    from onnx import helper
+
+    tensor = matmul.input[0]
     if producer is None or producer.op_type != "Attention" or producer.output[0] != tensor or len(producer.input) < 3:
-        return False
+        return None
     weight_name, bias_name = producer.input[1], producer.input[2]
     if uses[tensor] != 1 or weight_name not in weights or bias_name not in weights:
-        return False
+        return None
     if uses[weight_name] != 1 or uses[bias_name] != 1:
-        return False
-    weight, bias = numpy_helper.to_array(weights[weight_name]), numpy_helper.to_array(weights[bias_name])
+        return None
     sizes = {a.name: helper.get_attribute_value(a) for a in producer.attribute}.get("qkv_hidden_sizes")
-    value = int(sizes[2]) if sizes else weight.shape[1] // 3  # the value projection is the last block of columns
-    if value != len(scales):
-        return False
+    value = int(sizes[2]) if sizes else weights[weight_name].dims[1] // 3  # V is the last block of columns
+    return producer if value == weights[matmul.input[1]].dims[0] else None
+
+
+def _divide_values(attention, weights: dict, scales: np.ndarray) -> None:
+    """Divide the value columns of fused `attention`'s QKV weight and bias by `scales` (each output channel of
+    attention is a mix of one value channel, so its output comes out divided)."""
+    from onnx import numpy_helper
+
+    weight_name, bias_name = attention.input[1], attention.input[2]
+    weight, bias = numpy_helper.to_array(weights[weight_name]), numpy_helper.to_array(weights[bias_name])
+    value = len(scales)
     weight, bias = weight.copy(), bias.copy()
     weight[:, -value:] /= scales
     bias[-value:] /= scales
     weights[weight_name].CopyFrom(numpy_helper.from_array(weight, weight_name))
     weights[bias_name].CopyFrom(numpy_helper.from_array(bias, bias_name))
-    return True

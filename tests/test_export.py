@@ -575,6 +575,37 @@ def test_smoothing_rescales_every_matmul_and_keeps_the_logits(tmp_path, arch):
         assert np.abs(smoothed - ex.OnnxClassifier(source)(batch)).max() < 1e-4
 
 
+@pytest.mark.parametrize("arch", ["bert", "distilbert"])
+def test_cheap_smoothing_skips_the_down_projections(tmp_path, arch):
+    """scope "cheap" leaves every MatMul whose input is wider than its output (the FFN output projection) as it
+    was, adds no Mul before one, and still smooths the rest; the function stays the same."""
+    import onnx
+
+    from compressor.smoothing import smooth_graph, smoothable_matmuls
+
+    model_dir = saved_model(tmp_path, arch, UNEVEN_EMPTY)
+    ex.export_onnx(model_dir, tmp_path / "onnx", ["fp32", "optimized"], CHECK)
+    source = tmp_path / "onnx" / "optimized" / "model.onnx"
+    dest = tmp_path / "cheap" / "model.onnx"
+    info = smooth_graph(source, dest, CALIBRATION, ex.OnnxClassifier(source).feed, alpha=0.8, scope="cheap")
+    before, after = onnx.load(str(source)).graph, onnx.load(str(dest)).graph
+    weights = {t.name: onnx.numpy_helper.to_array(t) for t in before.initializer}
+    rescaled = {t.name: onnx.numpy_helper.to_array(t) for t in after.initializer}
+    down = [n for n in smoothable_matmuls(before) if weights[n.input[1]].shape[0] > weights[n.input[1]].shape[1]]
+    assert down and info["skipped"] == len(down) and info["scope"] == "cheap"
+    assert info["matmuls"] + info["skipped"] == len(smoothable_matmuls(before))
+    for node in down:
+        assert np.array_equal(weights[node.input[1]], rescaled[node.input[1]]), "a down-projection is untouched"
+    producers = {o: n.op_type for n in after.node for o in n.output}
+    readers = [producers[n.input[0]] for n in after.node if n.op_type == "MatMul" and n.name in {d.name for d in down}]
+    assert "Mul" not in readers, "no extra pass over the wide activation"
+    assert len(after.node) == len(before.node) + info["matmuls"] - info["folded_into_attention"]
+    for batch in CHECK:
+        assert np.abs(ex.OnnxClassifier(dest)(batch) - ex.OnnxClassifier(source)(batch)).max() < 1e-4
+    with pytest.raises(ValueError, match="scope: expected one of all, cheap, got 'some'"):
+        smooth_graph(source, dest, CALIBRATION, ex.OnnxClassifier(source).feed, alpha=0.8, scope="some")
+
+
 def test_smoothing_scales():
     from compressor.smoothing import SCALE_RANGE, smoothing_scales
 
@@ -589,6 +620,8 @@ def test_smoothing_scales():
 
 def test_smoothing_tames_the_outlier_that_breaks_int8(tmp_path):
     """The planted activation outlier wrecks plain dynamic int8; smoothed, the same int8 stays close to fp32."""
+    from compressor.report import _export_table
+
     model_dir = outlier_model(tmp_path)
     calibration = [tiny_batch(batch=16, seq=11, seed=s) for s in range(40, 44)]
     variants = ["fp32", "optimized", "int8"]
@@ -599,5 +632,12 @@ def test_smoothing_tames_the_outlier_that_breaks_int8(tmp_path):
     assert smooth["max_abs_diff"] < plain["max_abs_diff"] / 3
     assert smooth["agreement"] >= plain["agreement"]
     assert not (tmp_path / "onnx" / ".smoothed").exists(), "the rescaled fp32 graph is not shipped"
+    cheap = ex.Int8Options(smooth_alpha=0.8, smooth_scope="cheap", calibration=calibration)
+    cheap = ex.export_onnx(model_dir, tmp_path / "cheap", variants, CHECK, int8=cheap)["int8"]
+    assert cheap["smoothing"]["skipped"] > 0 and cheap["smoothing"]["scope"] == "cheap"
+    table = "\n".join(_export_table({"int8": smooth, "int8 cheap": cheap}))
+    total = smooth["smoothing"]["matmuls"]
+    assert "| int8 (inputs smoothed, α 0.8) |" in table
+    assert f"| int8 cheap (inputs smoothed, α 0.8, {cheap['smoothing']['matmuls']} of {total} MatMuls) |" in table
     with pytest.raises(UserError, match=r"export\.int8\.smooth_alpha: smoothing needs calibration batches"):
         ex.export_onnx(model_dir, tmp_path / "x", variants, CHECK, int8=ex.Int8Options(smooth_alpha=0.8))
