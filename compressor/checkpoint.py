@@ -34,6 +34,7 @@ from compressor.layout import (
     pruned_neurons,
     removed_layers,
 )
+from compressor.quantize import smoothing_note
 from compressor.surgery import empty_layers, prune_heads, prune_neurons, remove_layers
 
 log = logging.getLogger(__name__)
@@ -216,7 +217,7 @@ def render_deployment_section(export: dict | None, distill: dict | None) -> str:
             status = "REJECTED (failed the int8 gate)" if status == "rejected" else status
             kept = (info.get("fp32_fallback") or {}).get("kept_fp32")
             status += f", {len(kept)} node(s) kept in fp32: {', '.join(kept)}" if kept else ""
-            lines.append(f"| {name} | {acc} | {status} |")
+            lines.append(f"| {name}{smoothing_note(info.get('smoothing'))} | {acc} | {status} |")
     return "\n".join(lines) + "\n"
 
 

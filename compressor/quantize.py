@@ -320,6 +320,16 @@ def gate(variant: dict, fp32: dict, max_drop: float | None, min_agreement: float
     }
 
 
+def smoothing_note(smoothing: dict | None) -> str:
+    """' (inputs smoothed, α A[, S of N MatMuls])' for an int8 variant whose export record has `smoothing`, else ''
+    (the report's and the model card's label for it)."""
+    if not smoothing:
+        return ""
+    total = smoothing["matmuls"] + smoothing.get("skipped", 0)
+    part = f", {smoothing['matmuls']} of {total} MatMuls" if smoothing.get("skipped") else ""
+    return f" (inputs smoothed, α {smoothing['alpha']:g}{part})"
+
+
 def status(entry: dict) -> str:
     """'rejected' when a variant failed its gate, 'accepted' when it passed one, else 'ungated'."""
     result = entry.get("gate")

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from compressor import atomic
 from compressor.checkpoint import describe_distillation
+from compressor.quantize import smoothing_note
 
 
 def _pct(x: float | None) -> str:
@@ -163,7 +164,7 @@ def _export_table(export: dict) -> list[str]:
     for name, info in export.items():
         status = info.get("status", "passed parity")
         status = f"**{status}** (kept on disk, never recommended)" if status == "rejected" else status
-        label = f"{name}{_smoothing_note(info.get('smoothing'))}"
+        label = f"{name}{smoothing_note(info.get('smoothing'))}"
         lines.append(
             f"| {label} | {info['size_bytes'] / 1e6:.1f} | {info['max_abs_diff']:.2e} | {_pct(info['agreement'])} | "
             f"{_gate_cell(info.get('gate'))} | {status}{_fallback_note(info.get('fp32_fallback'))} |"
@@ -180,15 +181,6 @@ def _gate_cell(g: dict | None) -> str:
     if g.get("min_agreement") is not None:
         cell += f"; agreement {_pct(g['agreement_with_fp32'])} (min {_pct(g['min_agreement'])})"
     return cell
-
-
-def _smoothing_note(smoothing: dict | None) -> str:
-    """' (inputs smoothed, α A[, S of N MatMuls])' for a smoothed int8 variant, '' otherwise."""
-    if not smoothing:
-        return ""
-    total = smoothing["matmuls"] + smoothing.get("skipped", 0)
-    part = f", {smoothing['matmuls']} of {total} MatMuls" if smoothing.get("skipped") else ""
-    return f" (inputs smoothed, α {smoothing['alpha']:g}{part})"
 
 
 def _fallback_note(fallback: dict | None) -> str:

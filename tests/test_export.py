@@ -620,6 +620,7 @@ def test_smoothing_scales():
 
 def test_smoothing_tames_the_outlier_that_breaks_int8(tmp_path):
     """The planted activation outlier wrecks plain dynamic int8; smoothed, the same int8 stays close to fp32."""
+    from compressor.checkpoint import render_deployment_section
     from compressor.report import _export_table
 
     model_dir = outlier_model(tmp_path)
@@ -639,5 +640,7 @@ def test_smoothing_tames_the_outlier_that_breaks_int8(tmp_path):
     total = smooth["smoothing"]["matmuls"]
     assert "| int8 (inputs smoothed, α 0.8) |" in table
     assert f"| int8 cheap (inputs smoothed, α 0.8, {cheap['smoothing']['matmuls']} of {total} MatMuls) |" in table
+    card = render_deployment_section({"int8": cheap}, None)
+    assert f"| int8 (inputs smoothed, α 0.8, {cheap['smoothing']['matmuls']} of {total} MatMuls) |" in card
     with pytest.raises(UserError, match=r"export\.int8\.smooth_alpha: smoothing needs calibration batches"):
         ex.export_onnx(model_dir, tmp_path / "x", variants, CHECK, int8=ex.Int8Options(smooth_alpha=0.8))
