@@ -18,10 +18,11 @@ uses the validation split only; the table scores every variant on the test split
 
 With `--smooth ALPHA ...` it adds activation-smoothed variants (`compressor.smoothing`, calibrated on the recipe's
 training examples as a run's export is), one per smoothing scope: every MatMul, and "cheap" (the feed-forward
-down-projections skipped).
+down-projections skipped); `--outlier-ratio R ...` adds cheap variants that still smooth a down-projection whose
+input has an outlier channel R times the median.
 
 Usage: .venv/bin/python benchmarks/int8.py [--run runs/minilm_rt_50pct] [--threads 2] [--rounds 3] [--sensitive 1 2 4]
-                                           [--smooth 0.8]
+                                           [--smooth 0.8 [--outlier-ratio 12]]
        → prints a table and writes benchmarks/results/int8.json
 """
 
@@ -103,10 +104,10 @@ def quantized_variant(source_dir: Path, dest_dir: Path, options: dict, calibrati
     options = dict(options)
     if options.pop("keep_ffn_output", False):
         options["nodes_to_exclude"] = ffn_output_nodes(source)
-    alpha, scope = options.pop("smooth_alpha", None), options.pop("smooth_scope", "all")
-    if alpha is not None:
+    smoothing = [options.pop(k, None) for k in ("smooth_alpha", "smooth_scope", "smooth_outlier_ratio")]
+    if smoothing[0] is not None:
         smoothed = dest_dir.with_name(dest_dir.name + "_smoothed.onnx")
-        smooth_graph(source, smoothed, calibration, OnnxClassifier(source).feed, alpha, scope)
+        smooth_graph(source, smoothed, calibration, OnnxClassifier(source).feed, *smoothing)
         source = smoothed
     quantize_graph(source, dest_dir / ONNX_FILE, **options)
     return dest_dir
@@ -132,6 +133,14 @@ def main(argv: list[str] | None = None) -> int:
         nargs="*",
         default=[],
         help="also add activation-smoothed variants at these alphas, one per smoothing scope (e.g. --smooth 0.8)",
+    )
+    parser.add_argument(
+        "--outlier-ratio",
+        type=float,
+        nargs="*",
+        default=[],
+        help="with --smooth: also a cheap-scope variant per ratio that still smooths the down-projections whose "
+        "input has an outlier channel this strong (export.int8.smooth_outlier_ratio)",
     )
     args = parser.parse_args(argv)
     optimized = args.run / "onnx" / "optimized"
@@ -161,6 +170,9 @@ def main(argv: list[str] | None = None) -> int:
             for scope in SCOPES:
                 options = {**SCAN_BASE, "smooth_alpha": alpha, "smooth_scope": scope}
                 variants[f"int8 per-channel, smoothed α {alpha:g} ({scope})"] = options
+            for ratio in args.outlier_ratio:
+                options = {**SCAN_BASE, "smooth_alpha": alpha, "smooth_scope": "cheap", "smooth_outlier_ratio": ratio}
+                variants[f"int8 per-channel, smoothed α {alpha:g} (cheap, outliers ≥ {ratio:g}x)"] = options
         calibration = None
         if args.smooth:  # the training batches a run's export calibrates on (`int8_options`)
             train = tokenize(task.train, tokenizer, task.text_fields, recipe.data.max_length)

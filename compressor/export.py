@@ -310,7 +310,8 @@ def _smoothed(source: Path, dest: Path, batches, reference: dict, options: Int8O
     if not options.calibration:
         raise UserError("export.int8.smooth_alpha: smoothing needs calibration batches; expected training examples")
     feed = OnnxClassifier(source).feed
-    info = smooth_graph(source, dest, options.calibration, feed, options.smooth_alpha, options.smooth_scope)
+    how = (options.smooth_alpha, options.smooth_scope, options.smooth_outlier_ratio)
+    info = smooth_graph(source, dest, options.calibration, feed, *how)
     info["max_abs_diff"] = _check(dest, batches, reference)["max_abs_diff"]
     log.info(
         "export: int8 input smoothing (alpha %g, scope %s) on %d MatMuls (%d folded into attention, %d skipped)",

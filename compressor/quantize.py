@@ -50,6 +50,7 @@ class Int8Options:
     fallback_nodes: int = 0  # a variant failing its gate may keep up to this many nodes in fp32 (`fp32_fallback`)
     smooth_alpha: float | None = None  # SmoothQuant migration strength before quantising (`compressor.smoothing`)
     smooth_scope: str = "all"  # which MatMuls smoothing rescales: "all" or "cheap" (`compressor.smoothing.SCOPES`)
+    smooth_outlier_ratio: float | None = None  # cheap scope: still smooth a skipped input with an outlier this strong
     calibration: Sequence[Mapping] = field(default=(), repr=False)  # training batches (int8_static)
     validation: Sequence[Mapping] = field(default=(), repr=False)  # labelled batches for the gate
 
@@ -357,6 +358,7 @@ def int8_options(spec, variants: Sequence[str], train_ds, validation_ds, tokeniz
         fallback_nodes=spec.fallback_nodes,
         smooth_alpha=spec.smooth_alpha,
         smooth_scope=spec.smooth_scope,
+        smooth_outlier_ratio=spec.smooth_outlier_ratio,
         calibration=calibration,
         validation=sample_batches(validation_ds, tokenizer, n, spec.eval_batch_size, seed=seed),
     )

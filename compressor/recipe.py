@@ -254,6 +254,14 @@ class Int8Spec(Strict):
         "wider than their output (their division is an extra pass over the widest activation: ~6% slower int8 on "
         "MiniLM), so smoothing costs no measurable time",
     )
+    smooth_outlier_ratio: float | None = Field(
+        None,
+        gt=1,
+        le=1e6,
+        description="with smooth_scope cheap: still smooth a skipped down-projection whose input has one channel "
+        "this many times the median channel's max |x| (a lone huge neuron, BERT's classic int8 failure; one Mul "
+        "each); null = never",
+    )
     eval_batch_size: int = Field(
         32,
         ge=1,
@@ -261,6 +269,15 @@ class Int8Spec(Strict):
         description="batch size of the gate's validation pass: dynamic int8 picks one activation scale per batch, "
         "so its accuracy depends on the batch size it serves at (set yours)",
     )
+
+    @model_validator(mode="after")
+    def _outlier_ratio_needs_cheap_scope(self) -> Int8Spec:
+        if self.smooth_outlier_ratio is not None and self.smooth_scope != "cheap":
+            raise ValueError(
+                "smooth_outlier_ratio: only applies with smooth_scope 'cheap' (scope 'all' smooths every MatMul); "
+                f"expected null with scope {self.smooth_scope!r}"
+            )
+        return self
 
 
 class ExportSpec(Strict):

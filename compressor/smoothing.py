@@ -13,7 +13,9 @@ rescaled graph is an fp32 graph equal to the original up to float rounding, and 
 A `Mul` is one more pass over its activation. Before a MatMul whose input is wider than its output (a feed-forward
 down-projection, fed by the GELU over the widest activation) that pass costs the most, relative to the MatMul, and
 on MiniLM it made int8 about 6% slower at batch 32 (`docs/results.md`). `scope="cheap"` skips exactly those
-MatMuls (unless their division folds), so smoothing adds no measurable time; `"all"` smooths every one.
+MatMuls (unless their division folds), so smoothing adds no measurable time; `"all"` smooths every one. With
+`outlier_ratio`, the cheap scope still smooths a skipped MatMul whose input has one channel that stands out that
+much (`outlier_ratio_of`): the classic BERT failure, a lone huge FFN neuron, costs one `Mul` to fix.
 
 Pure graph rewriting: no training imports, no knowledge of the model's architecture beyond "a MatMul with a constant
 two-dimensional weight".
@@ -87,11 +89,13 @@ def smooth_graph(
     feed: Callable[[Mapping], dict],
     alpha: float,
     scope: str = "all",
+    outlier_ratio: float | None = None,
 ) -> dict:
-    """Write `src` with its smoothable MatMuls rescaled (every one, or with `scope="cheap"` those whose division
-    is free or whose input is no wider than their output; see the module docstring) to `dest`, activation maxima
-    measured on `batches` (fed through `feed`). Returns {"alpha", "scope", "matmuls", "folded_into_attention",
-    "skipped", "examples"}."""
+    """Write `src` with its smoothable MatMuls rescaled to `dest`, activation maxima measured on `batches` (fed
+    through `feed`): every one, or with `scope="cheap"` those whose division is free or whose input is no wider
+    than their output, plus (when `outlier_ratio` is given) the skipped ones whose input has an outlier channel
+    (see `outlier_ratio_of`) at least that strong. Returns {"alpha", "scope", "outlier_ratio", "matmuls",
+    "folded_into_attention", "skipped", "examples"}."""
     import onnx
     from onnx import numpy_helper
 
@@ -104,9 +108,16 @@ def smooth_graph(
     uses = Counter(name for n in graph.node for name in n.input)  # the folds below change no tensor's readers
     candidates = smoothable_matmuls(graph)
     folds = [_attention_fold(producers.get(n.input[0]), n, weights, uses) for n in candidates]
-    chosen = [i for i, n in enumerate(candidates) if scope == "all" or folds[i] or not _projects_down(n, weights)]
+    maxima = activation_maxima(model, list(dict.fromkeys(n.input[0] for n in candidates)), batches, feed)
+    chosen = [
+        i
+        for i, n in enumerate(candidates)
+        if scope == "all"
+        or folds[i]
+        or not _projects_down(n, weights)
+        or (outlier_ratio is not None and outlier_ratio_of(maxima[n.input[0]]) >= outlier_ratio)
+    ]
     nodes = [candidates[i] for i in chosen]
-    maxima = activation_maxima(model, list(dict.fromkeys(n.input[0] for n in nodes)), batches, feed)
     muls, folded = {}, 0
     for i, node in zip(chosen, nodes, strict=True):
         weight = numpy_helper.to_array(weights[node.input[1]])
@@ -134,11 +145,19 @@ def smooth_graph(
     return {
         "alpha": alpha,
         "scope": scope,
+        "outlier_ratio": outlier_ratio,
         "matmuls": len(nodes),
         "folded_into_attention": folded,
         "skipped": len(candidates) - len(nodes),
         "examples": examples,
     }
+
+
+def outlier_ratio_of(act_max: np.ndarray) -> float:
+    """How far one input channel stands out: the largest per-channel max |x| over the median channel's (BERT's
+    outlier channels reach 10-15x; an input without outliers stays near 2-4x)."""
+    median = float(np.median(act_max))
+    return float(act_max.max()) / median if median > 0 else float("inf")
 
 
 def _projects_down(node, weights: dict) -> bool:

@@ -606,6 +606,14 @@ def test_cheap_smoothing_skips_the_down_projections(tmp_path, arch):
         smooth_graph(source, dest, CALIBRATION, ex.OnnxClassifier(source).feed, alpha=0.8, scope="some")
 
 
+def test_outlier_ratio():
+    from compressor.smoothing import outlier_ratio_of
+
+    assert outlier_ratio_of(np.array([1.0, 2.0, 2.0, 30.0], np.float32)) == pytest.approx(15.0)
+    assert outlier_ratio_of(np.array([2.0, 2.0, 2.0], np.float32)) == pytest.approx(1.0)
+    assert outlier_ratio_of(np.array([0.0, 0.0, 1.0], np.float32)) == float("inf"), "dead channels: no division by 0"
+
+
 def test_smoothing_scales():
     from compressor.smoothing import SCALE_RANGE, smoothing_scales
 
@@ -636,6 +644,12 @@ def test_smoothing_tames_the_outlier_that_breaks_int8(tmp_path):
     cheap = ex.Int8Options(smooth_alpha=0.8, smooth_scope="cheap", calibration=calibration)
     cheap = ex.export_onnx(model_dir, tmp_path / "cheap", variants, CHECK, int8=cheap)["int8"]
     assert cheap["smoothing"]["skipped"] > 0 and cheap["smoothing"]["scope"] == "cheap"
+    # cheap skips the down-projection the outlier feeds; an outlier ratio brings back just that one
+    lone = ex.Int8Options(smooth_alpha=0.8, smooth_scope="cheap", smooth_outlier_ratio=20, calibration=calibration)
+    lone = ex.export_onnx(model_dir, tmp_path / "lone", variants, CHECK, int8=lone)["int8"]
+    assert lone["smoothing"]["matmuls"] == cheap["smoothing"]["matmuls"] + 1
+    assert lone["max_abs_diff"] < plain["max_abs_diff"] / 3 and lone["smoothing"]["outlier_ratio"] == 20
+    assert cheap["max_abs_diff"] > 3 * lone["max_abs_diff"], "the cheap scope alone leaves the outlier in place"
     table = "\n".join(_export_table({"int8": smooth, "int8 cheap": cheap}))
     total = smooth["smoothing"]["matmuls"]
     assert "| int8 (inputs smoothed, α 0.8) |" in table
