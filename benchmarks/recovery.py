@@ -101,12 +101,14 @@ def settings_of(rows: list[dict]) -> dict[tuple[str, str], list[dict]]:
 
 
 def choose(rows: list[dict]) -> None:
-    """Mark, per recipe, the rows of the setting with the best validation accuracy after its last step (averaged
-    over the seeds it ran with)."""
+    """Mark, per recipe, the rows of the setting with the best validation accuracy after its last step, averaged
+    over its seeds. Only the settings run with the most seeds compete: one lucky seed must not beat an average."""
     groups = settings_of([r for r in rows if r["val_after_last_step"] is not None])
     for recipe in {r["recipe"] for r in rows}:
         mine = {setting: g for (rec, setting), g in groups.items() if rec == recipe}
-        best = max(mine, key=lambda s: statistics.fmean(r["val_after_last_step"] for r in mine[s]), default=None)
+        most = max((len(g) for g in mine.values()), default=0)
+        eligible = [s for s, g in mine.items() if len(g) == most]
+        best = max(eligible, key=lambda s: statistics.fmean(r["val_after_last_step"] for r in mine[s]), default=None)
         for setting, group in mine.items():
             for r in group:
                 r["chosen_by_validation"] = setting == best
