@@ -223,8 +223,9 @@ class Int8Spec(Strict):
     that fails is first rescanned: its nodes are ranked by how much int8 error each causes, and up to that many of
     the worst are kept in fp32 until the gate passes (the scan costs one quantisation and one validation pass per
     quantised node). `smooth_alpha` rescales activation outliers into the weights before either kind is quantised
-    (SmoothQuant; `compressor.smoothing`), on every MatMul or, with `smooth_scope: cheap`, on those where it costs
-    no measurable time.
+    (SmoothQuant; `compressor.smoothing`): on every MatMul, or with `smooth_scope: cheap` on all but the
+    down-projections (a fifth of the speed cost), plus those whose input has an outlier `smooth_outlier_ratio`
+    strong.
     """
 
     per_channel: bool = Field(True, description="int8 weights per output channel (else per tensor)")
