@@ -250,20 +250,21 @@ def test_evaluate_variant_accuracy():
 def test_cli_export(tmp_path, tiny_csv):
     model_dir = saved_model(tmp_path, "bert", UNEVEN_EMPTY)
     recipe = tmp_path / "recipe.yaml"
-    int8 = {"max_drop": 0.5, "calibration_examples": 16, "smooth_alpha": 0.5}
+    int8 = {"max_drop": 0.5, "calibration_examples": 16, "smooth_alpha": 0.5, "smooth_scope": "cheap"}
     recipe.write_text(yaml.safe_dump(tiny_recipe(model_dir, tiny_csv, tmp_path / "run", export={"int8": int8})))
     args = ["export", str(model_dir), str(tmp_path / "onnx"), "--variants", "fp32,int8,int8_static"]
     result = CliRunner().invoke(app, [*args, "--recipe", str(recipe), "--check-examples", "20"])
     assert result.exit_code == 0, result.output
-    assert "fp32: " in result.output and "int8: " in result.output and "on 20 examples" in result.output
+    assert "fp32: " in result.output and "on 20 examples" in result.output
     manifest = json.loads((tmp_path / "onnx" / "export.json").read_text())
     assert sorted(manifest) == ["fp32", "int8", "int8_static"]
     for name in ("int8", "int8_static"):  # the recipe's gate, on its whole validation split
         assert manifest[name]["gate"]["max_drop"] == 0.5 and manifest[name]["gate"]["examples"] == 30
-        assert f"{name}: " in result.output and manifest[name]["status"] in result.output
+        assert f"{name} (inputs smoothed, α 0.5, " in result.output and manifest[name]["status"] in result.output
     assert "calibrated on 16 training examples" in manifest["int8_static"]["weights"]
     assert manifest["int8"]["smoothing"] == manifest["int8_static"]["smoothing"]  # one rescaled graph for both
     assert manifest["int8"]["smoothing"]["alpha"] == 0.5 and manifest["int8"]["smoothing"]["examples"] == 16
+    assert manifest["int8"]["smoothing"]["scope"] == "cheap" and manifest["int8"]["smoothing"]["skipped"] > 0
     plain = CliRunner().invoke(app, ["export", str(model_dir), str(tmp_path / "onnx2"), "--variants", "fp32,int8"])
     assert plain.exit_code == 0 and "gate" not in json.loads((tmp_path / "onnx2" / "export.json").read_text())["int8"]
 

@@ -75,6 +75,7 @@ def export(
 ) -> None:
     """Export to ONNX (fp32, ORT-optimised, dynamic int8); stop with one line if fp32 misses PyTorch by > atol."""
     from compressor.export import export_onnx
+    from compressor.quantize import smoothing_note
     from compressor.recipe import DataSpec
 
     names = parse_variants(variants)
@@ -99,7 +100,8 @@ def export(
         kept = info.get("excluded_nodes")
         status += f" ({len(kept)} node(s) kept in fp32)" if kept else ""
         typer.echo(
-            f"{name}: {info['size_bytes'] / 1e6:.1f} MB, max |Δlogit| {info['max_abs_diff']:.2e}, "
+            f"{name}{smoothing_note(info.get('smoothing'))}: {info['size_bytes'] / 1e6:.1f} MB, "
+            f"max |Δlogit| {info['max_abs_diff']:.2e}, "
             f"agreement {info['agreement']:.4f} on {info['check_examples']} examples{fusion}{status} → {info['dir']}"
         )
 
