@@ -143,6 +143,8 @@ def main(argv: list[str] | None = None) -> int:
         "input has an outlier channel this strong (export.int8.smooth_outlier_ratio)",
     )
     args = parser.parse_args(argv)
+    if args.outlier_ratio and not args.smooth:
+        parser.error("--outlier-ratio: expected --smooth ALPHA too (the ratio only picks what smoothing skips)")
     optimized = args.run / "onnx" / "optimized"
     if not (args.run / "report.json").exists() or not (optimized / ONNX_FILE).exists():
         print(f"--run: {args.run} is not a finished run with an 'optimized' ONNX export", file=sys.stderr)

@@ -163,7 +163,7 @@ def main() -> None:
     rows = json.loads(args.out.read_text()) if args.out.exists() else []  # earlier sweeps' rows are kept
     runs = [(setting, seed, recipe) for setting in args.settings for seed in args.seeds for recipe in args.recipes]
     for setting, seed, recipe in runs:
-        name = setting if seed == 0 else f"{setting}_seed{seed}"  # seed 0: every recipe's own seed, the first sweeps
+        name = setting if seed == 0 else f"{setting}_seed{seed}"  # seed 0 keeps the first sweeps' run names
         path = variant(ROOT / "recipes" / f"{recipe}.yaml", name, SETTINGS[setting], seed)
         new = row(recipe, setting, finished_report(path, args.rerun), seed)
         rows = [r for r in rows if (r["recipe"], r["setting"], r.get("seed", 0)) != (recipe, setting, seed)] + [new]
