@@ -108,14 +108,13 @@ def smooth_graph(
     uses = Counter(name for n in graph.node for name in n.input)  # the folds below change no tensor's readers
     candidates = smoothable_matmuls(graph)
     folds = [_attention_fold(producers.get(n.input[0]), n, weights, uses) for n in candidates]
-    maxima = activation_maxima(model, list(dict.fromkeys(n.input[0] for n in candidates)), batches, feed)
+    kept = {i for i, n in enumerate(candidates) if scope == "all" or folds[i] or not _projects_down(n, weights)}
+    measured = candidates if outlier_ratio is not None else [candidates[i] for i in sorted(kept)]  # skipped: unread
+    maxima = activation_maxima(model, list(dict.fromkeys(n.input[0] for n in measured)), batches, feed)
     chosen = [
         i
         for i, n in enumerate(candidates)
-        if scope == "all"
-        or folds[i]
-        or not _projects_down(n, weights)
-        or (outlier_ratio is not None and outlier_ratio_of(maxima[n.input[0]]) >= outlier_ratio)
+        if i in kept or (outlier_ratio is not None and outlier_ratio_of(maxima[n.input[0]]) >= outlier_ratio)
     ]
     nodes = [candidates[i] for i in chosen]
     muls, folded = {}, 0
