@@ -17,9 +17,10 @@ validation split's agreement with fp32 is measured; then variants keep the N mos
 uses the validation split only; the table scores every variant on the test split.
 
 With `--smooth ALPHA ...` it adds activation-smoothed variants (`compressor.smoothing`, calibrated on the recipe's
-training examples as a run's export is), one per smoothing scope: every MatMul, and "cheap" (the feed-forward
-down-projections skipped); `--outlier-ratio R ...` adds cheap variants that still smooth a down-projection whose
-input has an outlier channel R times the median.
+training examples as a run's export is), one per smoothing scope (`--scopes`): every MatMul, "cheap" (the
+feed-forward down-projections skipped) and "free" (only divisions that fold into attention); `--outlier-ratio R ...`
+adds cheap and free variants that still smooth a down-projection whose input has an outlier channel R times the
+median.
 
 Usage: .venv/bin/python benchmarks/int8.py [--run runs/minilm_rt_50pct] [--threads 2] [--rounds 3] [--sensitive 1 2 4]
                                            [--smooth 0.8 [--outlier-ratio 12]]
@@ -139,8 +140,15 @@ def main(argv: list[str] | None = None) -> int:
         type=float,
         nargs="*",
         default=[],
-        help="with --smooth: also a cheap-scope variant per ratio that still smooths the down-projections whose "
-        "input has an outlier channel this strong (export.int8.smooth_outlier_ratio)",
+        help="with --smooth: also a variant per ratio and skipping scope (cheap, free) that still smooths the "
+        "down-projections whose input has an outlier channel this strong (export.int8.smooth_outlier_ratio)",
+    )
+    parser.add_argument(
+        "--scopes",
+        nargs="+",
+        choices=SCOPES,
+        default=list(SCOPES),
+        help="with --smooth: the smoothing scopes to build variants for (default: all of them)",
     )
     args = parser.parse_args(argv)
     if args.outlier_ratio and not args.smooth:
@@ -169,12 +177,12 @@ def main(argv: list[str] | None = None) -> int:
         if (shipped / ONNX_FILE).exists():  # what the run's own gate (and fp32 fallback) shipped, as it is on disk
             candidates.append(bench.onnx_candidate(SHIPPED, shipped, args.threads))
         for alpha in args.smooth:
-            for scope in SCOPES:
+            for scope in args.scopes:
                 options = {**SCAN_BASE, "smooth_alpha": alpha, "smooth_scope": scope}
                 variants[f"int8 per-channel, smoothed α {alpha:g} ({scope})"] = options
-            for ratio in args.outlier_ratio:
-                options = {**SCAN_BASE, "smooth_alpha": alpha, "smooth_scope": "cheap", "smooth_outlier_ratio": ratio}
-                variants[f"int8 per-channel, smoothed α {alpha:g} (cheap, outliers ≥ {ratio:g}x)"] = options
+            for ratio, scope in ((r, s) for r in args.outlier_ratio for s in args.scopes if s != "all"):
+                options = {**SCAN_BASE, "smooth_alpha": alpha, "smooth_scope": scope, "smooth_outlier_ratio": ratio}
+                variants[f"int8 per-channel, smoothed α {alpha:g} ({scope}, outliers ≥ {ratio:g}x)"] = options
         calibration = None
         if args.smooth:  # the training batches a run's export calibrates on (`int8_options`)
             train = tokenize(task.train, tokenizer, task.text_fields, recipe.data.max_length)

@@ -49,8 +49,8 @@ class Int8Options:
     min_agreement: float | None = None  # required prediction agreement with fp32 (fraction); None: not gated
     fallback_nodes: int = 0  # a variant failing its gate may keep up to this many nodes in fp32 (`fp32_fallback`)
     smooth_alpha: float | None = None  # SmoothQuant migration strength before quantising (`compressor.smoothing`)
-    smooth_scope: str = "all"  # which MatMuls smoothing rescales: "all" or "cheap" (`compressor.smoothing.SCOPES`)
-    smooth_outlier_ratio: float | None = None  # cheap scope: still smooth a skipped input with an outlier this strong
+    smooth_scope: str = "all"  # which MatMuls smoothing rescales: "all", "cheap", "free" (`compressor.smoothing`)
+    smooth_outlier_ratio: float | None = None  # cheap/free scope: still smooth a skipped input with an outlier this big
     calibration: Sequence[Mapping] = field(default=(), repr=False)  # training batches (int8_static)
     validation: Sequence[Mapping] = field(default=(), repr=False)  # labelled batches for the gate
 

@@ -223,9 +223,10 @@ class Int8Spec(Strict):
     that fails is first rescanned: its nodes are ranked by how much int8 error each causes, and up to that many of
     the worst are kept in fp32 until the gate passes (the scan costs one quantisation and one validation pass per
     quantised node). `smooth_alpha` rescales activation outliers into the weights before either kind is quantised
-    (SmoothQuant; `compressor.smoothing`): on every MatMul, or with `smooth_scope: cheap` on all but the
-    down-projections (~1% instead of ~5% of int8 speed on MiniLM), plus those whose input has an outlier
-    `smooth_outlier_ratio` strong.
+    (SmoothQuant; `compressor.smoothing`): on every MatMul, with `smooth_scope: cheap` on all but the
+    down-projections (~1% instead of ~5% of int8 speed on MiniLM), with `free` only where the division folds into
+    attention (no added node); the last two also smooth those whose input has an outlier `smooth_outlier_ratio`
+    strong.
     """
 
     per_channel: bool = Field(True, description="int8 weights per output channel (else per tensor)")
@@ -249,17 +250,18 @@ class Int8Spec(Strict):
         description="SmoothQuant: move activation outliers into the weights before quantising (per input channel, "
         "s = max|x|^alpha / max|w|^(1-alpha), calibrated on calibration_examples training examples); null = off",
     )
-    smooth_scope: Literal["all", "cheap"] = Field(
+    smooth_scope: Literal["all", "cheap", "free"] = Field(
         "all",
-        description="which MatMuls smoothing rescales: all, or cheap = skip the down-projections whose input is "
+        description="which MatMuls smoothing rescales: all; cheap = skip the down-projections whose input is "
         "wider than their output (their division is an extra pass over the widest activation), so smoothing costs "
-        "~1% of int8 speed on MiniLM instead of ~5%",
+        "~1% of int8 speed on MiniLM instead of ~5%; free = only those whose division folds into attention (no "
+        "added node)",
     )
     smooth_outlier_ratio: float | None = Field(
         None,
         gt=1,
         le=1e6,
-        description="with smooth_scope cheap: still smooth a skipped down-projection whose input has one channel "
+        description="with smooth_scope cheap or free: still smooth a skipped MatMul whose input has one channel "
         "this many times the median channel's max |x| (a lone huge neuron, BERT's classic int8 failure; one Mul "
         "each); null = never",
     )
@@ -272,11 +274,11 @@ class Int8Spec(Strict):
     )
 
     @model_validator(mode="after")
-    def _outlier_ratio_needs_cheap_scope(self) -> Int8Spec:
-        if self.smooth_outlier_ratio is not None and self.smooth_scope != "cheap":
+    def _outlier_ratio_needs_a_skipping_scope(self) -> Int8Spec:
+        if self.smooth_outlier_ratio is not None and self.smooth_scope == "all":
             raise ValueError(
-                "smooth_outlier_ratio: only applies with smooth_scope 'cheap' (scope 'all' smooths every MatMul); "
-                f"expected null with scope {self.smooth_scope!r}"
+                "smooth_outlier_ratio: only applies with smooth_scope 'cheap' or 'free' (scope 'all' smooths every "
+                "MatMul); expected null with scope 'all'"
             )
         return self
 

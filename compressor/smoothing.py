@@ -13,9 +13,10 @@ rescaled graph is an fp32 graph equal to the original up to float rounding, and 
 A `Mul` is one more pass over its activation. Before a MatMul whose input is wider than its output (a feed-forward
 down-projection, fed by the GELU over the widest activation) that pass costs the most relative to the MatMul: on
 MiniLM, smoothing every MatMul made int8 about 5% slower at batch 32 (`docs/results.md`). `scope="cheap"` skips
-exactly those MatMuls (unless their division folds), for a cost of ~1%; `"all"` smooths every one. With
-`outlier_ratio`, the cheap scope still smooths a skipped MatMul whose input has one channel that stands out that
-much (`outlier_ratio_of`): the classic BERT failure, a lone huge FFN neuron, costs one `Mul` to fix.
+exactly those MatMuls (unless their division folds), for a cost of ~1%; `"all"` smooths every one; `"free"` only
+those whose division folds into attention, so it adds no node at all. With `outlier_ratio`, the cheap and free
+scopes still smooth a skipped MatMul whose input has one channel that stands out that much (`outlier_ratio_of`):
+the classic BERT failure, a lone huge FFN neuron, costs one `Mul` to fix.
 
 Pure graph rewriting: no training imports, no knowledge of the model's architecture beyond "a MatMul with a constant
 two-dimensional weight".
@@ -30,7 +31,7 @@ from pathlib import Path
 import numpy as np
 
 SCALE_RANGE = (1e-4, 1e4)  # clip on s: a zero weight row or a dead channel must not give inf or 0
-SCOPES = ("all", "cheap")  # which smoothable MatMuls get smoothed (see the module docstring)
+SCOPES = ("all", "cheap", "free")  # which smoothable MatMuls get smoothed (see the module docstring)
 
 
 def smoothable_matmuls(graph) -> list:
@@ -92,9 +93,10 @@ def smooth_graph(
     outlier_ratio: float | None = None,
 ) -> dict:
     """Write `src` with its smoothable MatMuls rescaled to `dest`, activation maxima measured on `batches` (fed
-    through `feed`): every one, or with `scope="cheap"` those whose division is free or whose input is no wider
-    than their output, plus (when `outlier_ratio` is given) the skipped ones whose input has an outlier channel
-    (see `outlier_ratio_of`) at least that strong. Returns {"alpha", "scope", "outlier_ratio", "matmuls",
+    through `feed`): every one, with `scope="cheap"` those whose division is free or whose input is no wider
+    than their output, with `scope="free"` only those whose division folds into attention; plus (when
+    `outlier_ratio` is given) the skipped ones whose input has an outlier channel (see `outlier_ratio_of`) at
+    least that strong. Returns {"alpha", "scope", "outlier_ratio", "matmuls",
     "folded_into_attention", "skipped", "examples"}."""
     import onnx
     from onnx import numpy_helper
@@ -108,7 +110,7 @@ def smooth_graph(
     uses = Counter(name for n in graph.node for name in n.input)  # the folds below change no tensor's readers
     candidates = smoothable_matmuls(graph)
     folds = [_attention_fold(producers.get(n.input[0]), n, weights, uses) for n in candidates]
-    kept = {i for i, n in enumerate(candidates) if scope == "all" or folds[i] or not _projects_down(n, weights)}
+    kept = {i for i, n in enumerate(candidates) if _in_scope(scope, folds[i] is not None, _projects_down(n, weights))}
     measured = candidates if outlier_ratio is not None else [candidates[i] for i in sorted(kept)]  # skipped: unread
     maxima = activation_maxima(model, list(dict.fromkeys(n.input[0] for n in measured)), batches, feed)
     chosen = [
@@ -150,6 +152,11 @@ def smooth_graph(
         "skipped": len(candidates) - len(nodes),
         "examples": examples,
     }
+
+
+def _in_scope(scope: str, folds: bool, projects_down: bool) -> bool:
+    """Whether `scope` smooths a MatMul whose division `folds` into attention and whose weight `projects_down`."""
+    return scope == "all" or folds or (scope == "cheap" and not projects_down)
 
 
 def outlier_ratio_of(act_max: np.ndarray) -> float:

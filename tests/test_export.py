@@ -576,6 +576,20 @@ def test_smoothing_rescales_every_matmul_and_keeps_the_logits(tmp_path, arch):
         assert np.abs(smoothed - ex.OnnxClassifier(source)(batch)).max() < 1e-4
 
 
+def _smoothed_with_scope(tmp_path, arch: str, scope: str):
+    """A tiny `arch` model's optimized graph smoothed with `scope`: (source, dest, info, source graph, dest graph)."""
+    import onnx
+
+    from compressor.smoothing import smooth_graph
+
+    model_dir = saved_model(tmp_path, arch, UNEVEN_EMPTY)
+    ex.export_onnx(model_dir, tmp_path / "onnx", ["fp32", "optimized"], CHECK)
+    source = tmp_path / "onnx" / "optimized" / "model.onnx"
+    dest = tmp_path / scope / "model.onnx"
+    info = smooth_graph(source, dest, CALIBRATION, ex.OnnxClassifier(source).feed, alpha=0.8, scope=scope)
+    return source, dest, info, onnx.load(str(source)).graph, onnx.load(str(dest)).graph
+
+
 @pytest.mark.parametrize("arch", ["bert", "distilbert"])
 def test_cheap_smoothing_skips_the_down_projections(tmp_path, arch):
     """scope "cheap" leaves every MatMul whose input is wider than its output (the FFN output projection) as it
@@ -584,12 +598,7 @@ def test_cheap_smoothing_skips_the_down_projections(tmp_path, arch):
 
     from compressor.smoothing import smooth_graph, smoothable_matmuls
 
-    model_dir = saved_model(tmp_path, arch, UNEVEN_EMPTY)
-    ex.export_onnx(model_dir, tmp_path / "onnx", ["fp32", "optimized"], CHECK)
-    source = tmp_path / "onnx" / "optimized" / "model.onnx"
-    dest = tmp_path / "cheap" / "model.onnx"
-    info = smooth_graph(source, dest, CALIBRATION, ex.OnnxClassifier(source).feed, alpha=0.8, scope="cheap")
-    before, after = onnx.load(str(source)).graph, onnx.load(str(dest)).graph
+    source, dest, info, before, after = _smoothed_with_scope(tmp_path, arch, "cheap")
     weights = {t.name: onnx.numpy_helper.to_array(t) for t in before.initializer}
     rescaled = {t.name: onnx.numpy_helper.to_array(t) for t in after.initializer}
     down = [n for n in smoothable_matmuls(before) if weights[n.input[1]].shape[0] > weights[n.input[1]].shape[1]]
@@ -603,8 +612,30 @@ def test_cheap_smoothing_skips_the_down_projections(tmp_path, arch):
     assert len(after.node) == len(before.node) + info["matmuls"] - info["folded_into_attention"]
     for batch in CHECK:
         assert np.abs(ex.OnnxClassifier(dest)(batch) - ex.OnnxClassifier(source)(batch)).max() < 1e-4
-    with pytest.raises(ValueError, match="scope: expected one of all, cheap, got 'some'"):
+    with pytest.raises(ValueError, match="scope: expected one of all, cheap, free, got 'some'"):
         smooth_graph(source, dest, CALIBRATION, ex.OnnxClassifier(source).feed, alpha=0.8, scope="some")
+
+
+@pytest.mark.parametrize("arch", ["bert", "distilbert"])
+def test_free_smoothing_adds_no_node(tmp_path, arch):
+    """scope "free" smooths only the MatMuls whose division folds into the fused attention's value weights: the
+    graph keeps its node count, every other MatMul weight is untouched, and the function stays the same."""
+    import onnx
+
+    from compressor.smoothing import smoothable_matmuls
+
+    source, dest, info, before, after = _smoothed_with_scope(tmp_path, arch, "free")
+    assert info["matmuls"] == info["folded_into_attention"] > 0 and info["skipped"] > 0
+    assert info["matmuls"] + info["skipped"] == len(smoothable_matmuls(before))
+    assert len(after.node) == len(before.node) and "Mul" not in {n.op_type for n in after.node} - {
+        n.op_type for n in before.node
+    }
+    weights = {t.name: onnx.numpy_helper.to_array(t) for t in before.initializer}
+    rescaled = {t.name: onnx.numpy_helper.to_array(t) for t in after.initializer}
+    changed = [n for n in smoothable_matmuls(before) if not np.array_equal(weights[n.input[1]], rescaled[n.input[1]])]
+    assert len(changed) == info["matmuls"]
+    for batch in CHECK:
+        assert np.abs(ex.OnnxClassifier(dest)(batch) - ex.OnnxClassifier(source)(batch)).max() < 1e-4
 
 
 def test_outlier_ratio():
@@ -651,6 +682,11 @@ def test_smoothing_tames_the_outlier_that_breaks_int8(tmp_path):
     assert lone["smoothing"]["matmuls"] == cheap["smoothing"]["matmuls"] + 1
     assert lone["max_abs_diff"] < plain["max_abs_diff"] / 3 and lone["smoothing"]["outlier_ratio"] == 20
     assert cheap["max_abs_diff"] > 3 * lone["max_abs_diff"], "the cheap scope alone leaves the outlier in place"
+    # the free scope adds a Mul only where the outlier is
+    free = ex.Int8Options(smooth_alpha=0.8, smooth_scope="free", smooth_outlier_ratio=20, calibration=calibration)
+    free = ex.export_onnx(model_dir, tmp_path / "free", variants, CHECK, int8=free)["int8"]
+    assert free["smoothing"]["matmuls"] == free["smoothing"]["folded_into_attention"] + 1
+    assert free["max_abs_diff"] < plain["max_abs_diff"] / 3
     table = "\n".join(_export_table({"int8": smooth, "int8 cheap": cheap}))
     total = smooth["smoothing"]["matmuls"]
     assert "| int8 (inputs smoothed, α 0.8) |" in table
