@@ -50,6 +50,8 @@ SETTINGS: dict[str, dict] = {  # name → changes to prune / prune.finetune (dis
     # the same 1,500 examples per step in batches of 16: twice the optimizer updates for about the same compute
     "lr5e-5_distill_b16": {"finetune": {"lr": 5.0e-5, "batch_size": 16, "distill": DISTILL}},
     "lr5e-5_b16": {"finetune": {"lr": 5.0e-5, "batch_size": 16, "distill": None}},
+    "lr5e-5_distill_b8": {"finetune": {"lr": 5.0e-5, "batch_size": 8, "distill": DISTILL}},
+    "lr5e-5_b8": {"finetune": {"lr": 5.0e-5, "batch_size": 8, "distill": None}},
 }
 
 
