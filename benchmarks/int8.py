@@ -19,11 +19,11 @@ uses the validation split only; the table scores every variant on the test split
 With `--smooth ALPHA ...` it adds activation-smoothed variants (`compressor.smoothing`, calibrated on the recipe's
 training examples as a run's export is), one per smoothing scope (`--scopes`): every MatMul, "cheap" (the
 feed-forward down-projections skipped) and "free" (only divisions that fold into attention); `--outlier-ratio R ...`
-adds cheap and free variants that still smooth a down-projection whose input has an outlier channel R times the
+adds cheap and free variants that still smooth a skipped MatMul whose input has an outlier channel R times the
 median.
 
 Usage: .venv/bin/python benchmarks/int8.py [--run runs/minilm_rt_50pct] [--threads 2] [--rounds 3] [--sensitive 1 2 4]
-                                           [--smooth 0.8 [--outlier-ratio 12]]
+                                           [--smooth 0.8 [--outlier-ratio 12] [--scopes all cheap free]]
        → prints a table and writes benchmarks/results/int8.json
 """
 
@@ -140,8 +140,8 @@ def main(argv: list[str] | None = None) -> int:
         type=float,
         nargs="*",
         default=[],
-        help="with --smooth: also a variant per ratio and skipping scope (cheap, free) that still smooths the "
-        "down-projections whose input has an outlier channel this strong (export.int8.smooth_outlier_ratio)",
+        help="with --smooth: also a variant per ratio and skipping scope (cheap, free) that still smooths a "
+        "skipped MatMul whose input has an outlier channel this strong (export.int8.smooth_outlier_ratio)",
     )
     parser.add_argument(
         "--scopes",

@@ -627,9 +627,7 @@ def test_free_smoothing_adds_no_node(tmp_path, arch):
     source, dest, info, before, after = _smoothed_with_scope(tmp_path, arch, "free")
     assert info["matmuls"] == info["folded_into_attention"] > 0 and info["skipped"] > 0
     assert info["matmuls"] + info["skipped"] == len(smoothable_matmuls(before))
-    assert len(after.node) == len(before.node) and "Mul" not in {n.op_type for n in after.node} - {
-        n.op_type for n in before.node
-    }
+    assert len(after.node) == len(before.node), "no Mul (or any other node) added"
     weights = {t.name: onnx.numpy_helper.to_array(t) for t in before.initializer}
     rescaled = {t.name: onnx.numpy_helper.to_array(t) for t in after.initializer}
     changed = [n for n in smoothable_matmuls(before) if not np.array_equal(weights[n.input[1]], rescaled[n.input[1]])]
