@@ -224,7 +224,7 @@ class Int8Spec(Strict):
     the worst are kept in fp32 until the gate passes (the scan costs one quantisation and one validation pass per
     quantised node). `smooth_alpha` rescales activation outliers into the weights before either kind is quantised
     (SmoothQuant; `compressor.smoothing`): on every MatMul, with `smooth_scope: cheap` on all but the
-    down-projections (~1% instead of ~5% of int8 speed on MiniLM), with `free` only where the division folds into
+    down-projections (1-2% instead of ~5% of int8 speed on MiniLM), with `free` only where the division folds into
     attention (no added node); the last two also smooth those whose input has an outlier `smooth_outlier_ratio`
     strong.
     """
@@ -254,7 +254,7 @@ class Int8Spec(Strict):
         "all",
         description="which MatMuls smoothing rescales: all; cheap = skip the down-projections whose input is "
         "wider than their output (their division is an extra pass over the widest activation), so smoothing costs "
-        "~1% of int8 speed on MiniLM instead of ~5%; free = only those whose division folds into attention (no "
+        "1-2% of int8 speed on MiniLM instead of ~5%; free = only those whose division folds into attention (no "
         "added node)",
     )
     smooth_outlier_ratio: float | None = Field(
