@@ -84,9 +84,22 @@ def build_world(root: Path, model_source: str) -> World:
     (outs / "link").symlink_to(outs / "empty", target_is_directory=True)
     (outs / "a_file").write_text("x")
     (root / "home").mkdir()
+    _token_head_model(root / "models" / "token_head")
     world = {"root": str(root), "model": model_source, "good": str(good), "out": str(root / "runs" / "out")}
+    world["token_head"] = str(root / "models" / "token_head")
     world |= {p.stem if p.is_file() else p.name: str(p) for p in [*data.iterdir(), *outs.iterdir()]}
     return world
+
+
+def _token_head_model(path: Path) -> Path:
+    """A tiny BERT saved as a token classifier with the world's label count: right labels, wrong head (its
+    sequence classifier would load with a fresh pooler)."""
+    from transformers import BertForTokenClassification
+
+    from compressor.testing import tiny_config
+
+    BertForTokenClassification(tiny_config("bert", num_labels=len(CLASSES))).save_pretrained(path)
+    return path
 
 
 def base_recipe(w: World) -> dict:
@@ -124,6 +137,11 @@ def _bomb(levels: int = 12) -> str:
     return "\n".join([*lines, f"name: *a{levels - 1}"]) + "\n"
 
 
+def _duplicate_key(w: World) -> str:
+    """The base recipe with `prune.target` given a second time (plain PyYAML would keep the last value)."""
+    return yaml.safe_dump(base_recipe(w)).replace("prune:\n", "prune:\n  target: 0.25\n", 1)
+
+
 D, P, INF, NAN = "data.source", "prune.criterion.params.", float("inf"), float("nan")
 CASES: list[Case] = [
     # recipe file and top level
@@ -131,6 +149,7 @@ CASES: list[Case] = [
     Case("huge value", "top", "name", raw=lambda w: f"name: {'x' * 900_000}\n"),
     Case("unknown key", "top", "modle", lambda w: {"modle": {}}),
     Case("seed huge", "top", "seed", lambda w: {"seed": 10**40}),
+    Case("key given twice", "prune", "prune.target: given twice", raw=_duplicate_key),
     # output_dir
     Case("output ~", "output_dir", "output_dir", lambda w: {"output_dir": "~"}),
     Case("output cwd", "output_dir", "output_dir", lambda w: {"output_dir": "."}),
@@ -140,10 +159,15 @@ CASES: list[Case] = [
     Case("output state/ only", "output_dir", "output_dir", lambda w: {"output_dir": w["state_only"]}, ("--force",)),
     Case("output is a file", "output_dir", "output_dir", lambda w: {"output_dir": w["a_file"]}),
     Case("output under a file", "output_dir", "output_dir", lambda w: {"output_dir": w["a_file"] + "/run"}),
+    Case("output under /proc", "output_dir", "output_dir", lambda w: {"output_dir": "/proc/compressor-hostile/run"}),
     # model
     Case("model path missing", "model", "model.source", lambda w: {"model.source": w["root"] + "/nope"}),
     Case("model builtin unknown", "model", "model.source", lambda w: {"model.source": "builtin:gpt-17"}),
     Case("model revision list", "model", "model.revision", lambda w: {"model.revision": ["main"]}),
+    Case("builtin with remote code", "model", "model.trust_remote_code",
+         lambda w: {"model.source": "builtin:minilm-l6", "model.trust_remote_code": True}),
+    Case("token-classification head", "model", "model.source",
+         lambda w: {"model.source": w["token_head"], "model.task_tuned": True}),
     # data: schema and limits
     Case("max_length huge", "data", "data.max_length", lambda w: {"data.max_length": 10**6}),
     Case("max_length > positions", "data", "data.max_length", lambda w: {"data.max_length": 1024}),
@@ -171,6 +195,7 @@ CASES: list[Case] = [
     # prune
     Case("steps > heads", "prune", "prune.steps", lambda w: {"prune.steps": 100}),
     Case("target nan", "prune", "prune.target", lambda w: {"prune.target": NAN}),
+    Case("target quoted", "prune", "prune.target", lambda w: {"prune.target": "0.5"}),
     Case("warmup 1.5", "prune", "prune.finetune.warmup_ratio", lambda w: {"prune.finetune": {"warmup_ratio": 1.5}}),
     Case("param huge", "prune", P + "normalize", lambda w: {P + "normalize": "y" * 10**5}),
     Case("param inf", "prune", P + "steps", lambda w: {"prune.criterion.name": "attribution", P + "steps": INF}),

@@ -187,8 +187,8 @@ def prune(
     model = model.to(accelerator.device)
     targets = _teacher_targets(teacher, model, train, tokenizer, config, accelerator, seed)
     score_batches = sample_batches(
-        train, tokenizer, config.score_examples, config.score_batch_size, seed=seed, accelerator=accelerator
-    )
+        train, tokenizer, config.score_examples, config.score_batch_size, seed, accelerator, by_length=True
+    )  # criteria sum over batches: length order pads least
     with accelerator.main_process_first():  # a latency table is measured once, by the main process, then loaded
         budget = plan_budget(accelerator.unwrap_model(model), config)
     loop = _Loop(model, tokenizer, train, validation, config, accelerator, seed, score_batches, budget, targets)

@@ -23,19 +23,48 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+# The flags that change what our numbers are: the fp32 GEMM width (AVX2 / AVX-512) and the int8 dot product.
+SPEED_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "amx_int8")
+
+
+def _cpuinfo_field(cpuinfo: Path, key: str) -> str | None:
+    """The first `key : value` of `cpuinfo` (None when unreadable or absent)."""
+    try:
+        text = cpuinfo.read_text(errors="replace")
+    except OSError:
+        return None
+    for line in text.splitlines():
+        name, _, value = line.partition(":")
+        if name.strip() == key:
+            return value.strip()
+    return None
+
+
+def cpu_flags(cpuinfo: Path = CPUINFO) -> set[str] | None:
+    """This CPU's x86 feature flags; None when it cannot tell (no /proc/cpuinfo, or not an x86 flags list)."""
+    flags = set((_cpuinfo_field(cpuinfo, "flags") or "").split())
+    return flags if {"avx2", "sse2"} & flags else None
+
+
 def cpu_has_vnni(cpuinfo: Path = CPUINFO) -> bool | None:
     """Whether this CPU has a VNNI-class int8 dot product (AVX512-VNNI, AVX-VNNI or AMX), from `cpuinfo`'s flags.
 
     None when it cannot tell: no readable `/proc/cpuinfo` (not Linux) or no x86 `flags` line in it (ARM, ...).
     """
-    try:
-        text = cpuinfo.read_text(errors="replace")
-    except OSError:
-        return None
-    flags = {f for line in text.splitlines() if line.startswith("flags") for f in line.partition(":")[2].split()}
-    if "avx2" not in flags and "sse2" not in flags:  # not an x86 flags list: nothing to conclude
-        return None
-    return any(flag in flags for flag in VNNI_FLAGS)
+    flags = cpu_flags(cpuinfo)
+    return None if flags is None else any(flag in flags for flag in VNNI_FLAGS)
+
+
+def cpu_summary(cpuinfo: Path = CPUINFO) -> dict:
+    """What a figure was measured on: CPU model and vendor, the flags that matter (`SPEED_FLAGS`), usable cores."""
+    flags = cpu_flags(cpuinfo)
+    return {
+        "model": cpu_model(),
+        "vendor": _cpuinfo_field(cpuinfo, "vendor_id") or platform.machine(),
+        "flags": None if flags is None else [f for f in SPEED_FLAGS if f in flags],
+        "vnni": cpu_has_vnni(cpuinfo),
+        "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+    }
 
 
 def cache_root() -> Path:

@@ -20,6 +20,7 @@ import fcntl
 import hashlib
 import json
 import os
+import re
 import shutil
 import uuid
 from collections.abc import Callable
@@ -33,6 +34,10 @@ IDENTITY_FILE = ".compressor-run.json"
 RESOLVED_FILE = "recipe.resolved.yaml"  # the same names as the runner's
 DONE_FILE = "report.json"
 _HELD: dict[Path, int] = {}  # absolute output directory -> file descriptor of its held lock
+SYSTEM_FILESYSTEMS = frozenset(  # kernel interfaces, never storage: creating a file there fails even for root
+    {"proc", "sysfs", "cgroup", "cgroup2", "devpts", "debugfs", "tracefs", "securityfs", "configfs", "pstore", "bpf",
+     "efivarfs", "fusectl", "binfmt_misc", "mqueue", "autofs", "nsfs"}
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -102,7 +107,10 @@ def claim(target: RunDir, resolved_recipe: str) -> Path:
     _lock(out)
     if target.mode == "replace":
         _set_aside(out)
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise _cannot_create(out, err) from None
     old = _read_identity(out)
     run_id = old.get("run_id") if target.mode == "resume" and old.get("run_id") else uuid.uuid4().hex
     atomic.write_text(out / RESOLVED_FILE, resolved_recipe)
@@ -157,8 +165,34 @@ def _check_writable(out: Path) -> None:
         probe = probe.parent
     if not probe.is_dir():
         raise UserError(f"output_dir: '{out}' is not usable ('{probe}' is a file); expected a writable directory")
-    if not os.access(probe, os.W_OK | os.X_OK):
+    if not os.access(probe, os.W_OK | os.X_OK) or os.statvfs(probe).f_flag & os.ST_RDONLY:
         raise UserError(f"output_dir: '{out}' is not writable; expected a writable directory")
+    kind = _filesystem_type(probe)
+    if kind in SYSTEM_FILESYSTEMS:
+        raise UserError(
+            f"output_dir: '{out}' is on the system filesystem {kind} ('{probe}'), where no run can be written; "
+            "expected a writable directory"
+        )
+
+
+def _filesystem_type(path: Path) -> str | None:
+    """The type of the filesystem holding `path` (the longest mount point above it in `/proc/self/mountinfo`), or
+    None where that is unknown (not Linux). Root passes every permission check, so a kernel filesystem such as
+    /proc is only recognised by its type."""
+    try:
+        mounts = Path("/proc/self/mountinfo").read_text().splitlines()
+    except OSError:
+        return None
+    target, best, kind = str(path.resolve()), "", None
+    for line in mounts:
+        fields = line.split(" ")
+        if "-" not in fields[6:]:
+            continue
+        point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), fields[4])  # spaces are \040
+        inside = target == point or target.startswith(point.rstrip("/") + "/")
+        if inside and len(point) >= len(best):  # a later mount on the same point hides the earlier one
+            best, kind = point, fields[fields.index("-", 6) + 1]
+    return kind
 
 
 def _lock_path(out: Path) -> Path:
@@ -186,9 +220,8 @@ def _lock(out: Path) -> None:
     if out.absolute() in _HELD:
         return
     path = _lock_path(out)
-    path.parent.mkdir(parents=True, exist_ok=True)
     while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = _open_lock(path)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
@@ -204,6 +237,21 @@ def _lock(out: Path) -> None:
     os.ftruncate(fd, 0)
     os.write(fd, f"{os.getpid()}\n".encode())
     _HELD[out.absolute()] = fd
+
+
+def _open_lock(path: Path) -> int:
+    """Create (with the directories above it) and open the lock file; where nothing can be written (a file system
+    the up-front check could not know to be unwritable) the run stops with one line, before it has written anything."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as err:
+        raise _cannot_create(path, err) from None
+
+
+def _cannot_create(path: Path, err: OSError) -> UserError:
+    reason = err.strerror or type(err).__name__
+    return UserError(f"output_dir: cannot create '{path}' ({reason}); expected a writable directory")
 
 
 def _in_use(out: Path) -> UserError:

@@ -11,7 +11,9 @@ from __future__ import annotations
 import copy
 import dataclasses
 import logging
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -63,10 +65,20 @@ class RunState:
     model_dir: Path | None = None
     exported: dict = field(default_factory=dict)
     baseline: Baseline | None = None  # the fine-tuned layer-dropping baseline (`prune.baseline`)
+    timings: dict[str, float] = field(default_factory=dict)  # wall seconds per phase, in run order (report)
 
     @property
     def main(self) -> bool:
         return self.accelerator.is_main_process
+
+    @contextmanager
+    def timed(self, phase: str) -> Iterator[None]:
+        """Record the wall time of the block as `phase` in `timings` (the report's stage-time table)."""
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.timings[phase] = round(time.perf_counter() - start, 1)
 
 
 @dataclass(frozen=True)
@@ -387,5 +399,6 @@ def run_stages(state: RunState, stages: tuple[Stage, ...] = STAGES) -> dict:
     bar = tqdm(enabled, desc="stages", leave=False)
     for stage in bar:
         bar.set_postfix_str(stage.name)
-        state.report[stage.name] = stage.run(state)
+        with state.timed(stage.name):
+            state.report[stage.name] = stage.run(state)
     return state.report

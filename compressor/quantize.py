@@ -26,6 +26,7 @@ from typing import Literal
 
 import numpy as np
 
+from compressor.errors import UserError
 from compressor.machine import CPUINFO, cpu_has_vnni
 
 INT8_VARIANTS = ("int8", "int8_static")
@@ -36,6 +37,7 @@ QUANTIZED_OPS = {
 }
 
 ReduceRange = bool | Literal["auto"]
+REDUCE_RANGE_ENV = "COMPRESSOR_INT8_REDUCE_RANGE"  # "1"/"0" forces `auto` to 7-bit/8-bit weights on any CPU
 
 
 @dataclass(frozen=True)
@@ -61,10 +63,17 @@ def resolve_reduce_range(setting: ReduceRange = "auto", cpuinfo: Path = CPUINFO)
     On x86 without VNNI, ONNX Runtime's u8 x s8 int8 GEMM sums pairs of products in 16 bits (`vpmaddubsw`), which
     saturates with full-range 8-bit weights and shifts logits visibly (max |Δlogit| 0.36 vs 0.06 on the tiny test
     models); 7-bit weights (`reduce_range`) cannot saturate there, at a small cost in weight resolution. With VNNI
-    (or when the CPU cannot be identified) full range is kept. An explicit bool is used as given.
+    (or when the CPU cannot be identified) full range is kept. An explicit bool is used as given. `auto` can be
+    forced either way with `COMPRESSOR_INT8_REDUCE_RANGE=1|0`: how a test suite is run on another CPU's weight
+    range (CI legs, `make test-int8-ranges`), and how a user reproduces a number taken on another machine.
     """
     if setting is True or setting is False:
         return setting, "set explicitly"
+    forced = os.environ.get(REDUCE_RANGE_ENV, "").strip().lower()
+    if forced:
+        if forced not in ("0", "1", "false", "true"):
+            raise UserError(f"{REDUCE_RANGE_ENV}: expected 1 (7-bit weights) or 0 (8-bit), got {forced[:20]!r}")
+        return forced in ("1", "true"), f"auto, forced by {REDUCE_RANGE_ENV}={forced}"
     vnni = cpu_has_vnni(cpuinfo)
     if vnni is False:
         return True, "auto: x86 CPU without VNNI (the u8s8 int8 GEMM can saturate with 8-bit weights)"

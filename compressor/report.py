@@ -95,9 +95,11 @@ def recommendation(report: dict) -> dict | None:
         return None
     gate = _accuracy_gate(report, bench.get("max_drop", DEFAULT_MAX_DROP))
     passing = {name: speed for name, speed in speeds.items() if gate.passes(summary[name].get("accuracy"))}
-    if not passing:
-        return {"variant": None, "reason": gate.failure(summary, speeds), "rejected": sorted(rejected)}
-    best = max(passing, key=passing.get)
+    best = max(passing, key=passing.get) if passing else None
+    passed_over = _passed_over(summary, exported, rejected, gate, passing.get(best, 0.0))
+    if best is None:
+        reason = gate.failure(summary, speeds)
+        return {"variant": None, "reason": reason, "rejected": sorted(rejected), "not_recommended": passed_over}
     row = summary[best]
     return {
         "variant": best,
@@ -107,7 +109,41 @@ def recommendation(report: dict) -> dict | None:
         "accuracy": row.get("accuracy"),
         "max_drop": gate.max_drop,
         "rejected": sorted(rejected),
+        "not_recommended": passed_over,
     }
+
+
+def _passed_over(summary: dict, exported: dict, rejected: set[str], gate: _Gate, floor: float) -> list[dict]:
+    """Every shipped variant faster than the recommendation (`floor`) that was not picked, fastest first, each with
+    one line a user understands: which gate it failed, by how much, and what the gate allows."""
+    shipped = {"pytorch-pruned"} | {f"onnx-{n}" for n in exported}
+    out = []
+    for name in sorted(shipped & summary.keys(), key=lambda n: -(summary[n].get("headline_speedup") or 0)):
+        speed = summary[name].get("headline_speedup")
+        if speed is None or speed <= floor:
+            continue
+        if name in rejected:
+            why = _int8_gate_reason(exported[name.removeprefix("onnx-")].get("gate") or {})
+        else:
+            why = gate.shortfall(summary[name].get("accuracy"))
+        out.append({"variant": name, "speedup": speed, "reason": f"{name}: {speed:.2f}× but {why}"})
+    return out
+
+
+def _int8_gate_reason(g: dict) -> str:
+    """Why an int8 variant failed its validation gate against its own fp32 graph, in words."""
+    parts = []
+    if g.get("max_drop") is not None and g["drop"] > g["max_drop"] + 1e-12:
+        parts.append(
+            f"{100 * g['drop']:.2f} validation points below its fp32 graph; its int8 gate allows "
+            f"{100 * g['max_drop']:.2f}"
+        )
+    if g.get("min_agreement") is not None and g["agreement_with_fp32"] < g["min_agreement"] - 1e-12:
+        parts.append(
+            f"agrees with its fp32 graph on {_pct(g['agreement_with_fp32'])}% of validation predictions; its int8 "
+            f"gate asks {_pct(g['min_agreement'])}%"
+        )
+    return " and ".join(parts) or "failed its int8 gate"
 
 
 @dataclass(frozen=True)
@@ -121,6 +157,15 @@ class _Gate:
         if self.max_drop is None or self.original is None:
             return True
         return accuracy is not None and self.original - accuracy <= self.max_drop + 1e-12
+
+    def shortfall(self, accuracy: float | None) -> str:
+        """Why `accuracy` fails the gate, in words: how far below the original it is and what the gate allows."""
+        if accuracy is None:
+            return "its test accuracy was not measured"
+        return (
+            f"{100 * (self.original - accuracy):.2f} points below the original on test; the gate allows "
+            f"{100 * self.max_drop:.2f} (bench.max_drop)"
+        )
 
     def failure(self, summary: dict, candidates: dict) -> str:
         """One line: the gate and the best accuracy any candidate reached."""
@@ -144,14 +189,15 @@ def _recommendation_line(report: dict) -> str:
     rec = recommendation(report)
     if rec is None:
         return "Recommendation: none (no benchmarked variant passed every gate)."
+    why_not = "".join(f"\n- not recommended: {r['reason']}." for r in rec.get("not_recommended", []))
     if rec["variant"] is None:
-        return f"**Recommendation: none**: {rec['reason']}."
+        return f"**Recommendation: none**: {rec['reason']}.{why_not}"
     excluded = f"; not considered (failed their int8 gate): {', '.join(rec['rejected'])}" if rec["rejected"] else ""
     within = "" if rec["max_drop"] is None else f", within {100 * rec['max_drop']:.2f} points of the original"
     return (
         f"**Recommendation: `{rec['variant']}`**, the fastest variant passing every gate: {rec['speedup']:.2f}× the "
         f"original at batch {rec['batch']}, {rec['seq_len']} tokens, test accuracy {_pct(rec['accuracy'])}%"
-        f"{within}{excluded}."
+        f"{within}{excluded}.{why_not}"
     )
 
 
@@ -307,7 +353,17 @@ def render(report: dict) -> str:
         lines += ["", "## Head roles of kept vs removed heads", "", *_roles_table(report["analysis"])]
         lines += ["", "Details and figures: [analysis/analysis.md](analysis/analysis.md)."]
     lines += ["", f"Total time: {report.get('seconds', 0):.0f} s.", ""]
+    if report.get("timings"):
+        lines += ["## Where the time went", "", *_timings_table(report["timings"], report.get("seconds")), ""]
     return "\n".join(lines)
+
+
+def _timings_table(timings: dict[str, float], total: float | None) -> list[str]:
+    """One row per phase of the run, in run order: wall seconds and share of the run's total."""
+    total = total or sum(timings.values())
+    lines = ["| phase | seconds | share |", "|---|---:|---:|"]
+    lines += [f"| {name} | {sec:.0f} | {100 * sec / total:.0f}% |" for name, sec in timings.items()]
+    return lines
 
 
 def write_run_report(report: dict, out: Path) -> Path:

@@ -42,7 +42,7 @@ from compressor.selection import plan_to_mask
 from compressor.sources import TaskData, load_model, load_task_data, load_tokenizer
 from compressor.sources.data import BUILTIN_RT
 from compressor.sources.fingerprint import source_fingerprint
-from compressor.sources.models import BUILTIN_MINILM, load_config, max_positions
+from compressor.sources.models import BUILTIN_MINILM, check_task_head, load_config, max_positions
 from compressor.train import evaluate, tokenize, train
 
 log = logging.getLogger("compressor")
@@ -72,6 +72,7 @@ def preflight(recipe: Recipe, force: bool) -> Path:
     layers, heads = config_head_counts(config)
     check_against_model(recipe, layers * heads, max_positions(config))
     check_budget(config, recipe.prune)
+    check_task_head(recipe.model, config)
     return out
 
 
@@ -121,6 +122,13 @@ def base_model(run: RunState) -> tuple[torch.nn.Module, dict]:
         save_pruned(model, cached, run.tokenizer, metadata={"base_finetune": stats})
     run.accelerator.wait_for_everyone()
     return model, {"cached": str(cached), **stats}
+
+
+def _base_phase(base_info: dict) -> str:
+    """The stage-time table's name for what `base_model` did."""
+    if "seconds" in base_info:
+        return "base fine-tune"
+    return "base model: load" if base_info["cached"] is None else "base model: load cached fine-tune"
 
 
 RECORDS_FILE = "records.safetensors"  # per finished step: the scores it selected on and the head mask after it
@@ -245,35 +253,43 @@ def run_recipe(recipe: Recipe, force: bool = False, accelerator: Accelerator | N
     The order: preflight → sources → base model → `api.prune` (checkpointed by `StepCheckpoints`) →
     `pipeline.run_stages` (surgery + save, layer-drop baseline, export, model card, bench, budget, analysis) → report.
     """
+    t0 = time.perf_counter()
     out = preflight(recipe, force)
     run = prepare(recipe, accelerator or make_accelerator(), force)
+    run.timings["data + tokenise"] = round(time.perf_counter() - t0, 1)
     accelerator = run.accelerator
-    t0 = time.perf_counter()
-    model, base_info = base_model(run)
+    with run.timed("base model"):
+        model, base_info = base_model(run)
+    run.timings[_base_phase(base_info)] = run.timings.pop("base model")
     model = model.to(accelerator.device)
-    original = {
-        "validation": evaluate(model, run.splits["validation"], run.tokenizer, accelerator),
-        "test": evaluate(model, run.splits["test"], run.tokenizer, accelerator),
-    }
+    with run.timed("original: evaluate"):
+        original = {
+            "validation": evaluate(model, run.splits["validation"], run.tokenizer, accelerator),
+            "test": evaluate(model, run.splits["test"], run.tokenizer, accelerator),
+        }
     log.info("original: val acc %.4f, test acc %.4f", original["validation"]["accuracy"], original["test"]["accuracy"])
     start = copy.deepcopy(accelerator.unwrap_model(model)).cpu()
     run.original = start if run.main else None
     hook = StepCheckpoints(out / "state", run.main)
     validation = run.splits["validation"]
-    teacher = _teacher(run, model)
-    run.result = prune(
-        model, run.tokenizer, run.splits["train"], recipe.prune, validation=validation, seed=recipe.seed,
-        accelerator=accelerator, hook=hook, teacher=teacher,
-    )  # fmt: skip
+    with run.timed("teacher targets"):
+        teacher = _teacher(run, model)
+    with run.timed("pruning steps"):
+        run.result = prune(
+            model, run.tokenizer, run.splits["train"], recipe.prune, validation=validation, seed=recipe.seed,
+            accelerator=accelerator, hook=hook, teacher=teacher,
+        )  # fmt: skip
     run.result.model.cpu()
     if recipe.prune.baseline == "layer_drop":
-        run.baseline = _baseline(run, start, teacher)
+        with run.timed("layer-drop baseline: fine-tune"):
+            run.baseline = _baseline(run, start, teacher)
     if not run.main:
         accelerator.wait_for_everyone()
         return {}
     run.report = _report_head(run, base_info, original)
     run_stages(run)
     run.report["seconds"] = time.perf_counter() - t0
+    run.report["timings"] = run.timings
     write_run_report(run.report, out)
     atomic.write_text(out / DONE_FILE, json.dumps(run.report, indent=2, default=str))
     outdir.finish(out)  # the run it replaced (with --force) goes only now; the lock is released

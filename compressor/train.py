@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from accelerate import Accelerator
 from torch import nn
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, Sampler
 from tqdm.auto import tqdm
 from transformers import DataCollatorWithPadding, get_linear_schedule_with_warmup
 
@@ -39,16 +39,55 @@ def tokenize(ds: datasets.Dataset, tokenizer, text_fields: Sequence[str], max_le
     return ds.map(encode, batched=True, remove_columns=keep, desc="tokenize", load_from_cache_file=False)
 
 
-def loader(ds: datasets.Dataset, tokenizer, batch_size: int, shuffle: bool = False, seed: int = 0) -> DataLoader:
-    """Dynamic-padding loader; shuffling uses its own seeded generator so runs are reproducible."""
+GROUP_BATCHES = 50  # batches per length-sorted group (HF Trainer's `group_by_length` uses the same mega-batch size)
+
+
+class LengthGroupedBatches(Sampler[list[int]]):
+    """Seeded shuffled batches of examples of similar length, so dynamic padding pads little.
+
+    Why: real classification text is ragged (Rotten Tomatoes: 27 tokens on average, 64 at most), and a random batch
+    pads to its longest member: ~1.9x the real tokens there, all of it computed by every Linear. Each epoch shuffles
+    the examples (seed + epoch), sorts each group of `GROUP_BATCHES` batches by length, cuts it into batches and
+    shuffles the batches, so every example is still seen once per epoch in a seeded, reproducible order.
+    """
+
+    def __init__(self, lengths: Sequence[int], batch_size: int, seed: int):
+        self.lengths = np.asarray(lengths)
+        self.batch_size = batch_size
+        self.seed = seed
+        self.epoch = 0
+
+    def __len__(self) -> int:
+        return math.ceil(len(self.lengths) / self.batch_size)
+
+    def __iter__(self):
+        rng = np.random.default_rng([self.seed, self.epoch])
+        self.epoch += 1
+        order = rng.permutation(len(self.lengths))
+        span = self.batch_size * GROUP_BATCHES
+        batches = []
+        for start in range(0, len(order), span):
+            group = order[start : start + span]
+            group = group[np.argsort(-self.lengths[group], kind="stable")]
+            batches += [group[i : i + self.batch_size].tolist() for i in range(0, len(group), self.batch_size)]
+        yield from (batches[i] for i in rng.permutation(len(batches)))
+
+
+def lengths(ds: datasets.Dataset) -> list[int]:
+    """Tokens per example of a tokenised split."""
+    return [len(ids) for ids in ds["input_ids"]]
+
+
+def loader(
+    ds: datasets.Dataset, tokenizer, batch_size: int, shuffle: bool = False, seed: int = 0, by_length: bool = False
+) -> DataLoader:
+    """Dynamic-padding loader; shuffling uses its own seeded generator so runs are reproducible, and with
+    `by_length` it shuffles batches of similar length (`LengthGroupedBatches`)."""
+    collate = DataCollatorWithPadding(tokenizer, return_tensors="pt")
+    if shuffle and by_length:
+        return DataLoader(ds, batch_sampler=LengthGroupedBatches(lengths(ds), batch_size, seed), collate_fn=collate)
     generator = torch.Generator().manual_seed(seed) if shuffle else None
-    return DataLoader(
-        ds,
-        batch_size=batch_size,
-        shuffle=shuffle,
-        generator=generator,
-        collate_fn=DataCollatorWithPadding(tokenizer, return_tensors="pt"),
-    )
+    return DataLoader(ds, batch_size=batch_size, shuffle=shuffle, generator=generator, collate_fn=collate)
 
 
 def to_device(batch: dict, device: torch.device) -> dict:
@@ -98,7 +137,7 @@ def train(
         train_ds = with_index(train_ds)
     if (drawn := drawn_examples(len(train_ds), spec.max_examples, seed)) is not None:
         train_ds = train_ds.select(drawn)
-    dl = loader(train_ds, tokenizer, spec.batch_size, shuffle=True, seed=seed)
+    dl = loader(train_ds, tokenizer, spec.batch_size, shuffle=True, seed=seed, by_length=spec.group_by_length)
     per_epoch = math.ceil(len(dl) / accelerator.num_processes)
     total = max(1, math.ceil(per_epoch * spec.epochs))
     no_decay = ("bias", "LayerNorm.weight", "layer_norm.weight")
@@ -147,9 +186,13 @@ def predict(
     batch_size: int = 64,
     neurons: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(logits, labels) for the whole split; under several processes, gathered on every process in order."""
+    """(logits, labels) for the whole split, in its order; under several processes, gathered on every process.
+
+    The split is run sorted by length (so batches pad little: ~1.9x fewer tokens on Rotten Tomatoes) and the
+    results are put back in the split's order."""
     model.eval()
-    dl = loader(eval_ds, tokenizer, batch_size)
+    order = np.argsort(lengths(eval_ds), kind="stable")
+    dl = loader(eval_ds.select(order), tokenizer, batch_size)
     if accelerator is not None:
         dl = accelerator.prepare_data_loader(dl)
     device = next(model.parameters()).device
@@ -163,7 +206,8 @@ def predict(
                 out, lab = accelerator.gather_for_metrics((out, lab))
             logits.append(out.float().cpu())
             labels.append(lab.cpu())
-    return torch.cat(logits), torch.cat(labels)
+    back = torch.from_numpy(np.argsort(order, kind="stable"))
+    return torch.cat(logits)[back], torch.cat(labels)[back]
 
 
 def evaluate(
@@ -184,12 +228,20 @@ def evaluate(
 
 
 def sample_batches(
-    ds: datasets.Dataset, tokenizer, n: int, batch_size: int, seed: int, accelerator: Accelerator | None = None
+    ds: datasets.Dataset,
+    tokenizer,
+    n: int,
+    batch_size: int,
+    seed: int,
+    accelerator: Accelerator | None = None,
+    by_length: bool = False,
 ) -> list[dict]:
-    """A fixed, seeded sample of `n` examples as padded batches (each process gets its shard under DDP)."""
+    """A fixed, seeded sample of `n` examples as padded batches (each process gets its shard under DDP); with
+    `by_length`, batches of similar length in a seeded order (`LengthGroupedBatches`), where no consumer needs
+    the batches to mix lengths (the int8 gate does: it must see batches like the ones served)."""
     if len(ds) > n:
         ds = ds.shuffle(seed=seed).select(range(n))
-    dl = loader(ds, tokenizer, batch_size)
+    dl = loader(ds, tokenizer, batch_size, shuffle=by_length, seed=seed, by_length=by_length)
     if accelerator is not None and accelerator.num_processes > 1:
         dl = accelerator.prepare_data_loader(dl)
     return list(dl)

@@ -90,6 +90,17 @@ def tiny_recipe(model_dir: Path, data: Path, out: Path, **overrides) -> dict:
     return recipe
 
 
+def pytest_report_header(config) -> list[str]:
+    """The CPU the suite ran on, in the log: int8 kernels (VNNI or not) and core counts differ between machines."""
+    from compressor.machine import cpu_summary
+    from compressor.quantize import REDUCE_RANGE_ENV
+
+    cpu = cpu_summary()
+    forced = os.environ.get(REDUCE_RANGE_ENV)
+    weights = f", int8 weight range forced by {REDUCE_RANGE_ENV}={forced}" if forced else ""
+    return [f"cpu: {cpu['model']} ({cpu['vendor']}), flags {cpu['flags']}, {cpu['cores']} usable cores{weights}"]
+
+
 @pytest.fixture(autouse=True, scope="session")
 def one_thread():
     """Tiny models run far faster on one thread than with oversubscribed intra-op threads on a 2-core CPU."""

@@ -216,3 +216,14 @@ def test_tilde_expands_explicitly_and_home_itself_is_refused(tmp_path, monkeypat
         with pytest.raises(UserError, match="^output_dir: "):
             outdir.check_run_dir(bad, force=True, same_recipe=lambda _: True)
     assert not (tmp_path / "~").exists()
+
+
+@pytest.mark.skipif(not Path("/proc/self/mountinfo").exists(), reason="needs Linux's /proc")
+def test_a_system_directory_is_refused_up_front_and_at_claim(tmp_path) -> None:
+    """/proc takes no files even from root (whom permission checks let through): `check_run_dir` refuses it by its
+    filesystem type, and `claim` turns a failure to create the lock or the directory into one line as well."""
+    with pytest.raises(UserError, match=r"^output_dir: '/proc/compressor-test/run' is on the system filesystem proc"):
+        outdir.check_run_dir("/proc/compressor-test/run", force=False, same_recipe=lambda _: True)
+    with pytest.raises(UserError, match=r"^output_dir: cannot create '/proc/compressor-test/\.run\.lock' \("):
+        outdir.claim(outdir.RunDir(Path("/proc/compressor-test/run"), "new"), "name: x\n")
+    assert outdir.check_run_dir(str(tmp_path / "run"), force=False, same_recipe=lambda _: True).mode == "new"

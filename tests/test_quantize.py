@@ -7,8 +7,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from compressor.errors import UserError
 from compressor.machine import cpu_has_vnni
-from compressor.quantize import quantize_graph, resolve_reduce_range
+from compressor.quantize import REDUCE_RANGE_ENV, quantize_graph, resolve_reduce_range
 from compressor.recipe import RecipeError, parse_recipe
 
 X86_FLAGS = "fpu vme sse sse2 ssse3 sse4_1 sse4_2 avx avx2 fma bmi2"
@@ -39,7 +40,8 @@ def test_cpu_has_vnni_without_cpuinfo_is_unknown(tmp_path):
     assert cpu_has_vnni(tmp_path / "absent") is None
 
 
-def test_reduce_range_auto_follows_vnni_and_explicit_settings_win(tmp_path):
+def test_reduce_range_auto_follows_vnni_and_explicit_settings_win(tmp_path, monkeypatch):
+    monkeypatch.delenv(REDUCE_RANGE_ENV, raising=False)  # the suite may run with the weight range forced
     avx2 = cpuinfo(tmp_path, f"flags\t: {X86_FLAGS}\n")
     reduce, why = resolve_reduce_range("auto", avx2)
     assert reduce is True and "without VNNI" in why
@@ -51,6 +53,23 @@ def test_reduce_range_auto_follows_vnni_and_explicit_settings_win(tmp_path):
     assert reduce is False and "unknown" in why
     assert resolve_reduce_range(False, avx2) == (False, "set explicitly")
     assert resolve_reduce_range(True, vnni) == (True, "set explicitly")
+
+
+@pytest.mark.parametrize("value, expected", [("1", True), ("0", False), ("true", True), ("False", False)])
+def test_reduce_range_env_forces_auto_but_not_an_explicit_setting(tmp_path, monkeypatch, value, expected):
+    vnni = cpuinfo(tmp_path, f"flags\t: {X86_FLAGS} avx512_vnni\n")
+    monkeypatch.setenv(REDUCE_RANGE_ENV, value)
+    reduce, why = resolve_reduce_range("auto", vnni)
+    assert reduce is expected and REDUCE_RANGE_ENV in why
+    assert resolve_reduce_range(not expected, vnni) == (not expected, "set explicitly")
+
+
+def test_reduce_range_env_with_another_value_is_a_one_line_error(tmp_path, monkeypatch):
+    monkeypatch.setenv(REDUCE_RANGE_ENV, "maybe")
+    with pytest.raises(UserError, match=f"{REDUCE_RANGE_ENV}: expected 1 .* got 'maybe'"):
+        resolve_reduce_range("auto", cpuinfo(tmp_path, f"flags\t: {X86_FLAGS}\n"))
+    monkeypatch.setenv(REDUCE_RANGE_ENV, "")  # empty is unset
+    assert resolve_reduce_range("auto", cpuinfo(tmp_path, f"flags\t: {X86_FLAGS}\n"))[0] is True
 
 
 def matmul_graph(file: Path) -> None:
@@ -97,3 +116,13 @@ def test_recipe_reduce_range_field(value, ok):
     with pytest.raises(RecipeError, match=r"export\.int8\.reduce_range") as err:
         parse_recipe(data)
     assert "\n" not in str(err.value)
+
+
+def test_cpu_summary_names_vendor_and_the_flags_that_matter(tmp_path):
+    from compressor.machine import cpu_summary
+
+    info = cpuinfo(tmp_path, f"vendor_id\t: GenuineIntel\nflags\t: {X86_FLAGS} avx512f avx512_vnni\n")
+    summary = cpu_summary(info)
+    assert summary["vendor"] == "GenuineIntel" and summary["vnni"] is True
+    assert summary["flags"] == ["avx2", "avx512f", "avx512_vnni"] and summary["cores"] >= 1
+    assert cpu_summary(tmp_path / "absent")["flags"] is None

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from compressor.recipe import Recipe, RecipeError, check_against_model, load_recipe, parse_recipe
+from compressor.recipe import Recipe, RecipeError, check_against_model, dump_recipe, load_recipe, parse_recipe
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -54,6 +54,18 @@ BAD = [
     ({"bench": {"min_time_s": float("-inf")}}, "bench.min_time_s: Input should be a finite number"),
     ({"base_finetune": {"epochs": 1e6}}, "base_finetune.epochs: Input should be less than or equal to 1000"),
     ({"prune": {"criterion": {"name": "l0", "params": {"lam": float("inf")}}}}, "params.lam: Input should be a finite"),
+    ({"prune": {"target": "0.5"}}, "prune.target: Input should be a valid number, not text"),
+    ({"prune": {"steps": "4"}}, "prune.steps: Input should be a valid integer, not text"),
+    ({"base_finetune": {"lr": "5e-5"}}, "base_finetune.lr: Input should be a valid number, not text"),
+    ({"prune": {"steps": 4.0}}, "prune.steps: Input should be a valid integer (got 4.0)"),
+    ({"seed": True}, "seed: Input should be a valid integer (got True)"),
+    ({"base_finetune": {"epochs": True}}, "base_finetune.epochs: Input should be a valid number (got True)"),
+    ({"export": {"enabled": "yes"}}, "export.enabled: Input should be a valid boolean (got 'yes')"),
+    (
+        {"model": {"source": "builtin:minilm-l6", "trust_remote_code": True}},
+        "model.trust_remote_code: built-in models ship no remote code",
+    ),
+    ({"model": {"trust_remote_code": True}}, "model.trust_remote_code: built-in models ship no remote code"),
 ]
 
 
@@ -64,6 +76,65 @@ def test_bad_recipe_names_the_field(data: dict, expected: str) -> None:
     message = str(err.value)
     assert expected in message
     assert "\n" not in message
+
+
+def test_numbers_are_yaml_numbers_and_integers_serve_as_floats(tmp_path: Path) -> None:
+    """Strict numbers: an integer where a float is expected is fine, and `5e-5` unquoted is a number (YAML 1.2;
+    YAML 1.1 would read it as text), but the same value in quotes is text and refused."""
+    recipe = parse_recipe({"base_finetune": {"epochs": 3, "lr": 0.001}, "export": {"atol": 1}})
+    assert recipe.base_finetune.epochs == 3.0 and isinstance(recipe.export.atol, float)
+    path = tmp_path / "r.yaml"
+    path.write_text("base_finetune: {lr: 5e-5, epochs: 1e1}\nprune: {target: .5E-0}\n")
+    recipe = load_recipe(path)
+    assert (recipe.base_finetune.lr, recipe.base_finetune.epochs, recipe.prune.target) == (5e-5, 10.0, 0.5)
+    path.write_text('base_finetune: {lr: "5e-5"}\n')
+    with pytest.raises(RecipeError, match=r"base_finetune\.lr: .*not text: write the number without quotes"):
+        load_recipe(path)
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "recipes").glob("*.yaml")), ids=lambda p: p.name)
+def test_resolved_recipe_reparses_to_the_same_recipe(path: Path) -> None:
+    """The runner compares an unfinished run's `recipe.resolved.yaml` with the new recipe (resume): the strict
+    models must read back what `dump_recipe` wrote."""
+    recipe = load_recipe(path)
+    assert parse_recipe(yaml.safe_load(dump_recipe(recipe))) == recipe
+
+
+DUPLICATES = [
+    ("seed: 0\nname: a\nseed: 1\n", "seed: given twice (lines 1 and 3); a recipe key may appear once"),
+    ("prune:\n  target: 0.5\n  steps: 2\n  target: 0.25\n", "prune.target: given twice (lines 2 and 4)"),
+    ("prune: {criterion: {name: taylor, name: l0}}\n", "prune.criterion.name: given twice (lines 1 and 1)"),
+    ("data:\n  text_fields: [a]\n  'text_fields': [b]\n", "data.text_fields: given twice (lines 2 and 3)"),
+]
+
+
+@pytest.mark.parametrize(("text", "expected"), DUPLICATES, ids=[d[1].split(":")[0] for d in DUPLICATES])
+def test_a_key_given_twice_is_refused_naming_it_and_both_lines(tmp_path: Path, text: str, expected: str) -> None:
+    path = tmp_path / "r.yaml"
+    path.write_text(text)
+    with pytest.raises(RecipeError) as err:
+        load_recipe(path)
+    assert str(err.value).startswith(expected) and "\n" not in str(err.value)
+
+
+def test_the_same_key_in_different_mappings_and_merge_overrides_are_fine(tmp_path: Path) -> None:
+    path = tmp_path / "r.yaml"
+    path.write_text(
+        "base_finetune: &ft {epochs: 1, lr: 1.0e-4}\n"
+        "prune:\n  finetune:\n    <<: *ft\n    lr: 2.0e-4\n"  # a merge then an explicit key overrides it
+    )
+    recipe = load_recipe(path)
+    assert (recipe.base_finetune.lr, recipe.prune.finetune.lr, recipe.prune.finetune.epochs) == (1e-4, 2e-4, 1.0)
+
+
+def test_cli_validate_refuses_a_key_given_twice_exit_2(tmp_path: Path) -> None:
+    path = tmp_path / "r.yaml"
+    path.write_text(f"output_dir: {tmp_path / 'out'}\nseed: 0\nseed: 1\n")
+    expected = "compressor: error: seed: given twice (lines 2 and 3); a recipe key may appear once"
+    for command in ("validate", "run"):
+        result = _cli(command, str(path), cwd=tmp_path)
+        assert result.returncode == 2 and result.stderr.strip() == expected, result.stderr
+    assert not (tmp_path / "out").exists()
 
 
 def test_top_level_must_be_mapping() -> None:

@@ -19,7 +19,7 @@ from compressor.errors import UserError
 from compressor.recipe import DataSpec, ModelSpec, RecipeError, load_recipe
 from compressor.sources import data as data_mod
 from compressor.sources import load_task_data, load_tokenizer, resolve_model_path
-from compressor.sources.models import load_config
+from compressor.sources.models import check_task_head, load_config, load_model
 from compressor.testing import tiny_config, tiny_model
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -277,6 +277,60 @@ def test_encoder_configured_as_decoder_is_refused_by_load_config(tmp_path, tiny_
         load_config(ModelSpec(source=str(path)))
 
 
+def _other_head_dir(w: Path, head: str) -> Path:
+    """A tiny BERT saved as `head` (a transformers class name) with 2 labels, like the fixture data: the label
+    count matches, the head does not."""
+    import transformers
+
+    path = make_tokenizer_dir(w / head)
+    getattr(transformers, head)(tiny_config("bert", num_labels=2)).save_pretrained(path)
+    return path
+
+
+OTHER_HEADS = [
+    ("BertForTokenClassification", "(its weights lack bert.pooler.dense.bias, bert.pooler.dense.weight)"),
+    ("BertForQuestionAnswering", "(its weights lack bert.pooler.dense.bias, bert.pooler.dense.weight, classifier.bias"),
+    ("BertForMaskedLM", "(its weights lack bert.pooler.dense.bias, bert.pooler.dense.weight, classifier.bias"),
+    ("BertModel", "(its weights lack classifier.bias, classifier.weight)"),  # a bare encoder's names have no prefix
+]
+
+
+@pytest.mark.parametrize(("head", "lacks"), OTHER_HEADS, ids=[h[0] for h in OTHER_HEADS])
+def test_task_tuned_checkpoint_with_another_head_is_refused(tmp_path, head, lacks) -> None:
+    spec = ModelSpec(source=str(_other_head_dir(tmp_path, head)), task_tuned=True)
+    config = load_config(spec)
+    expected = f"model.source: the checkpoint is a {head} {lacks}"
+    with pytest.raises(UserError) as err:
+        check_task_head(spec, config)  # the runner's preflight: weight names only
+    assert str(err.value).startswith(expected) and "expected a sequence-classification model" in str(err.value)
+    with pytest.raises(UserError) as err:  # the load itself refuses too (hub models whose names were not readable)
+        load_model(spec)
+    assert str(err.value).startswith(expected)
+    check_task_head(spec.model_copy(update={"task_tuned": False}), config)  # a new head is trained: fine
+
+
+def test_task_tuned_sequence_classifier_passes_the_head_check(tmp_path, tiny_model_dir) -> None:
+    """A real sequence classifier passes, from its safetensors header or a sharded index; an index without the
+    classifier is refused by name (no `architectures` naming another head: the message names the weights only)."""
+    spec = ModelSpec(source=str(tiny_model_dir), task_tuned=True)
+    config = load_config(spec)
+    check_task_head(spec, config)
+    sharded = tmp_path / "sharded"  # names from the index's weight_map
+    shutil.copytree(tiny_model_dir, sharded)
+    (sharded / "model.safetensors").rename(sharded / "model-00001-of-00001.safetensors")
+    from safetensors import safe_open
+
+    with safe_open(str(sharded / "model-00001-of-00001.safetensors"), "pt") as weights:
+        weight_map = dict.fromkeys(weights.keys(), "model-00001-of-00001.safetensors")
+    (sharded / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    check_task_head(ModelSpec(source=str(sharded), task_tuned=True), config)
+    weight_map.pop("classifier.weight")
+    (sharded / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    lacks = r"^model\.source: the checkpoint lacks the classifier weights classifier\.weight;"
+    with pytest.raises(UserError, match=lacks):
+        check_task_head(ModelSpec(source=str(sharded), task_tuned=True), config)
+
+
 def _decoder_dir(w: Path) -> Path:
     path = w / "decoder"
     shutil.copytree(w / "model", path)
@@ -306,6 +360,16 @@ CLI_CASES = [
     ("decoder config", lambda w: {"model.source": str(_decoder_dir(w))}, "configured as a decoder"),
     ("no tokenizer", lambda w: {"model.source": str(_tokenizerless_dir(w))}, "cannot load a tokenizer"),
     ("malformed csv", lambda w: {"data.source": str(_bad_csv(w))}, "data.source: could not read"),
+    (
+        "token-classification head",
+        lambda w: {"model.source": str(_other_head_dir(w, "BertForTokenClassification")), "model.task_tuned": True},
+        "model.source: the checkpoint is a BertForTokenClassification (its weights lack bert.pooler.dense.bias",
+    ),
+    (
+        "masked-LM head",
+        lambda w: {"model.source": str(_other_head_dir(w, "BertForMaskedLM")), "model.task_tuned": True},
+        "model.source: the checkpoint is a BertForMaskedLM (its weights lack",
+    ),
     (
         "validation columns",
         lambda w: {"data.source": str(_split_dir(w / "splits", RENAMED_IN_VALIDATION))},

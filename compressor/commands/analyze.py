@@ -42,16 +42,15 @@ def _roles(base, path: Path | None):
     """`base` (an `AnalysisSpec.Roles`) with the keys of the YAML mapping in `path` on top, validated like a recipe."""
     if path is None:
         return base
-    import yaml
-
-    from compressor.recipe import parse_recipe
+    from compressor.recipe import RecipeError, parse_recipe
+    from compressor.userinput import read_yaml
 
     if not path.is_file():
         raise UserError(f"--roles-yaml: file '{path}' not found")
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, yaml.YAMLError) as err:
-        raise UserError(f"--roles-yaml: '{path}' is not readable YAML ({type(err).__name__})") from None
+    try:  # read like a recipe: bounded, a key given twice refused, `1e-3` a number
+        data = read_yaml(path)
+    except RecipeError as err:
+        raise UserError(f"--roles-yaml: {err}") from None
     if data is None:
         return base
     if not isinstance(data, dict):

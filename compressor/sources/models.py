@@ -6,11 +6,15 @@ early with their name. Directories written by compressor (with a pruning plan) l
 
 from __future__ import annotations
 
+import json
+import re
 from pathlib import Path
 from types import SimpleNamespace
 
+import torch
 from torch import nn
 from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
+from transformers.utils import logging as hf_logging
 
 from compressor.checkpoint import PLAN_FILE, WEIGHTS_FILE, WEIGHTS_INDEX, load_pruned
 from compressor.errors import UserError
@@ -90,6 +94,85 @@ def _check_local_weights(spec: ModelSpec, source: str) -> None:
     )
 
 
+def check_task_head(spec: ModelSpec, config) -> None:
+    """A task-tuned model must bring every weight of its sequence classifier (the pooler and classifier of BERT,
+    the classification head of RoBERTa, ...). A token-classification, question-answering or masked-LM checkpoint
+    with the right label count would otherwise load with a freshly initialised head, run to the end and report
+    chance accuracy. Reads only the weight names (safetensors headers), before any weights load; a hub model whose
+    names cannot be read here is checked by `load_model` when it loads (still a one-line error)."""
+    if not spec.task_tuned:
+        return
+    source = resolve_model_path(spec)
+    if (Path(source) / PLAN_FILE).exists():
+        return  # compressor's own output: `load_pruned` loads it strictly
+    names = _local_weight_names(spec, Path(source)) if Path(source).is_dir() else _hub_weight_names(spec)
+    if names is None:
+        return
+    with torch.device("meta"):  # the classifier `config` describes: names and shapes, no memory, no weights
+        skeleton = AutoModelForSequenceClassification.from_config(config, trust_remote_code=spec.trust_remote_code)
+    missing = _needed_weights(skeleton) - _as_loaded(names, skeleton.base_model_prefix)
+    if missing:
+        raise UserError(_missing_head_message(config, missing))
+
+
+def _needed_weights(model: nn.Module) -> set[str]:
+    """Every weight name the sequence classifier loads, less those transformers may leave out on purpose."""
+    optional = [re.compile(p) for p in getattr(model, "_keys_to_ignore_on_load_missing", None) or []]
+    return {name for name in model.state_dict() if not any(p.search(name) for p in optional)}
+
+
+def _as_loaded(names: set[str], prefix: str) -> set[str]:
+    """Checkpoint weight names as transformers maps them onto the classifier: legacy LayerNorm `gamma`/`beta`
+    renamed, and a bare encoder's names (saved without a head) under the model's `prefix`."""
+    names = {re.sub(r"\.gamma$", ".weight", re.sub(r"\.beta$", ".bias", n)) for n in names}
+    if any(n.startswith(f"{prefix}.") for n in names):
+        return names
+    return {f"{prefix}.{n}" for n in names}
+
+
+def _missing_head_message(config, missing: set[str] | list[str]) -> str:
+    """One line naming the head the checkpoint has (from its config's `architectures`) and the weights it lacks."""
+    names = sorted(missing)
+    listed = ", ".join(names[:4]) + (f", ... ({len(names)} in all)" if len(names) > 4 else "")
+    other = [a for a in getattr(config, "architectures", None) or [] if not a.endswith("ForSequenceClassification")]
+    what = f"is a {other[0]} (its weights lack {listed})" if other else f"lacks the classifier weights {listed}"
+    return (
+        f"model.source: the checkpoint {what}; expected a sequence-classification model for task_tuned: true "
+        "(task_tuned: false trains a new classifier)"
+    )
+
+
+def _local_weight_names(spec: ModelSpec, path: Path) -> set[str]:
+    """The weight names in a local model directory's safetensors index or file header (no tensor is read)."""
+    from safetensors import safe_open
+
+    try:
+        if (path / WEIGHTS_INDEX).is_file():
+            return set(json.loads((path / WEIGHTS_INDEX).read_text())["weight_map"])
+        with safe_open(str(path / WEIGHTS_FILE), "pt") as weights:
+            return set(weights.keys())
+    except Exception as err:  # a truncated file, a broken index: the load would fail the same way, later
+        raise UserError(
+            f"model.source: cannot read the weight names of '{spec.source}' ({type(err).__name__}); expected "
+            f"readable {WEIGHTS_FILE} or {WEIGHTS_INDEX}"
+        ) from None
+
+
+def _hub_weight_names(spec: ModelSpec) -> set[str] | None:
+    """The weight names of a hub model from its safetensors headers (a few kilobytes, or the local cache), or
+    None when they cannot be read here (offline and not cached, no safetensors)."""
+    from huggingface_hub import get_safetensors_metadata, try_to_load_from_cache
+
+    for name in (WEIGHTS_INDEX, WEIGHTS_FILE):
+        cached = try_to_load_from_cache(spec.source, name, revision=spec.revision)
+        if isinstance(cached, str):
+            return _local_weight_names(spec, Path(cached).parent)
+    try:
+        return set(get_safetensors_metadata(spec.source, revision=spec.revision).weight_map)
+    except Exception:  # offline, gated, no safetensors: `load_model` checks what actually loaded
+        return None
+
+
 def load_tokenizer(spec: ModelSpec):
     source = resolve_model_path(spec)
     try:
@@ -107,8 +190,10 @@ def load_tokenizer(spec: ModelSpec):
 def load_model(spec: ModelSpec, label_names: list[str] | None = None, attention: str = "sdpa") -> nn.Module:
     """A sequence classifier for `label_names`.
 
-    Base models get a fresh classifier head; task-tuned ones keep theirs (the runner checks the label set first).
-    Weights load from safetensors only (no pickle); remote code only when the recipe enables it.
+    Base models get a fresh classifier head; task-tuned ones keep theirs (the runner checks the label set first),
+    and one whose checkpoint lacks a weight of that head is refused (`check_task_head` catches it earlier where the
+    weight names can be read). Weights load from safetensors only (no pickle); remote code only when the recipe
+    enables it.
     """
     config = load_config(spec)
     source = resolve_model_path(spec)
@@ -120,11 +205,21 @@ def load_model(spec: ModelSpec, label_names: list[str] | None = None, attention:
         if label_names:
             kwargs["id2label"] = dict(enumerate(label_names))
             kwargs["label2id"] = {name: i for i, name in enumerate(label_names)}
-    return AutoModelForSequenceClassification.from_pretrained(
-        source,
-        revision=spec.revision,
-        trust_remote_code=spec.trust_remote_code,
-        attn_implementation=attention,
-        use_safetensors=True,
-        **kwargs,
-    )
+    previous = hf_logging.get_verbosity()
+    if spec.task_tuned:  # a missing weight is refused below in one line; transformers' warning would only repeat it
+        hf_logging.set_verbosity_error()
+    try:
+        model, info = AutoModelForSequenceClassification.from_pretrained(
+            source,
+            revision=spec.revision,
+            trust_remote_code=spec.trust_remote_code,
+            attn_implementation=attention,
+            use_safetensors=True,
+            output_loading_info=True,
+            **kwargs,
+        )
+    finally:
+        hf_logging.set_verbosity(previous)
+    if spec.task_tuned and info["missing_keys"]:  # never a silently re-initialised head on a "task-tuned" model
+        raise UserError(_missing_head_message(config, info["missing_keys"]))
+    return model
