@@ -26,7 +26,7 @@ ROLES = ("positional", "rare_word", "syntactic", "delimiter", "any")
 def load(model_dir: Path):
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    from compressor.checkpoint import PLAN_FILE, load_pruned
+    from compressor.surgery.checkpoint import PLAN_FILE, load_pruned
 
     if (model_dir / PLAN_FILE).exists():
         model = load_pruned(model_dir, attn_implementation="eager")
@@ -40,7 +40,8 @@ def prune_iteratively(model, tokenizer, task, score_examples: int, per_step: int
     returns (first scores, step log)."""
     import compressor
     from compressor.recipe import PruneSpec
-    from compressor.train import evaluate, tokenize
+    from compressor.recovery.evaluate import evaluate
+    from compressor.sources.batches import tokenize
 
     train = tokenize(task.train, tokenizer, task.text_fields, 128)
     val = tokenize(task.validation.select(range(min(eval_n, len(task.validation)))), tokenizer, task.text_fields, 128)
@@ -67,8 +68,8 @@ def main() -> None:
     torch.set_num_threads(1)
     torch.manual_seed(0)
 
-    from compressor.analysis import analyze_heads, kept_vs_removed, write_analysis
     from compressor.recipe import DataSpec
+    from compressor.report.analysis import analyze_heads, kept_vs_removed, write_analysis
     from compressor.sources import load_task_data
 
     if not (args.model / "config.json").is_file():

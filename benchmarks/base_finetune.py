@@ -22,10 +22,12 @@ sys.path.insert(0, str(ROOT))
 from accelerate import Accelerator  # noqa: E402
 from accelerate.utils import set_seed  # noqa: E402
 
-from compressor.machine import cpu_summary  # noqa: E402
+from compressor.core.machine import cpu_summary  # noqa: E402
 from compressor.recipe import load_recipe  # noqa: E402
+from compressor.recovery.evaluate import evaluate  # noqa: E402
+from compressor.recovery.train import train  # noqa: E402
 from compressor.sources import load_model, load_task_data, load_tokenizer  # noqa: E402
-from compressor.train import evaluate, tokenize, train  # noqa: E402
+from compressor.sources.batches import tokenize  # noqa: E402
 
 
 def one_run(recipe, splits: dict, tokenizer, labels: list[str], seed: int, grouped: bool) -> dict:

@@ -31,11 +31,12 @@ import torch  # noqa: E402
 from transformers import AutoTokenizer  # noqa: E402
 
 import compressor  # noqa: E402
-from compressor.api import TRAIN_SCORE_EXAMPLES  # noqa: E402
-from compressor.checkpoint import load_pruned  # noqa: E402
 from compressor.recipe import DataSpec, PruneSpec  # noqa: E402
+from compressor.recovery.evaluate import evaluate
+from compressor.recovery.loop import TRAIN_SCORE_EXAMPLES  # noqa: E402
 from compressor.sources import load_task_data  # noqa: E402
-from compressor.train import evaluate, tokenize  # noqa: E402
+from compressor.sources.batches import tokenize  # noqa: E402
+from compressor.surgery.checkpoint import load_pruned  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"

@@ -22,7 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from compressor.machine import cpu_summary  # noqa: E402
+from compressor.core.machine import cpu_summary  # noqa: E402
 
 
 def timed_make(target: str, clone: Path, env: dict, log: Path) -> float:

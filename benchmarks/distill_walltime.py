@@ -28,10 +28,12 @@ from pathlib import Path
 import torch
 from accelerate import Accelerator
 
-from compressor import distill
 from compressor.recipe import Recipe, load_recipe
+from compressor.recovery import distill
+from compressor.recovery.draws import drawn_examples
+from compressor.recovery.train import train
 from compressor.sources import load_model, load_task_data, load_tokenizer
-from compressor.train import drawn_examples, tokenize, train
+from compressor.sources.batches import tokenize
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = ROOT / "recipes" / "minilm_rt_50pct.yaml"

@@ -3,7 +3,7 @@
 Takes the fine-tuned default model (MiniLM-L6 on Rotten Tomatoes) and a pruned version of it: `--pruned DIR` (e.g.
 the lead's run output), else one made here — Taylor scores on training examples, the lowest 50% of heads removed
 globally (whole layers may go), then a short recovery fine-tune — cached under .cache/bench-export/. Both are
-exported with `compressor.export.export_onnx` (all variants, parity-gated on validation batches); every candidate
+exported with `compressor.deploy.export.export_onnx` (all variants, parity-gated on validation batches); every candidate
 is scored on the whole test split and timed with `compressor.bench` (interleaved rounds, synthetic batch 32).
 
 Usage: .venv/bin/python benchmarks/export.py [--original DIR] [--pruned DIR] [--threads 1] [--rounds 5]
@@ -32,9 +32,9 @@ def make_pruned(original: Path, dest: Path, data, tokenizer, target: float, scor
     from accelerate import Accelerator
 
     import compressor
-    from compressor.checkpoint import load_pruned, save_pruned
     from compressor.recipe import PruneSpec, TrainSpec
-    from compressor.train import tokenize
+    from compressor.sources.batches import tokenize
+    from compressor.surgery.checkpoint import load_pruned, save_pruned
 
     model = load_pruned(original, attn_implementation="eager")
     train_split = tokenize(data.train, tokenizer, data.text_fields, 128)
@@ -98,12 +98,12 @@ def main() -> None:
     from transformers import AutoTokenizer
 
     from compressor import bench
-    from compressor.checkpoint import load_pruned
-    from compressor.export import export_onnx
-    from compressor.layout import present_heads
+    from compressor.deploy.export import export_onnx
     from compressor.recipe import BenchSpec, DataSpec
     from compressor.sources import load_task_data
-    from compressor.train import sample_batches, tokenize
+    from compressor.sources.batches import sample_batches, tokenize
+    from compressor.surgery.arch import present_heads
+    from compressor.surgery.checkpoint import load_pruned
 
     if not (args.original / "config.json").is_file():
         raise SystemExit(f"--original: no model at '{args.original}' (the fine-tuned default model is not there yet)")

@@ -268,7 +268,7 @@ def run_case(case: Case, world: World, recipe_file: Path) -> dict:
 
 def sweep(model_source: str, work: Path) -> list[dict]:
     import compressor.cli  # noqa: F401  (imported once up front, so the first case's time is its own)
-    import compressor.runner  # noqa: F401
+    import compressor.pipeline.runner  # noqa: F401
 
     world = build_world(work / "world", model_source)
     return [run_case(case, world, work / "recipe.yaml") for case in CASES]

@@ -1,7 +1,7 @@
 """int8 choices on a finished run: accuracy, agreement and batch-32 speed of dynamic-quantisation variants.
 
 The run's `onnx/optimized` graph (fp32, fused attention) is quantised several ways with
-`compressor.export.quantize_graph` — per-tensor weights, per-channel weights (compressor's default), per-channel
+`compressor.deploy.export.quantize_graph` — per-tensor weights, per-channel weights (compressor's default), per-channel
 with ORT's reduced 7-bit range, and per-channel with the feed-forward output projections (the MatMul fed by GELU,
 whose activations have the widest range) kept in fp32. Each variant is scored on the run's whole test split, in the
 same seeded batches the run's bench stage uses, against the fp32 graph (agreement, McNemar) and against the
@@ -12,11 +12,11 @@ Dynamic quantisation picks each activation's scale per batch, so an int8 model's
 what else is in the batch (padding included): the numbers here can differ by an example or two from a run report.
 
 With `--sensitive N ...` it first scans where the error comes from: every node dynamic int8 quantises
-(`compressor.quantize.quantized_nodes`: MatMuls, fused attention, embedding lookup) is kept in fp32 alone, and the
+(`deploy.quantize.quantized_nodes`: MatMuls, fused attention, embedding lookup) is kept in fp32 alone, and the
 validation split's agreement with fp32 is measured; then variants keep the N most helpful nodes in fp32. The choice
 uses the validation split only; the table scores every variant on the test split.
 
-With `--smooth ALPHA ...` it adds activation-smoothed variants (`compressor.smoothing`, calibrated on the recipe's
+With `--smooth ALPHA ...` it adds activation-smoothed variants (`deploy.smoothing`, calibrated on the recipe's
 training examples as a run's export is), one per smoothing scope (`--scopes`): every MatMul, "cheap" (the
 feed-forward down-projections skipped) and "free" (only divisions that fold into attention); `--outlier-ratio R ...`
 adds cheap and free variants that still smooth a skipped MatMul whose input has an outlier channel R times the
@@ -46,20 +46,20 @@ import onnx  # noqa: E402
 from transformers import AutoTokenizer  # noqa: E402
 
 from compressor import bench  # noqa: E402
-from compressor.export import ONNX_FILE, quantize_graph  # noqa: E402
-from compressor.inference import OnnxClassifier  # noqa: E402
-from compressor.quantize import int8_options, quantized_nodes  # noqa: E402
+from compressor.deploy.export import ONNX_FILE, quantize_graph  # noqa: E402
+from compressor.deploy.inference import OnnxClassifier  # noqa: E402
+from compressor.deploy.quantize import int8_options, quantized_nodes  # noqa: E402
+from compressor.deploy.smoothing import SCOPES, smooth_graph  # noqa: E402
 from compressor.recipe import load_recipe  # noqa: E402
-from compressor.smoothing import SCOPES, smooth_graph  # noqa: E402
 from compressor.sources import load_task_data  # noqa: E402
-from compressor.train import sample_batches, tokenize  # noqa: E402
+from compressor.sources.batches import sample_batches, tokenize  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 REFERENCE = "fp32-optimized"
 SHIPPED = "int8 as the run shipped it"
 SHIPPED_FIELDS = ("status", "gate", "excluded_nodes")
 # Weight range pinned (not "auto") so every machine measures the same variants: "(default)" is the default on CPUs
-# with VNNI; without VNNI compressor defaults to the reduced (7-bit) range (`compressor.quantize.resolve_reduce_range`).
+# with VNNI; without VNNI compressor defaults to the reduced (7-bit) range (`deploy.quantize.resolve_reduce_range`).
 VARIANTS: dict[str, dict] = {
     "int8 per-tensor": {"per_channel": False, "reduce_range": False},
     "int8 per-channel (default)": {"reduce_range": False},

@@ -1,13 +1,13 @@
 """How well the latency table predicts real speed-ups: build it for a model shape, then time pruned models.
 
-For each runtime, `compressor.latency.load_or_build` measures (or reads from its cache) the per-layer table of the
+For each runtime, `pruning.latency.load_or_build` measures (or reads from its cache) the per-layer table of the
 model's config (default: the built-in MiniLM-L6). A few pruned shapes — fewer heads, fewer FFN neurons, both, uneven
 widths, whole layers dropped — are then built as real transformers models (random weights: speed does not depend on
 them; heads removed with transformers' `prune_heads`, FFN Linear layers sliced, removed layers deleted) and timed
-against the unpruned model in interleaved rounds with the same `compressor.latency.probe` timing. The table's
+against the unpruned model in interleaved rounds with the same `compressor.pruning.latency.probe` timing. The table's
 predicted speed-up and the measured one are printed side by side with the relative error.
 
-ONNX runtimes time plain `torch.onnx.export` graphs (int8: `compressor.export.quantize_graph` of that graph), for the
+ONNX runtimes time plain `torch.onnx.export` graphs (int8: `deploy.export.quantize_graph` of that graph), for the
 table's synthetic layers and for the pruned models alike; a run's `onnx/optimized` and `onnx/int8` variants also
 carry ORT's fused-attention rewrites, which this comparison does not include. Timings on a loaded machine are
 meaningless at small `--rounds` / `--min-time`: check `uptime` first.
@@ -33,11 +33,11 @@ import torch  # noqa: E402
 from torch import nn  # noqa: E402
 from transformers import AutoModelForSequenceClassification  # noqa: E402
 
-from compressor import atomic  # noqa: E402
-from compressor.bench import set_threads  # noqa: E402
-from compressor.latency import RUNTIMES, Dims, Widths, load_or_build  # noqa: E402
-from compressor.latency.probe import measure, runner  # noqa: E402
-from compressor.machine import cpu_model  # noqa: E402
+from compressor.core import atomic  # noqa: E402
+from compressor.core.machine import cpu_model  # noqa: E402
+from compressor.core.timing import set_threads  # noqa: E402
+from compressor.pruning.latency import RUNTIMES, Dims, Widths, load_or_build  # noqa: E402
+from compressor.pruning.latency.probe import measure, runner  # noqa: E402
 from compressor.recipe import ModelSpec  # noqa: E402
 from compressor.sources.models import load_config  # noqa: E402
 

@@ -33,9 +33,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from compressor import atomic, bench
+from compressor import bench
 from compressor.commands.bench import bench_batches, run_bench
-from compressor.errors import UserError
+from compressor.core import atomic
+from compressor.core.errors import UserError
 from compressor.recipe import BenchSpec, ModelSpec
 from compressor.sources.models import load_model, load_tokenizer
 

@@ -22,12 +22,12 @@ import torch
 
 import compressor
 from compressor import bench
-from compressor.checkpoint import load_pruned, read_plan
-from compressor.pipeline import as_sdpa
+from compressor.bench.candidates import as_sdpa
 from compressor.recipe import DataSpec, ModelSpec, PruneSpec
 from compressor.sources import load_model, load_task_data, load_tokenizer
-from compressor.surgery import pruned_copy
-from compressor.train import tokenize
+from compressor.sources.batches import tokenize
+from compressor.surgery.checkpoint import load_pruned, read_plan
+from compressor.surgery.slicing import pruned_copy
 
 ROOT = Path(__file__).resolve().parents[1]
 FINETUNED = ROOT / ".cache" / "finetuned" / "minilm-rt"

@@ -1,6 +1,6 @@
 """compressor: remove attention heads from transformer classifiers and ship the result.
 
-The Python API (imported lazily, so `import compressor` stays cheap):
+The Python API (imported lazily; `import compressor` loads the recipe schema and the criteria it validates against):
 `compressor.prune(model, tokenizer, train, config, validation=..., hook=...)` prunes a model held in memory and
 returns a `PruneResult` (writes no files); `compressor.load_pruned(dir)` and `compressor.save_pruned(model, dir)`
 read and write pruned checkpoints; `PruneSpec` and `TrainSpec` are the recipe's `prune` and fine-tune sections.
@@ -8,13 +8,15 @@ read and write pruned checkpoints; `PruneSpec` and `TrainSpec` are the recipe's 
 
 from __future__ import annotations
 
+from compressor.pruning import criteria as _criteria  # noqa: F401  registers the criteria with the recipe schema
+
 __version__ = "0.1.0"
 __all__ = ["PruneResult", "PruneSpec", "TrainSpec", "__version__", "load_pruned", "prune", "save_pruned"]
 _LAZY = {
-    "load_pruned": "compressor.checkpoint",
-    "save_pruned": "compressor.checkpoint",
-    "prune": "compressor.api",
-    "PruneResult": "compressor.api",
+    "load_pruned": "compressor.surgery.checkpoint",
+    "save_pruned": "compressor.surgery.checkpoint",
+    "prune": "compressor.recovery.loop",
+    "PruneResult": "compressor.recovery.loop",
     "PruneSpec": "compressor.recipe",
     "TrainSpec": "compressor.recipe",
 }

@@ -92,8 +92,8 @@ def tiny_recipe(model_dir: Path, data: Path, out: Path, **overrides) -> dict:
 
 def pytest_report_header(config) -> list[str]:
     """The CPU the suite ran on, in the log: int8 kernels (VNNI or not) and core counts differ between machines."""
-    from compressor.machine import cpu_summary
-    from compressor.quantize import REDUCE_RANGE_ENV
+    from compressor.core.machine import cpu_summary
+    from compressor.deploy.quantize import REDUCE_RANGE_ENV
 
     cpu = cpu_summary()
     forced = os.environ.get(REDUCE_RANGE_ENV)
@@ -126,7 +126,7 @@ def task(tiny_model_dir):
     from datasets import Dataset
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    from compressor.train import tokenize
+    from compressor.sources.batches import tokenize
 
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     model = AutoModelForSequenceClassification.from_pretrained(tiny_model_dir, attn_implementation="eager")

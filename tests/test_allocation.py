@@ -7,13 +7,14 @@ import torch
 import torch.nn.functional as F
 
 import compressor
-from compressor.allocation import masked_loss, select_measured
-from compressor.api import Masks
-from compressor.budget import plan_budget
-from compressor.cost import masked_flops, unit_costs
+from compressor.pruning.allocation import masked_loss, select_measured
+from compressor.pruning.budget import plan_budget
+from compressor.pruning.units import apply_plan_to_masks, masks_to_plan, pruned_units_copy
 from compressor.recipe import PruneSpec, TrainSpec
-from compressor.train import model_inputs, sample_batches
-from compressor.units import apply_plan_to_masks, masks_to_plan, pruned_units_copy
+from compressor.recovery.loop import Masks
+from compressor.recovery.train import model_inputs
+from compressor.sources.batches import sample_batches
+from compressor.surgery.cost import masked_flops, unit_costs
 
 
 def _spec(**overrides) -> PruneSpec:

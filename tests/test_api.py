@@ -9,10 +9,11 @@ import pytest
 import torch
 
 import compressor
-from compressor.api import PruneState
-from compressor.masking import gated
+from compressor.pruning.masking import gated
 from compressor.recipe import PruneSpec, TrainSpec
-from compressor.train import model_inputs, sample_batches
+from compressor.recovery.loop import PruneState
+from compressor.recovery.train import model_inputs
+from compressor.sources.batches import sample_batches
 
 SPEC = PruneSpec(
     target=0.5,
@@ -103,8 +104,8 @@ def test_prune_without_validation_or_finetune_logs_no_accuracy(task):
 
 @pytest.mark.parametrize("arch", ["bert", "distilbert", "electra"])
 def test_as_sdpa_copies_a_pruned_model_in_memory_with_equal_logits(arch, tmp_path, monkeypatch):
-    from compressor.pipeline import as_sdpa
-    from compressor.surgery import pruned_copy
+    from compressor.bench.candidates import as_sdpa
+    from compressor.surgery.slicing import pruned_copy
     from compressor.testing import tiny_batch, tiny_model
 
     monkeypatch.chdir(tmp_path)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from compressor.train import LengthGroupedBatches, predict, sample_batches
+from compressor.recovery.evaluate import predict
+from compressor.sources.batches import LengthGroupedBatches, sample_batches
 
 LENGTHS = np.random.default_rng(0).integers(3, 65, size=1000).tolist()
 

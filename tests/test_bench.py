@@ -16,10 +16,10 @@ from scipy import stats
 from typer.testing import CliRunner
 
 from compressor import bench
-from compressor.cost import encoder_flops
-from compressor.errors import UserError
+from compressor.core.errors import UserError
 from compressor.recipe import BenchSpec
-from compressor.surgery import pruned_copy
+from compressor.surgery.cost import encoder_flops
+from compressor.surgery.slicing import pruned_copy
 from compressor.testing import tiny_batch, tiny_model
 
 PLAN = {0: [0, 1], 1: [2], 2: [0, 1, 3]}
@@ -168,7 +168,7 @@ def test_duplicate_candidate_names_are_refused():
 
 
 def test_pytorch_candidate_reports_flops_heads_and_size(models, tmp_path):
-    from compressor.checkpoint import save_pruned
+    from compressor.surgery.checkpoint import save_pruned
 
     original, pruned = models
     cand = bench.pytorch_candidate("p", pruned, 16)
@@ -188,8 +188,8 @@ def test_pytorch_candidate_drops_inputs_the_model_does_not_take():
 
 
 def test_quality_pruned_equals_masked_original(models, batches):
-    from compressor.masking import gated
-    from compressor.selection import plan_to_mask
+    from compressor.pruning.masking import gated
+    from compressor.pruning.selection import plan_to_mask
 
     original, pruned = models
     gates = plan_to_mask(PLAN, torch.ones(3, 4, dtype=torch.bool)).float()
@@ -234,7 +234,7 @@ def test_quality_reference_must_exist(batches):
 
 
 def _ort_candidate(model, path) -> bench.Candidate:
-    """A hand-exported ONNX model (legacy exporter) as a candidate, independent of compressor.export."""
+    """A hand-exported ONNX model (legacy exporter) as a candidate, independent of compressor.deploy.export."""
     import onnxruntime as ort
 
     args = (torch.ones(2, 8, dtype=torch.long), torch.ones(2, 8, dtype=torch.long))
@@ -263,10 +263,10 @@ def test_onnx_candidate_agrees_with_pytorch(models, batches, tmp_path):
 
 
 def test_onnx_candidate_through_export_module(models, tmp_path):
-    export = pytest.importorskip("compressor.export")
+    export = pytest.importorskip("compressor.deploy.export")
     if not hasattr(export, "OnnxClassifier") or not hasattr(export, "export_onnx"):
-        pytest.skip("compressor.export has no OnnxClassifier/export_onnx yet")
-    from compressor.checkpoint import save_pruned
+        pytest.skip("compressor.deploy.export has no OnnxClassifier/export_onnx yet")
+    from compressor.surgery.checkpoint import save_pruned
 
     _, pruned = models
     model_dir = save_pruned(pruned, tmp_path / "model")
@@ -283,7 +283,7 @@ def test_onnx_candidate_through_export_module(models, tmp_path):
 
 
 def test_onnx_candidate_missing_dir(tmp_path):
-    pytest.importorskip("compressor.export")
+    pytest.importorskip("compressor.deploy.export")
     with pytest.raises((FileNotFoundError, UserError)):
         bench.onnx_candidate("x", tmp_path / "absent", 1)
 
@@ -332,7 +332,7 @@ def test_bench_without_quality_data(models, tmp_path):
 
 
 def test_shipped_metrics_load_offline():
-    from compressor.metrics import load_metric
+    from compressor.sources.metrics import load_metric
 
     assert os.environ["HF_HUB_OFFLINE"] == "1"  # set by conftest: any hub access would raise
     acc = load_metric("accuracy").compute(predictions=[0, 1, 1, 0], references=[0, 1, 0, 0])["accuracy"]
@@ -344,7 +344,7 @@ def test_shipped_metrics_load_offline():
 def test_shipped_metrics_load_offline_in_a_fresh_process(tmp_path):
     """A new process with an empty HF cache: nothing can come from an earlier download."""
     code = (
-        "from compressor.metrics import load_metric;"
+        "from compressor.sources.metrics import load_metric;"
         "print(load_metric('accuracy').compute(predictions=[0,1,1,0], references=[0,1,0,0])['accuracy'],"
         "load_metric('f1').compute(predictions=[0,1,1,0], references=[0,1,0,0])['f1'],"
         "load_metric('f1').compute(predictions=[0,1,2,2], references=[0,1,2,1], average='macro')['f1'])"
@@ -358,7 +358,7 @@ def test_shipped_metrics_load_offline_in_a_fresh_process(tmp_path):
 
 
 def test_unknown_metric_is_named():
-    from compressor.metrics import load_metric
+    from compressor.sources.metrics import load_metric
 
     with pytest.raises(ValueError, match="unknown metric 'bleu'"):
         load_metric("bleu")
@@ -371,7 +371,7 @@ def test_unknown_metric_is_named():
 def saved_pair(tmp_path_factory, tiny_model_dir):
     from transformers import AutoTokenizer
 
-    from compressor.checkpoint import load_pruned, save_pruned
+    from compressor.surgery.checkpoint import load_pruned, save_pruned
 
     original = load_pruned(tiny_model_dir, attn_implementation="eager")
     pruned_dir = tmp_path_factory.mktemp("pair") / "pruned"
@@ -497,7 +497,7 @@ def test_bench_reports_flop_ideal_per_sequence_length(models, tmp_path):
 
 
 def test_run_report_names_the_headline_shape():
-    from compressor.report import _bench_table
+    from compressor.report.summary import _bench_table
 
     row = {"headline_speedup": 1.5, "headline_batch": 32, "headline_seq_len": 128, "flop_ideal_speedup": 1.7}
     assert "1.50× (32, 128)" in "\n".join(_bench_table({"summary": {"p": row}}))
@@ -569,7 +569,7 @@ def test_killed_report_write_leaves_the_previous_output(monkeypatch, tmp_path):
 def test_bench_replaces_an_earlier_report_and_regression_check(tmp_path):
     """A directory holding only an earlier bench report and regression check is the bench's own: replaced whole,
     so a stale regression verdict does not survive a new report."""
-    from compressor.regression_report import REGRESSION_FILES
+    from compressor.bench.regression_report import REGRESSION_FILES
 
     spec = BenchSpec(batch_sizes=[2], seq_len=8, **FAST)
     bench.bench([fake("pytorch-original")], None, spec, tmp_path)

@@ -6,15 +6,16 @@ import pytest
 import torch
 
 import compressor
-from compressor import budget as budget_mod
-from compressor.api import Masks, PruneState, StepRecord
-from compressor.baseline import drop_top_layers, layers_to_drop, recovery_spec
-from compressor.cost import masked_flops, unit_costs
-from compressor.latency import Dims, LatencyTable
-from compressor.layout import removed_layers
-from compressor.masking import gated
+from compressor.bench.baseline import drop_top_layers, layers_to_drop, recovery_spec
+from compressor.pruning import budget as budget_mod
+from compressor.pruning.latency import Dims, LatencyTable
+from compressor.pruning.masking import gated
 from compressor.recipe import PruneSpec, RecipeError, TrainSpec, parse_recipe
-from compressor.train import model_inputs, sample_batches
+from compressor.recovery.loop import Masks, PruneState, StepRecord
+from compressor.recovery.train import model_inputs
+from compressor.sources.batches import sample_batches
+from compressor.surgery.arch import removed_layers
+from compressor.surgery.cost import masked_flops, unit_costs
 
 FINETUNE = TrainSpec(epochs=1, lr=5e-4, batch_size=16, max_examples=32)
 
@@ -132,8 +133,8 @@ def test_speedup_budget_stops_when_a_resumed_state_already_meets_it(task, tiny_t
 @pytest.fixture
 def measured(tiny_table, monkeypatch):
     """The real model's measured speed-up, faked as `factor` times the table's prediction for its shape."""
-    from compressor import api
-    from compressor.units import alive_units
+    from compressor.pruning.units import alive_units
+    from compressor.recovery import loop as api
 
     table, _ = tiny_table
     calls, factor = [], {"value": 1.3}
@@ -171,9 +172,9 @@ def test_measured_speedup_corrects_the_tables_later_goals(task, tiny_table, meas
 def test_a_budget_measured_short_after_its_last_step_takes_a_top_up_step(task, tiny_table, monkeypatch):
     """The real model matches the table at step 1 but is 20% slower from step 2, the last scheduled one: the loop
     takes one more step at the final goal (its recovery distils: teacher targets cover the top-up draw) and stops."""
-    from compressor import api
+    from compressor.pruning.units import alive_units
     from compressor.recipe import FinetuneSpec
-    from compressor.units import alive_units
+    from compressor.recovery import loop as api
 
     model, tok, train, val = task
     table, _ = tiny_table
@@ -227,7 +228,7 @@ def test_calibrate_needs_a_speedup_budget_and_a_positive_measurement(task, tiny_
 @pytest.mark.parametrize("runtime", ["pytorch", "onnx-fp32"])
 def test_measured_speedup_times_real_models_on_the_runtime(task, runtime):
     """The real timing behind the correction runs on both kinds of runtime and leaves the models usable."""
-    from compressor.latency.check import measured_speedup
+    from compressor.pruning.latency.check import measured_speedup
 
     model = task[0].eval()
     small = Masks.full(model, ["heads", "neurons"])
@@ -359,8 +360,8 @@ def test_speedup_budget_writes_only_its_latency_table(task, tmp_path, monkeypatc
 def test_l0_is_told_each_kinds_own_count_to_remove() -> None:
     """Under a FLOP budget with heads and neurons, `target_remove` is per kind (the same share of each kind's
     alive units), and l0 aims its neuron sparsity at the neuron count, not at the head count."""
+    from compressor.pruning.units import alive_units, score_all
     from compressor.testing import tiny_batch, tiny_model
-    from compressor.units import alive_units, score_all
 
     model = tiny_model("bert", seed=0)
     spec = _spec(kind="flops", value=0.5, seq_len=16).model_copy(update={"criterion": {"name": "l0"}})

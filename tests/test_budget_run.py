@@ -11,13 +11,14 @@ import torch
 from conftest import tiny_recipe
 from transformers import AutoTokenizer
 
-from compressor import api, outdir
-from compressor import budget as budget_mod
-from compressor.checkpoint import load_pruned
-from compressor.latency import Dims, LatencyTable
+from compressor.core import outdir
+from compressor.pipeline.runner import run_recipe
+from compressor.pruning import budget as budget_mod
+from compressor.pruning.latency import Dims, LatencyTable
+from compressor.pruning.units import alive_units
 from compressor.recipe import dump_recipe, parse_recipe
-from compressor.runner import run_recipe
-from compressor.units import alive_units
+from compressor.recovery import loop as api
+from compressor.surgery.checkpoint import load_pruned
 
 UNITS = {"units": ["heads", "neurons"], "criterion": {"name": "taylor"}, "steps": 2, "score_examples": 64}
 FINETUNE = {"epochs": 1, "lr": 5e-4, "batch_size": 16, "max_examples": 96}
@@ -107,7 +108,7 @@ def _check_figures(report: dict, tmp_path) -> None:
 
 
 def _present(model):
-    from compressor.layout import present_neurons
+    from compressor.surgery.arch import present_neurons
 
     return present_neurons(model)
 
@@ -181,10 +182,10 @@ def test_original_int8_is_quantised_like_the_pruned_one(tmp_path, tiny_model_dir
     from accelerate import Accelerator
     from transformers import AutoModelForSequenceClassification
 
-    from compressor.export import MANIFEST
-    from compressor.pipeline import RunState, _original_onnx
+    from compressor.deploy.export import MANIFEST
+    from compressor.pipeline.stages import RunState, _original_onnx
     from compressor.sources import load_task_data
-    from compressor.train import tokenize
+    from compressor.sources.batches import tokenize
 
     budget = {"kind": "speedup", "value": 1.5, "runtime": "onnx-int8", "batch_size": 4, "seq_len": 16}
     int8 = {"per_channel": False, "reduce_range": True, "exclude_nodes": ["/classifier/MatMul"]}

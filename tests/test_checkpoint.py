@@ -11,10 +11,10 @@ import torch
 from transformers import AutoModelForSequenceClassification, AutoTokenizer, BertTokenizerFast
 
 import compressor
-from compressor.checkpoint import CARD_FILE, PLAN_FILE, load_pruned, read_plan, save_pruned
-from compressor.cost import count_parameters, encoder_flops, model_stats
-from compressor.layout import UnsupportedArchitectureError, present_heads
-from compressor.surgery import EmptyAttention, empty_layers, prune_heads, pruned_copy
+from compressor.surgery.arch import UnsupportedArchitectureError, present_heads
+from compressor.surgery.checkpoint import CARD_FILE, PLAN_FILE, load_pruned, read_plan, save_pruned
+from compressor.surgery.cost import count_parameters, encoder_flops, model_stats
+from compressor.surgery.slicing import EmptyAttention, empty_layers, prune_heads, pruned_copy
 from compressor.testing import ARCHS, tiny_batch, tiny_model, tiny_unsupported_model
 
 LAYERS, HEADS = 3, 4

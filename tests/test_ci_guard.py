@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from compressor import atomic
-from compressor.errors import UserError
+from compressor.core import atomic
+from compressor.core.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -34,8 +34,8 @@ def script(name: str):
 def test_committed_baseline_is_valid_and_matches_what_bench_ci_measures(tmp_path: Path) -> None:
     """benchmarks/baseline_ci.json loads, was taken on the models, shapes, threads and evaluation data bench_ci
     builds now (else `make bench-ci` would exit 2), and passes against its own values."""
-    from compressor import regression
-    from compressor.checkpoint import save_pruned
+    from compressor.bench import regression
+    from compressor.surgery.checkpoint import save_pruned
 
     ci = script("bench_ci")
     baseline = regression.load_baseline(ci.BASELINE)

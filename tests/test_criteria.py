@@ -9,12 +9,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from compressor import criteria
-from compressor.criteria.attribution import attribution
-from compressor.criteria.confidence import special_positions
-from compressor.layout import original_num_heads, presence_mask
-from compressor.masking import AttentionRecorder, gated
-from compressor.surgery import pruned_copy
+from compressor.pruning import criteria
+from compressor.pruning.criteria.attribution import attribution
+from compressor.pruning.criteria.confidence import special_positions
+from compressor.pruning.masking import AttentionRecorder, gated
+from compressor.surgery.arch import original_num_heads, presence_mask
+from compressor.surgery.slicing import pruned_copy
 from compressor.testing import ARCHS, VOCAB, tiny_batch, tiny_model
 
 LAYERS, HEADS, SIZE = 3, 4, 8

@@ -10,13 +10,15 @@ from accelerate import Accelerator
 from conftest import tiny_recipe
 from transformers import AutoTokenizer
 
-from compressor import distill
-from compressor.errors import UserError
+from compressor.core.errors import UserError
+from compressor.pipeline.runner import run_recipe
 from compressor.recipe import DistillSpec, FinetuneSpec, parse_recipe
-from compressor.runner import run_recipe
+from compressor.recovery import distill
+from compressor.recovery.draws import drawn_examples, recovery_examples
+from compressor.recovery.train import train
 from compressor.sources import load_task_data
+from compressor.sources.batches import tokenize
 from compressor.testing import tiny_model
-from compressor.train import drawn_examples, recovery_examples, tokenize, train
 
 
 @pytest.fixture(scope="module")

@@ -11,11 +11,11 @@ from accelerate import Accelerator
 from datasets import Dataset
 
 import compressor
-from compressor import distill
-from compressor.baseline import layer_drop_baseline, recovery_spec
-from compressor.cost import masked_flops
+from compressor.bench.baseline import layer_drop_baseline, recovery_spec
 from compressor.recipe import DistillSpec, FinetuneSpec, PruneSpec
-from compressor.train import drawn_examples, recovery_examples
+from compressor.recovery import distill
+from compressor.recovery.draws import drawn_examples, recovery_examples
+from compressor.surgery.cost import masked_flops
 
 FINETUNE = FinetuneSpec(epochs=1, lr=5e-4, batch_size=16, max_examples=40, distill=DistillSpec(alpha=0.7))
 SPEC = PruneSpec(target=0.5, steps=2, score_examples=32, score_batch_size=16, finetune=FINETUNE)
@@ -85,7 +85,7 @@ def test_cached_targets_are_keyed_by_example_and_reused(task, tmp_path) -> None:
     first = distill.load_or_compute(tmp_path / "t", model, train, tok, acc, FINETUNE.distill, drawn)
     again = distill.load_or_compute(tmp_path / "t", model, train, tok, acc, FINETUNE.distill, drawn)
     assert sum(forwards) == 30 and torch.equal(first.logits.nan_to_num(7.0), again.logits.nan_to_num(7.0))
-    with pytest.raises(compressor.errors.UserError, match="lack 1 of the examples the steps draw"):
+    with pytest.raises(compressor.core.errors.UserError, match="lack 1 of the examples the steps draw"):
         other = sorted({*drawn, next(i for i in range(len(train)) if i not in drawn)})
         distill.load_or_compute(tmp_path / "t", model, train, tok, acc, FINETUNE.distill, other)
 

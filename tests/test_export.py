@@ -13,13 +13,13 @@ import yaml
 from conftest import make_tokenizer_dir, tiny_recipe
 from typer.testing import CliRunner
 
-from compressor import export as ex
-from compressor.checkpoint import load_pruned, save_pruned
 from compressor.cli import app
-from compressor.errors import UserError
-from compressor.layout import present_heads
-from compressor.quantize import quantized_nodes, resolve_reduce_range
-from compressor.surgery import prune_heads
+from compressor.core.errors import UserError
+from compressor.deploy import export as ex
+from compressor.deploy.quantize import quantized_nodes, resolve_reduce_range
+from compressor.surgery.arch import present_heads
+from compressor.surgery.checkpoint import load_pruned, save_pruned
+from compressor.surgery.slicing import prune_heads
 from compressor.testing import ARCHS, tiny_batch, tiny_model
 
 LAYERS, HEADS = 3, 4
@@ -295,9 +295,9 @@ def saved_unit_model(root: Path, arch: str, uniform: bool) -> tuple[Path, torch.
     or equal widths), saved with a tokenizer; also returns the unpruned model and its masked logits on CHECK[0]."""
     from transformers import AutoTokenizer
 
-    from compressor.layout import original_ffn_size
-    from compressor.masking import full_gates, full_neuron_gates, gated
-    from compressor.surgery import pruned_copy
+    from compressor.pruning.masking import full_gates, full_neuron_gates, gated
+    from compressor.surgery.arch import original_ffn_size
+    from compressor.surgery.slicing import pruned_copy
 
     model = tiny_model(arch, layers=LAYERS, heads=HEADS)
     ids = list(range(original_ffn_size(model)))
@@ -334,7 +334,7 @@ def test_int8_of_a_model_with_an_ffn_without_neurons(tmp_path):
     in fp32 (ORT's per-channel quantiser fails on them) and still quantise the rest."""
     import onnx
 
-    from compressor.quantize import empty_weight_nodes
+    from compressor.deploy.quantize import empty_weight_nodes
 
     model_dir, _, _ = saved_unit_model(tmp_path, "bert", uniform=False)
     options = ex.Int8Options(calibration=CALIBRATION, validation=labelled_by(model_dir, VALIDATION_BATCHES))
@@ -424,8 +424,8 @@ def test_int8_failing_its_gate_is_rejected_and_kept_on_disk(tmp_path, monkeypatc
 def test_rejected_int8_is_reported_and_never_recommended(tmp_path, tiny_model_dir, tiny_csv, cache_dir, monkeypatch):
     """A whole run: the broken int8 is marked rejected in report.json, report.md and the model card, and the
     recommendation names the fastest variant that passed every gate instead."""
+    from compressor.pipeline.runner import run_recipe
     from compressor.recipe import parse_recipe
-    from compressor.runner import run_recipe
 
     real = ex.build_int8
 
@@ -435,7 +435,7 @@ def test_rejected_int8_is_reported_and_never_recommended(tmp_path, tiny_model_di
             negate_output(dest)
         return how
 
-    import compressor.quantize as quantize
+    import compressor.deploy.quantize as quantize
 
     monkeypatch.setattr(ex, "build_int8", broken)
     monkeypatch.setattr(quantize, "build_int8", broken)  # the fp32 fallback's builds are broken too
@@ -495,7 +495,7 @@ def beyond_kernel_error(model_dir: Path, optimized: Path, batches: list[dict], d
     fp32 logit margin exceeds three times that error are kept, labelled with the fp32 prediction: a graph whose only
     int8 error is the kernel's cannot flip any of them, while the outlier (an error of whole logits) still does.
     """
-    from compressor.quantize import quantize_graph
+    from compressor.deploy.quantize import quantize_graph
 
     model = load_pruned(model_dir)
     quantize_graph(optimized, dest / "model.onnx", nodes_to_exclude=[OUTLIER_NODE])
@@ -518,8 +518,8 @@ def beyond_kernel_error(model_dir: Path, optimized: Path, batches: list[dict], d
 def test_fp32_fallback_finds_the_outlier_node_and_passes_the_gate(tmp_path):
     import onnx
 
-    from compressor.checkpoint import render_deployment_section
-    from compressor.report import _export_table
+    from compressor.report.card import render_deployment_section
+    from compressor.report.summary import _export_table
 
     model_dir = outlier_model(tmp_path)
     variants = ["fp32", "optimized", "int8"]
@@ -554,7 +554,7 @@ def test_fp32_fallback_finds_the_outlier_node_and_passes_the_gate(tmp_path):
 def test_fp32_fallback_that_never_passes_leaves_the_variant_rejected_and_unchanged(tmp_path, monkeypatch):
     import onnx
 
-    import compressor.quantize as quantize
+    import compressor.deploy.quantize as quantize
 
     model_dir = saved_model(tmp_path, "bert", UNEVEN_EMPTY)
     real = quantize.build_int8
@@ -584,7 +584,7 @@ def test_fp32_fallback_that_never_passes_leaves_the_variant_rejected_and_unchang
 def test_smoothing_rescales_every_matmul_and_keeps_the_logits(tmp_path, arch):
     import onnx
 
-    from compressor.smoothing import smooth_graph, smoothable_matmuls
+    from compressor.deploy.smoothing import smooth_graph, smoothable_matmuls
 
     model_dir = saved_model(tmp_path, arch, UNEVEN_EMPTY)
     ex.export_onnx(model_dir, tmp_path / "onnx", ["fp32", "optimized"], CHECK)
@@ -613,7 +613,7 @@ def _smoothed_with_scope(tmp_path, arch: str, scope: str):
     """A tiny `arch` model's optimized graph smoothed with `scope`: (source, dest, info, source graph, dest graph)."""
     import onnx
 
-    from compressor.smoothing import smooth_graph
+    from compressor.deploy.smoothing import smooth_graph
 
     model_dir = saved_model(tmp_path, arch, UNEVEN_EMPTY)
     ex.export_onnx(model_dir, tmp_path / "onnx", ["fp32", "optimized"], CHECK)
@@ -629,7 +629,7 @@ def test_cheap_smoothing_skips_the_down_projections(tmp_path, arch):
     was, adds no Mul before one, and still smooths the rest; the function stays the same."""
     import onnx
 
-    from compressor.smoothing import smooth_graph, smoothable_matmuls
+    from compressor.deploy.smoothing import smooth_graph, smoothable_matmuls
 
     source, dest, info, before, after = _smoothed_with_scope(tmp_path, arch, "cheap")
     weights = {t.name: onnx.numpy_helper.to_array(t) for t in before.initializer}
@@ -655,7 +655,7 @@ def test_free_smoothing_adds_no_node(tmp_path, arch):
     graph keeps its node count, every other MatMul weight is untouched, and the function stays the same."""
     import onnx
 
-    from compressor.smoothing import smoothable_matmuls
+    from compressor.deploy.smoothing import smoothable_matmuls
 
     source, dest, info, before, after = _smoothed_with_scope(tmp_path, arch, "free")
     assert info["matmuls"] == info["folded_into_attention"] > 0 and info["skipped"] > 0
@@ -670,7 +670,7 @@ def test_free_smoothing_adds_no_node(tmp_path, arch):
 
 
 def test_outlier_ratio():
-    from compressor.smoothing import outlier_ratio_of
+    from compressor.deploy.smoothing import outlier_ratio_of
 
     assert outlier_ratio_of(np.array([1.0, 2.0, 2.0, 30.0], np.float32)) == pytest.approx(15.0)
     assert outlier_ratio_of(np.array([2.0, 2.0, 2.0], np.float32)) == pytest.approx(1.0)
@@ -678,7 +678,7 @@ def test_outlier_ratio():
 
 
 def test_smoothing_scales():
-    from compressor.smoothing import SCALE_RANGE, smoothing_scales
+    from compressor.deploy.smoothing import SCALE_RANGE, smoothing_scales
 
     act = np.array([4.0, 1.0, 0.0, 9.0], np.float32)
     weight = np.array([[1.0, -1.0], [0.25, 0.0], [2.0, 1.0], [0.0, 0.0]], np.float32)
@@ -691,8 +691,8 @@ def test_smoothing_scales():
 
 def test_smoothing_tames_the_outlier_that_breaks_int8(tmp_path):
     """The planted activation outlier wrecks plain dynamic int8; smoothed, the same int8 stays close to fp32."""
-    from compressor.checkpoint import render_deployment_section
-    from compressor.report import _export_table
+    from compressor.report.card import render_deployment_section
+    from compressor.report.summary import _export_table
 
     model_dir = outlier_model(tmp_path)
     calibration = [tiny_batch(batch=16, seq=11, seed=s) for s in range(40, 44)]

@@ -11,8 +11,8 @@ import yaml
 from conftest import make_rows, tiny_recipe
 from typer.testing import CliRunner
 
-from compressor import outdir
 from compressor.cli import app
+from compressor.core import outdir
 from compressor.recipe import dump_recipe, load_recipe
 from compressor.testing import tiny_model
 

@@ -17,9 +17,9 @@ import yaml
 from conftest import make_rows, tiny_recipe
 from typer.testing import CliRunner
 
-from compressor import outdir
 from compressor.cli import app
-from compressor.errors import UserError
+from compressor.core import outdir
+from compressor.core.errors import UserError
 from compressor.recipe import DataSpec, dump_recipe, load_recipe
 from compressor.sources.data import load_task_data
 
@@ -125,7 +125,7 @@ def test_force_sets_the_old_run_aside_until_the_new_one_finishes(tmp_path, tiny_
     path = tmp_path / "r.yaml"
     path.write_text(yaml.safe_dump(tiny_recipe(tiny_model_dir, tiny_csv, out)))
     fake_finished_run(out, dump_recipe(load_recipe(path)))
-    from compressor import runner
+    from compressor.pipeline import runner
 
     def fail(*_args, **_kwargs):
         raise UserError("model.source: simulated failure after every input loaded")

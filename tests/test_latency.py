@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 import torch
 
-from compressor.errors import UserError
-from compressor.latency import Dims, LatencyTable, Widths, check_runtime, load_or_build
-from compressor.latency.probe import SyntheticLayer, SyntheticOutside, grid_counts, runner
-from compressor.latency.table import cache_file, cache_key, monotone_grid
+from compressor.core.errors import UserError
+from compressor.pruning.latency import Dims, LatencyTable, Widths, check_runtime, load_or_build
+from compressor.pruning.latency.probe import SyntheticLayer, SyntheticOutside, grid_counts, runner
+from compressor.pruning.latency.table import cache_file, cache_key, monotone_grid
 from compressor.testing import tiny_config
 
 DIMS = Dims(hidden=32, heads=4, head_size=8, intermediate=64, layers=3, vocab=120, positions=64, num_labels=2)
@@ -233,7 +233,7 @@ def budget_error(budget: dict) -> str:
 def test_budget_spec_defaults_and_runtimes_match_the_latency_table():
     from typing import get_args
 
-    from compressor.latency import RUNTIMES
+    from compressor.pruning.latency import RUNTIMES
     from compressor.recipe import BudgetSpec
 
     spec = BudgetSpec.model_validate({"kind": "speedup", "value": 2.0, "runtime": "onnx-int8"})

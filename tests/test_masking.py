@@ -7,9 +7,9 @@ from functools import cache
 import pytest
 import torch
 
-from compressor.layout import presence_mask, present_heads
-from compressor.masking import AttentionRecorder, full_gates, gated
-from compressor.surgery import pruned_copy
+from compressor.pruning.masking import AttentionRecorder, full_gates, gated
+from compressor.surgery.arch import presence_mask, present_heads
+from compressor.surgery.slicing import pruned_copy
 from compressor.testing import ARCHS, tiny_batch, tiny_model
 
 LAYERS, HEADS = 3, 4

@@ -7,9 +7,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from compressor.errors import UserError
-from compressor.machine import cpu_has_vnni
-from compressor.quantize import REDUCE_RANGE_ENV, quantize_graph, resolve_reduce_range
+from compressor.core.errors import UserError
+from compressor.core.machine import cpu_has_vnni
+from compressor.deploy.quantize import REDUCE_RANGE_ENV, quantize_graph, resolve_reduce_range
 from compressor.recipe import RecipeError, parse_recipe
 
 X86_FLAGS = "fpu vme sse sse2 ssse3 sse4_1 sse4_2 avx avx2 fma bmi2"
@@ -119,7 +119,7 @@ def test_recipe_reduce_range_field(value, ok):
 
 
 def test_cpu_summary_names_vendor_and_the_flags_that_matter(tmp_path):
-    from compressor.machine import cpu_summary
+    from compressor.core.machine import cpu_summary
 
     info = cpuinfo(tmp_path, f"vendor_id\t: GenuineIntel\nflags\t: {X86_FLAGS} avx512f avx512_vnni\n")
     summary = cpu_summary(info)

@@ -8,8 +8,8 @@ import pytest
 import torch
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
+from compressor.pipeline.runner import run_recipe
 from compressor.recipe import parse_recipe
-from compressor.runner import run_recipe
 
 
 @pytest.mark.slow
@@ -51,7 +51,7 @@ def test_minilm_small_slice_all_stages(tmp_path, cache_dir) -> None:
         model = AutoModelForSequenceClassification.from_pretrained(model_dir).eval()
         tok = AutoTokenizer.from_pretrained(model_dir)
         batch = tok(["a gorgeous, witty film", "tedious and overlong"], padding=True, return_tensors="pt")
-        from compressor.checkpoint import load_pruned
+        from compressor.surgery.checkpoint import load_pruned
 
         with torch.inference_mode():
             assert torch.allclose(model(**batch).logits, load_pruned(model_dir)(**batch).logits, atol=1e-6)

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from compressor.recipe import Recipe, RecipeError, check_against_model, dump_recipe, load_recipe, parse_recipe
+from compressor.pruning.selection import check_against_model
+from compressor.recipe import Recipe, RecipeError, dump_recipe, load_recipe, parse_recipe
 
 ROOT = Path(__file__).resolve().parents[1]
 

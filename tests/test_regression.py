@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from compressor import regression, regression_report
-from compressor.regression import Baseline, BaselineError, Measured, Metric
+from compressor.bench import regression, regression_report
+from compressor.bench.regression import Baseline, BaselineError, Measured, Metric
 
 
 def noisy(centre: float, n: int = 10, spread: float = 0.05, seed: int = 0) -> list[float]:

@@ -10,7 +10,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from compressor import regression
+from compressor.bench import regression
 
 FAST = {"rounds": 3, "warmup": 1, "min_time_s": 0.005, "batch_sizes": [1, 4], "seq_lens": [16], "threads": 1}
 
@@ -161,7 +161,7 @@ def onnx_export(tiny_model_dir, tmp_path_factory) -> Path:
     """The tiny model's fp32 ONNX export directory (graph, config.json, tokenizer)."""
     import torch
 
-    from compressor.export import export_onnx
+    from compressor.deploy.export import export_onnx
 
     ids = torch.randint(5, 30, (2, 16), generator=torch.Generator().manual_seed(0))
     batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "token_type_ids": torch.zeros_like(ids)}

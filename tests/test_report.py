@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from compressor.recipe import RecipeError, parse_recipe
-from compressor.report import _recommendation_line, recommendation
+from compressor.report.summary import _recommendation_line, recommendation
 
 
 def _report(accuracies: dict[str, float], max_drop: float | None = 0.01, rejected: tuple[str, ...] = ()) -> dict:
@@ -82,7 +82,7 @@ def test_each_faster_variant_passed_over_says_why_in_one_line() -> None:
 
 
 def test_the_report_has_a_stage_time_table() -> None:
-    from compressor.report import _timings_table
+    from compressor.report.summary import _timings_table
 
     rows = _timings_table({"base fine-tune": 300.0, "pruning steps": 200.0, "bench": 100.0}, 600.0)
     assert rows[2:] == ["| base fine-tune | 300 | 50% |", "| pruning steps | 200 | 33% |", "| bench | 100 | 17% |"]

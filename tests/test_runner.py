@@ -17,10 +17,10 @@ import yaml
 from conftest import tiny_recipe
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-from compressor.checkpoint import load_pruned
-from compressor.errors import UserError
+from compressor.core.errors import UserError
+from compressor.pipeline.runner import run_recipe
 from compressor.recipe import parse_recipe
-from compressor.runner import run_recipe
+from compressor.surgery.checkpoint import load_pruned
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -191,7 +191,7 @@ def test_criteria_get_special_ids_and_their_diagnostics_reach_the_step_log(
     tmp_path, tiny_model_dir, tiny_csv, cache_dir, monkeypatch
 ) -> None:
     """The tokenizer's special ids reach every criterion (confidence needs them); l0's sparsity report is kept."""
-    from compressor import criteria
+    from compressor.pruning import criteria
 
     seen: list[dict] = []
     real = criteria.score_units
@@ -212,8 +212,8 @@ def test_criteria_get_special_ids_and_their_diagnostics_reach_the_step_log(
 
 
 def test_step_checkpoints_round_trip_and_rebuild_records_from_an_older_log(tmp_path) -> None:
-    from compressor.api import Masks, PruneState, StepRecord
-    from compressor.runner import RECORDS_FILE, StepCheckpoints
+    from compressor.recovery.checkpoints import RECORDS_FILE, StepCheckpoints
+    from compressor.recovery.loop import Masks, PruneState, StepRecord
     from compressor.testing import tiny_model
 
     model = tiny_model("bert", layers=2, heads=4)

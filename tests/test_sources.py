@@ -15,7 +15,7 @@ import pytest
 import yaml
 from conftest import make_rows, make_tokenizer_dir, tiny_recipe
 
-from compressor.errors import UserError
+from compressor.core.errors import UserError
 from compressor.recipe import DataSpec, ModelSpec, RecipeError, load_recipe
 from compressor.sources import data as data_mod
 from compressor.sources import load_task_data, load_tokenizer, resolve_model_path

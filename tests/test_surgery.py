@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 from torch.utils.flop_counter import FlopCounterMode
 from transformers import AutoModelForSequenceClassification
 
-from compressor.cost import encoder_flops
-from compressor.layout import (
+from compressor.pruning.masking import full_gates, gated
+from compressor.surgery.arch import (
     UnsupportedArchitectureError,
     arch_spec,
     get_path,
@@ -24,8 +24,8 @@ from compressor.layout import (
     present_neurons,
     removed_layers,
 )
-from compressor.masking import full_gates, gated
-from compressor.surgery import EmptyAttention, PlanError, empty_layers, prune_heads, pruned_copy, validate_plan
+from compressor.surgery.cost import encoder_flops
+from compressor.surgery.slicing import EmptyAttention, PlanError, empty_layers, prune_heads, pruned_copy, validate_plan
 from compressor.testing import ARCHS, tiny_batch, tiny_model, tiny_unsupported_model
 
 LAYERS, HEADS, HEAD_SIZE = 3, 4, 8

@@ -9,8 +9,9 @@ import pytest
 import torch
 from transformers import AutoModelForSequenceClassification
 
-from compressor.checkpoint import PLAN_FILE, load_pruned, save_pruned
-from compressor.layout import (
+from compressor.pruning.masking import full_gates, full_neuron_gates, gated
+from compressor.pruning.units import alive_units, apply_plan_to_masks
+from compressor.surgery.arch import (
     get_path,
     layers,
     neuron_presence_mask,
@@ -19,10 +20,9 @@ from compressor.layout import (
     present_neurons,
     removed_layers,
 )
-from compressor.masking import full_gates, full_neuron_gates, gated
-from compressor.surgery import PlanError, SkippedLayer, prune_neurons, pruned_copy, remove_layers
+from compressor.surgery.checkpoint import PLAN_FILE, load_pruned, save_pruned
+from compressor.surgery.slicing import PlanError, SkippedLayer, prune_neurons, pruned_copy, remove_layers
 from compressor.testing import ARCHS, tiny_batch, tiny_model
-from compressor.units import alive_units, apply_plan_to_masks
 
 LAYERS, HEADS = 3, 4
 INPUTS = {k: v for k, v in tiny_batch(batch=3, seq=9).items() if k != "labels"}
@@ -159,7 +159,7 @@ def test_uniform_widths_reload_in_plain_transformers(arch: str, tmp_path) -> Non
 
 
 def test_ffn_paths_point_at_the_feed_forward_linears() -> None:
-    from compressor.layout import arch_spec
+    from compressor.surgery.arch import arch_spec
 
     for arch in ARCHS:
         spec, layer = arch_spec(base(arch)), layers(base(arch))[0]
@@ -173,7 +173,7 @@ def test_ffn_paths_point_at_the_feed_forward_linears() -> None:
 
 def test_unit_costs_add_up_to_the_model() -> None:
     """Every original layer costs its heads plus its neurons, and the encoder is its layers."""
-    from compressor.cost import encoder_flops, unit_costs
+    from compressor.surgery.cost import encoder_flops, unit_costs
 
     costs = unit_costs(base("bert"), 16)
     assert costs.layer == HEADS * costs.head + len(every("bert")) * costs.neuron
@@ -182,9 +182,9 @@ def test_unit_costs_add_up_to_the_model() -> None:
 
 
 def _budget_case(uniform: bool, flops: float, seed: int = 0):
-    from compressor.cost import encoder_flops, unit_costs
-    from compressor.selection import flop_schedule, select_units
-    from compressor.units import pruned_units_copy
+    from compressor.pruning.selection import flop_schedule, select_units
+    from compressor.pruning.units import pruned_units_copy
+    from compressor.surgery.cost import encoder_flops, unit_costs
 
     model = base("bert")
     g = torch.Generator().manual_seed(seed)
@@ -201,8 +201,8 @@ def _budget_case(uniform: bool, flops: float, seed: int = 0):
 @pytest.mark.parametrize("uniform", [False, True])
 def test_flop_budget_lands_within_one_unit(flops: float, uniform: bool) -> None:
     """The pruned model's FLOPs are at or below the budget, by less than one unit (a uniform column is one)."""
-    from compressor.checkpoint import plain_loadable, uniform_ffn_width
-    from compressor.cost import encoder_flops, masked_flops
+    from compressor.surgery.checkpoint import plain_loadable, uniform_ffn_width
+    from compressor.surgery.cost import encoder_flops, masked_flops
 
     model, plan, pruned, costs, total, goal, scores = _budget_case(uniform, flops)
     removed = total - encoder_flops(pruned, 32)
@@ -222,9 +222,9 @@ def test_flop_budget_lands_within_one_unit(flops: float, uniform: bool) -> None:
 
 def test_unreachable_flop_budget_is_refused() -> None:
     """0.9 of the FLOPs cannot go when every layer keeps a head and a neuron (uniform_ffn), nor with heads only."""
-    from compressor.cost import unit_costs
+    from compressor.pruning.selection import check_flop_budget
     from compressor.recipe import RecipeError
-    from compressor.selection import check_flop_budget
+    from compressor.surgery.cost import unit_costs
 
     costs = unit_costs(base("bert"), 32)
     shape = {kind: tuple(mask.shape) for kind, mask in alive_units(base("bert")).items()}
@@ -241,8 +241,8 @@ def test_unreachable_flop_budget_is_refused() -> None:
 def test_units_compete_on_importance_per_flop() -> None:
     """Heads score twice their cost, neurons once theirs, except one head at half its cost: that head goes first,
     then neurons (lower importance per FLOP than the other heads), though each head's raw score is far higher."""
-    from compressor.cost import unit_costs
-    from compressor.selection import select_units
+    from compressor.pruning.selection import select_units
+    from compressor.surgery.cost import unit_costs
 
     model = base("bert")
     alive = alive_units(model)
@@ -259,8 +259,8 @@ def test_units_compete_on_importance_per_flop() -> None:
 
 
 def test_min_heads_per_layer_holds_under_a_flop_budget() -> None:
-    from compressor.cost import unit_costs
-    from compressor.selection import select_units
+    from compressor.pruning.selection import select_units
+    from compressor.surgery.cost import unit_costs
 
     alive = alive_units(base("bert"))
     scores = {"heads": torch.zeros(alive["heads"].shape), "neurons": torch.ones(alive["neurons"].shape)}
@@ -285,7 +285,7 @@ def _masked_and_pruned(arch: str = "bert"):
 @pytest.mark.parametrize("name", sorted(NEURON_CRITERIA))
 def test_criteria_score_neurons_by_original_id(name: str) -> None:
     """[layers, FFN width] scores: -inf exactly on removed or masked neurons, finite on every alive one."""
-    from compressor.units import score_all
+    from compressor.pruning.units import score_all
 
     model, alive = _masked_and_pruned()
     scores = score_all(name, model, alive, BATCHES, NEURON_CRITERIA[name])
@@ -303,7 +303,7 @@ def _loss(model: torch.nn.Module, neurons: torch.Tensor | None = None) -> float:
 
 
 def test_ablation_neuron_score_is_the_loss_change_of_removing_it() -> None:
-    from compressor.units import score_all
+    from compressor.pruning.units import score_all
 
     model, alive = _masked_and_pruned()
     scores = score_all("ablation", model, alive, BATCHES, {"examples": 8})["neurons"]
@@ -316,8 +316,8 @@ def test_ablation_neuron_score_is_the_loss_change_of_removing_it() -> None:
 
 def test_taylor_neuron_without_effect_scores_zero() -> None:
     """A neuron whose W_2 column is zero cannot change the loss: its mask gradient, hence its score, is 0."""
-    from compressor.layout import arch_spec
-    from compressor.units import score_all
+    from compressor.pruning.units import score_all
+    from compressor.surgery.arch import arch_spec
 
     model = pruned_copy(base("bert"), {})
     with torch.no_grad():
@@ -329,7 +329,7 @@ def test_taylor_neuron_without_effect_scores_zero() -> None:
 
 def test_magnitude_neuron_scores_survive_surgery() -> None:
     """Data-free magnitudes of present neurons are the same before and after removing others (original ids)."""
-    from compressor.units import score_all
+    from compressor.pruning.units import score_all
 
     model, alive = _masked_and_pruned()
     full = score_all("magnitude", base("bert"), alive_units(base("bert")), BATCHES)["neurons"]
@@ -340,7 +340,7 @@ def test_magnitude_neuron_scores_survive_surgery() -> None:
 
 def test_head_scores_with_neurons_masked_equal_scores_on_the_pruned_model() -> None:
     """Scoring heads holds the neuron mask fixed: taylor on masked neurons == taylor after removing them."""
-    from compressor.units import score_all
+    from compressor.pruning.units import score_all
 
     model, alive = _masked_and_pruned()
     masked = score_all("taylor", model, alive, BATCHES)["heads"]
@@ -349,7 +349,7 @@ def test_head_scores_with_neurons_masked_equal_scores_on_the_pruned_model() -> N
 
 
 def test_criterion_that_cannot_score_neurons_is_refused() -> None:
-    from compressor import criteria
+    from compressor.pruning import criteria
     from compressor.recipe import RecipeError, parse_recipe
 
     assert set(NEURON_CRITERIA) <= set(criteria.scoring("neurons"))
@@ -428,7 +428,7 @@ def test_cli_validate_refuses_criterion_for_neurons_in_one_line(tmp_path) -> Non
     ],
 )
 def test_head_schedules_end_at_the_target(target, steps, shape, expected) -> None:
-    from compressor.selection import flop_schedule, schedule
+    from compressor.pruning.selection import flop_schedule, schedule
 
     assert schedule(72, target, steps, shape) == expected
     flops = flop_schedule(10**9, target, steps, shape)

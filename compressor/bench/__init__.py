@@ -2,7 +2,11 @@
 
 Everything here works on *candidates*: a name, a `predict(batch) -> logits` function, size on disk, FLOPs per example
 and heads per layer. PyTorch models and ONNX variants become candidates through `pytorch_candidate` and
-`onnx_candidate`, so the measuring code never knows which runtime it times.
+`onnx_candidate`, so the measuring code never knows which runtime it times. The package also owns the layer-drop
+baseline (`baseline`) and the CI regression guard (`regression`, `regression_report`).
+
+May import `recovery` (the baseline is fine-tuned like the steps) and every stage below it; `report` and
+`pipeline` import it.
 
 Design choices, and why:
 - Throughput rounds are *interleaved*: every round visits every (sequence length, batch size) shape and, inside it,
@@ -22,28 +26,16 @@ Design choices, and why:
   rounds reported. Caveat: all variants share one process, so memory an earlier measurement left resident
   (allocator caches, ONNX Runtime arenas) is not counted again; the figure is a lower bound of a variant's working
   set and depends somewhat on what ran before it, which the rotation and the median even out but do not remove.
-- The bench output directory is written atomically (`compressor.atomic.directory`): a killed run leaves the previous
+- The bench output directory is written atomically (`core.atomic.directory`): a killed run leaves the previous
   complete output or none, never half of one.
 """
 
 from __future__ import annotations
 
-import os
-import platform
 from collections.abc import Sequence
 from pathlib import Path
 
-import torch
-
-from compressor.bench.candidates import (
-    ORT_DEFAULT_NOTE,
-    Batch,
-    Candidate,
-    check_names,
-    onnx_candidate,
-    ort_default_threads,
-    pytorch_candidate,
-)
+from compressor.bench.candidates import Batch, Candidate, check_names, onnx_candidate, pytorch_candidate
 from compressor.bench.quality import (
     collect_logits,
     mcnemar_exact,
@@ -58,11 +50,11 @@ from compressor.bench.timing import (
     measure_throughput,
     paired_speedups,
     peak_rss_delta,
-    set_threads,
     synthetic_batch,
-    time_call,
 )
-from compressor.errors import UserError
+from compressor.core.errors import UserError
+from compressor.core.machine import machine_info
+from compressor.core.timing import ORT_DEFAULT_NOTE, ort_default_threads, set_threads, time_call
 
 __all__ = [
     "BENCH_FILES",
@@ -93,22 +85,6 @@ __all__ = [
     "wilson_interval",
     "write_bench_report",
 ]
-
-
-def machine_info() -> dict:
-    import onnxruntime
-    import transformers
-
-    return {
-        "platform": platform.platform(),
-        "processor": platform.processor() or platform.machine(),
-        "cpu_count": os.cpu_count(),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "onnxruntime": onnxruntime.__version__,
-        "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
-    }
 
 
 def summarize(candidates: Sequence[Candidate], throughput: dict, quality: dict | None, reference: str) -> dict:

@@ -6,8 +6,8 @@ measuring code never knows which runtime it times.
 
 from __future__ import annotations
 
+import copy
 import inspect
-import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,8 +17,17 @@ import numpy as np
 import torch
 from torch import nn
 
-from compressor.batches import input_keys
-from compressor.errors import UserError
+from compressor.core.errors import UserError
+from compressor.core.timing import ORT_DEFAULT_NOTE, ort_default_threads
+from compressor.pruning.units import apply_unit_plan
+from compressor.sources.batches import input_keys
+from compressor.surgery.arch import (
+    original_ffn_size,
+    original_num_heads,
+    pruned_heads,
+    pruned_neurons,
+    removed_layers,
+)
 
 Batch = dict[str, torch.Tensor]
 
@@ -75,8 +84,8 @@ def pytorch_candidate(
     FLOPs are computed at each of `seq_lens` (one int or several; the first is the headline length). Size is the
     safetensors weight files of `model_dir` when given, else the in-memory parameter bytes.
     """
-    from compressor.cost import encoder_flops
-    from compressor.layout import present_heads
+    from compressor.surgery.arch import present_heads
+    from compressor.surgery.cost import encoder_flops
 
     model = model.eval()
     keys = input_keys(inspect.signature(model.forward).parameters)
@@ -108,14 +117,14 @@ def onnx_candidate(
     flops_per_example: int | Mapping[int, int] | None = None,
     heads_per_layer: list[int] | None = None,
 ) -> Candidate:
-    """An exported ONNX variant (a directory written by `compressor.export`) as a candidate.
+    """An exported ONNX variant (a directory written by `compressor.deploy.export`) as a candidate.
 
     ONNX Runtime fixes its intra-op thread count when the session is created, so `threads` is given here; left
     None, ONNX Runtime picks its default and the candidate records that count (`ort_default_threads`).
     FLOPs and heads are those of the PyTorch model it was exported from (FLOPs as one int for the headline length
     or `{seq_len: flops}`, e.g. the PyTorch candidate's `flops_by_seq_len`); pass them to get FLOP-ideal ratios.
     """
-    from compressor.export import OnnxClassifier
+    from compressor.deploy.export import OnnxClassifier
 
     variant_dir = Path(variant_dir)
     if not variant_dir.is_dir():
@@ -141,20 +150,22 @@ def onnx_candidate(
     )
 
 
-ORT_DEFAULT_NOTE = "not set: ONNX Runtime's default, one intra-op thread per physical core"
+def as_sdpa(model: nn.Module) -> nn.Module:
+    """A copy of an eager-attention model (pruned or not) using SDPA (what users deploy), for fair timing.
 
-
-def ort_default_threads() -> int:
-    """The intra-op thread count ONNX Runtime uses when none is set: one per physical core of the machine.
-
-    ONNX Runtime does not report it (SessionOptions keeps 0), so it is counted here from the CPU topology
-    (distinct package/core pairs of /sys/devices/system/cpu); with onnxruntime 1.32 on Linux this matches the
-    threads a default session starts, whatever the process's CPU affinity. Falls back to `os.cpu_count()`.
+    transformers builds the attention modules of these architectures at construction time, so the copy is rebuilt
+    from the config (eager where SDPA is unsupported), pruned the same way and given the same weights, in memory.
     """
-    cores = set()
-    for topology in Path("/sys/devices/system/cpu").glob("cpu[0-9]*/topology"):
-        try:
-            cores.add(((topology / "physical_package_id").read_text(), (topology / "core_id").read_text()))
-        except OSError:
-            continue
-    return len(cores) or os.cpu_count() or 1
+    from compressor.surgery.checkpoint import _build as build_classifier  # its SDPA→eager fallback (ELECTRA)
+    from compressor.surgery.checkpoint import _original_shape
+
+    config = copy.deepcopy(model.config)
+    _original_shape(config, original_ffn_size(model))  # the unpruned shape the plan is replayed on
+    fast = build_classifier(config, "sdpa", next(model.parameters()).dtype)
+    plan = {"heads": pruned_heads(model), "neurons": pruned_neurons(model)}
+    for layer in removed_layers(model):  # removed whole: every head and neuron of the layer
+        plan["heads"][layer] = list(range(original_num_heads(model)))
+        plan["neurons"][layer] = list(range(original_ffn_size(model)))
+    apply_unit_plan(fast, plan)
+    fast.load_state_dict(model.state_dict())
+    return fast.eval()

@@ -8,9 +8,9 @@ from collections.abc import Sequence
 import numpy as np
 from scipy import stats
 
-from compressor.batches import model_inputs
 from compressor.bench.candidates import Batch, Candidate, check_names
-from compressor.errors import UserError
+from compressor.core.errors import UserError
+from compressor.sources.batches import model_inputs
 
 
 def wilson_interval(correct: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
@@ -51,7 +51,7 @@ def measure_quality(candidates: Sequence[Candidate], batches: Sequence[Batch], r
     Per candidate: accuracy, interval, agreement with the reference's predictions, max |Δlogit|, exact McNemar
     p-value and a 95% interval for the accuracy difference.
     """
-    from compressor.metrics import load_metric
+    from compressor.sources.metrics import load_metric
 
     check_names(candidates)
     names = [c.name for c in candidates]

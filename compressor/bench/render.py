@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from compressor import atomic
 from compressor.bench.plots import plot_accuracy_speedup, plot_heads, plot_throughput
+from compressor.bench.regression_report import REGRESSION_FILES
 from compressor.bench.timing import headline_batch
-from compressor.regression_report import REGRESSION_FILES
+from compressor.core import atomic
 
 SCHEMA_VERSION = 2  # 2: throughput/speed-ups keyed [variant][seq_len][batch]; several sequence lengths
 
@@ -156,7 +156,7 @@ def check_out_dir(out_dir: str | Path) -> Path:
 def write_bench_report(result: dict, out_dir: str | Path) -> list[Path]:
     """Write report.json (versioned), report.md and three PNG plots as the directory `out_dir`; returns the paths.
 
-    The directory is built aside and swapped in (`compressor.atomic.directory`): readers, and a killed run, see the
+    The directory is built aside and swapped in (`compressor.core.atomic.directory`): readers, and a killed run, see the
     previous complete output or the new one, never a mix.
     """
     import matplotlib

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -11,17 +10,11 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from compressor.bench.candidates import ORT_DEFAULT_NOTE, Batch, Candidate, check_names, lengths_of, ort_default_threads
-from compressor.errors import UserError
+from compressor.bench.candidates import Batch, Candidate, check_names, lengths_of
+from compressor.core.errors import UserError
+from compressor.core.timing import ORT_DEFAULT_NOTE, ort_default_threads, set_threads, time_call
 
 LAYOUT = "throughput[variant][seq_len][batch_size], speedups[variant][seq_len][batch_size]"
-
-
-def set_threads(threads: int | None) -> int:
-    """Set PyTorch's intra-op threads (when given) and return the count in effect."""
-    if threads is not None:  # positive: checked by `BenchSpec`
-        torch.set_num_threads(threads)
-    return torch.get_num_threads()
 
 
 def synthetic_batch(batch_size: int, seq_len: int, vocab_size: int, seed: int) -> Batch:
@@ -63,24 +56,6 @@ def peak_rss_delta(fn: Callable[[], object]) -> int | None:
     if before is None or peak is None:
         return None
     return max(0, peak - before) * 1024
-
-
-def time_call(fn: Callable[[], object], min_time_s: float, min_calls: int = 3) -> tuple[float, int]:
-    """Fastest seconds per call of `fn`, called until `min_time_s` has passed and at least `min_calls` times.
-
-    The minimum, as `timeit` recommends: on a shared machine other processes only ever add time to a call, so the
-    fastest call is the best estimate of the cost of the code itself. Spread comes from the rounds instead.
-    Returns (seconds, calls).
-    """
-    times: list[float] = []
-    start = time.perf_counter()
-    while True:
-        t0 = time.perf_counter()
-        fn()
-        t1 = time.perf_counter()
-        times.append(t1 - t0)
-        if t1 - start >= min_time_s and len(times) >= min_calls:
-            return min(times), len(times)
 
 
 def _spread(values: Sequence[float]) -> dict:

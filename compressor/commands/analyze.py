@@ -13,7 +13,7 @@ from pathlib import Path
 
 import typer
 
-from compressor.errors import UserError, one_line_errors
+from compressor.core.errors import UserError, one_line_errors
 
 
 def _inputs(target: Path, data: str | None):
@@ -43,7 +43,7 @@ def _roles(base, path: Path | None):
     if path is None:
         return base
     from compressor.recipe import RecipeError, parse_recipe
-    from compressor.userinput import read_yaml
+    from compressor.recipe.yamlio import read_yaml
 
     if not path.is_file():
         raise UserError(f"--roles-yaml: file '{path}' not found")
@@ -68,9 +68,9 @@ def _criterion_scores(names: list[str], model, tokenizer, task, max_length: int,
     if model.config.num_labels != task.num_labels:
         typer.echo(f"note: model has {model.config.num_labels} labels, data {task.num_labels}; criterion maps skipped")
         return {}
-    from compressor import criteria
-    from compressor.batches import eval_batches
-    from compressor.layout import presence_mask
+    from compressor.pruning import criteria
+    from compressor.sources.batches import eval_batches
+    from compressor.surgery.arch import presence_mask
 
     batches = eval_batches(task, tokenizer, "test", max_length, n, batch_size=16, seed=0)
     ctx = criteria.ScoreContext(model=model, alive=presence_mask(model), batches=batches)
@@ -105,8 +105,8 @@ def analyze(
     """Head roles (positional, rare-word, delimiter, syntactic), Pande sieve tests, confidence, JS clustering."""
     import torch
 
-    from compressor.analysis import analyze_heads, model_texts, write_analysis
-    from compressor.analysis.syntax import load_parser
+    from compressor.report.analysis import analyze_heads, model_texts, write_analysis
+    from compressor.report.analysis.syntax import load_parser
     from compressor.sources import load_model, load_task_data, load_tokenizer
 
     model_spec, data_spec, default_out, roles = _inputs(target, data)

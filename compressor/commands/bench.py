@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from compressor.errors import UserError, one_line_errors
+from compressor.core.errors import UserError, one_line_errors
 
 
 def parse_int_list(text: str, option: str, example: str) -> list[int]:
@@ -62,9 +62,9 @@ def bench_batches(recipe, model_dir: Path, num_labels: int, examples: int | None
     """The test split of the recipe's data (default data without a recipe), tokenised by the model's tokenizer."""
     from transformers import AutoTokenizer
 
-    from compressor.batches import eval_batches
     from compressor.recipe import DataSpec
     from compressor.sources import load_task_data
+    from compressor.sources.batches import eval_batches
 
     spec = recipe.data if recipe is not None else DataSpec()
     data = load_task_data(spec)
@@ -87,7 +87,7 @@ def load_model_candidate(role: str, path: Path, option: str, spec):
     from transformers import AutoConfig
 
     from compressor import bench as lib
-    from compressor.checkpoint import load_pruned
+    from compressor.surgery.checkpoint import load_pruned
 
     if is_onnx_dir(path):
         if not (path / "config.json").is_file():
@@ -107,7 +107,7 @@ def num_labels(path: Path) -> int:
 
 def check_baseline_options(save_baseline: Path | None, baseline: Path | None):
     """The validated baseline to check against (None when not checking); refuses both options at once."""
-    from compressor import regression
+    from compressor.bench import regression
 
     if save_baseline is not None and baseline is not None:
         raise UserError("--save-baseline/--baseline: expected one of them, not both")
@@ -140,7 +140,7 @@ def run_bench(
     (exit 2).
     """
     from compressor import bench as lib
-    from compressor import regression, regression_report
+    from compressor.bench import regression, regression_report
 
     expected = check_baseline_options(save_baseline, baseline)
     for path, option in zip((reference, candidate), options, strict=True):

@@ -6,12 +6,12 @@ from pathlib import Path
 
 import typer
 
-from compressor.errors import UserError, one_line_errors
+from compressor.core.errors import UserError, one_line_errors
 
 
 def parse_variants(text: str) -> list[str]:
     """'fp32,int8' → ['fp32', 'int8'] in canonical order; unknown names are a one-line error naming the option."""
-    from compressor.export import VARIANTS, check_variants
+    from compressor.deploy.export import VARIANTS, check_variants
 
     names = [part.strip() for part in text.split(",") if part.strip()]
     try:
@@ -41,7 +41,7 @@ def _task(recipe_path: Path | None, model_dir: Path):
 def check_batches(data, tokenizer, max_length: int, examples: int) -> list[dict]:
     """A seeded sample of the validation split, tokenised by the model's own tokenizer, in batches of 32: the real
     inputs the parity gate runs on."""
-    from compressor.batches import eval_batches
+    from compressor.sources.batches import eval_batches
 
     return eval_batches(data, tokenizer, "validation", max_length, examples, seed=1)
 
@@ -49,8 +49,8 @@ def check_batches(data, tokenizer, max_length: int, examples: int) -> list[dict]
 def recipe_int8(recipe, data, tokenizer, names: list[str]):
     """The recipe's `export.int8` settings on its data (calibration from the training split, the gate and its fp32
     fallback on the validation split), so a standalone export's int8 is checked exactly like a run's."""
-    from compressor.quantize import int8_options
-    from compressor.train import tokenize
+    from compressor.deploy.quantize import int8_options
+    from compressor.sources.batches import tokenize
 
     def split(name: str):
         return tokenize(getattr(data, name), tokenizer, data.text_fields, recipe.data.max_length)
@@ -74,8 +74,8 @@ def export(
     check_examples: int = typer.Option(128, "--check-examples", help="validation examples for the parity gate"),
 ) -> None:
     """Export to ONNX (fp32, ORT-optimised, dynamic int8); stop with one line if fp32 misses PyTorch by > atol."""
-    from compressor.export import export_onnx
-    from compressor.quantize import smoothing_note
+    from compressor.deploy.export import export_onnx
+    from compressor.deploy.quantize import smoothing_note
     from compressor.recipe import DataSpec
 
     names = parse_variants(variants)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from compressor.errors import one_line_errors
+from compressor.core.errors import one_line_errors
 
 
 @one_line_errors
@@ -16,8 +16,8 @@ def run(
     output_dir: str = typer.Option(None, "--output-dir", help="override the recipe's output_dir"),
 ) -> None:
     """Run a recipe end to end (resumes an interrupted run in the same output directory)."""
+    from compressor.pipeline.runner import run_recipe
     from compressor.recipe import load_recipe
-    from compressor.runner import run_recipe
 
     overrides = {"output_dir": output_dir} if output_dir else None
     report = run_recipe(load_recipe(recipe, overrides), force=force)

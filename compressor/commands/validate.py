@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from compressor.errors import one_line_errors
+from compressor.core.errors import one_line_errors
 
 
 @one_line_errors

@@ -1,6 +1,26 @@
-"""Model and dataset loading: hub names, local paths, and the built-in offline defaults."""
+"""Sources, the first stage: models, tokenizers and datasets from hub names, local paths and the built-in offline
+defaults (`models`, `data`), their fingerprints for caching (`fingerprint`), the model-input contract, tokenisation
+and batching (`batches`), and the shipped metric modules (`metrics`).
 
-from compressor.sources.data import TaskData, load_task_data
-from compressor.sources.models import load_model, load_tokenizer, resolve_model_path
+May import `core`, `recipe` and `surgery` (a model compressor saved earlier loads through `surgery.checkpoint`).
+The names below load lazily, so a light import (`sources.batches`'s contract) does not pull in every loader.
+"""
+
+from __future__ import annotations
 
 __all__ = ["TaskData", "load_task_data", "load_model", "load_tokenizer", "resolve_model_path"]
+_LAZY = {
+    "TaskData": "compressor.sources.data",
+    "load_task_data": "compressor.sources.data",
+    "load_model": "compressor.sources.models",
+    "load_tokenizer": "compressor.sources.models",
+    "resolve_model_path": "compressor.sources.models",
+}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'compressor.sources' has no attribute {name!r}")

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import datasets
 
-from compressor.errors import UserError
+from compressor.core.errors import UserError
 from compressor.recipe import DataSpec, RecipeError, short
 
 # Our own progress bars cover training; per-split "Generating/Filter/Map" bars only clutter stderr.

@@ -16,10 +16,10 @@ from torch import nn
 from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
 from transformers.utils import logging as hf_logging
 
-from compressor.checkpoint import PLAN_FILE, WEIGHTS_FILE, WEIGHTS_INDEX, load_pruned
-from compressor.errors import UserError
-from compressor.layout import UnsupportedArchitectureError, arch_spec
+from compressor.core.errors import UserError
 from compressor.recipe import ModelSpec, RecipeError
+from compressor.surgery.arch import UnsupportedArchitectureError, arch_spec, declared
+from compressor.surgery.checkpoint import PLAN_FILE, WEIGHTS_FILE, WEIGHTS_INDEX, load_pruned
 
 BUILTIN_MINILM = "builtin:minilm-l6"
 
@@ -75,7 +75,8 @@ def max_positions(config) -> int | None:
     limit = getattr(config, "max_position_embeddings", None)
     if not isinstance(limit, int):
         return None
-    if getattr(config, "model_type", "") in ("roberta", "xlm-roberta", "camembert"):
+    spec = declared(getattr(config, "model_type", ""))
+    if spec is not None and spec.padding_positions:
         limit -= (getattr(config, "pad_token_id", None) or 0) + 1
     return limit
 

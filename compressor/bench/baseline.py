@@ -1,0 +1,145 @@
+"""The layer-dropping baseline every pruned model is compared with (`prune.baseline: layer_drop`).
+
+Pruning must earn its complexity against the simplest structured alternative: drop whole layers from the top of
+the original model (no importance scores) until its encoder FLOPs are nearest the pruned model's, fine-tune it with
+the same recovery budget (the same number of training examples as all pruning steps together, and the same teacher
+when distillation is on), and compare test predictions with the pruned model's (accuracy and McNemar's exact test,
+`compressor.bench.quality`).
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+import datasets
+import numpy as np
+from accelerate import Accelerator
+from torch import nn
+
+from compressor.pruning.units import apply_unit_plan
+from compressor.recipe import TrainSpec
+from compressor.recovery.distill import TeacherTargets, fill
+from compressor.recovery.draws import drawn_examples
+from compressor.recovery.evaluate import predict
+from compressor.recovery.train import train
+from compressor.surgery.arch import num_layers, original_ffn_size, original_num_heads
+from compressor.surgery.cost import masked_flops
+
+
+def layers_to_drop(original: nn.Module, target_flops: int, seq_len: int) -> int:
+    """How many top layers to drop so the encoder FLOPs are nearest `target_flops` (at least one, never all; ties
+    go to the smaller model)."""
+    total, layers = masked_flops(original, {}, seq_len), num_layers(original)
+    per_layer = total / layers
+    return min(range(1, layers), key=lambda k: (abs(total - k * per_layer - target_flops), -k))
+
+
+def drop_top_layers(original: nn.Module, count: int) -> nn.Module:
+    """A copy of `original` with its top `count` layers removed whole (identity), the rest untouched."""
+    layers, heads, width = num_layers(original), original_num_heads(original), original_ffn_size(original)
+    top = range(layers - count, layers)
+    plan = {"heads": {k: list(range(heads)) for k in top}, "neurons": {k: list(range(width)) for k in top}}
+    return apply_unit_plan(copy.deepcopy(original), plan).eval()
+
+
+def recovery_spec(finetune: TrainSpec | None, steps: int, n: int) -> TrainSpec | None:
+    """The pruning run's whole recovery budget as one fine-tune on a split of `n` examples, same rate and batch:
+    as many example passes as `steps` fine-tunes of `finetune`. Capped steps (each sees min(`max_examples`, `n`)
+    examples) give `steps` × that many distinct examples while the split has that many; beyond it, the whole split
+    for the fractional number of epochs that makes the same count (else the baseline would stop after one epoch with
+    fewer updates than the steps had). Uncapped steps give `steps` × `epochs` epochs."""
+    if finetune is None:
+        return None
+    if finetune.max_examples is None:
+        return finetune.model_copy(update={"epochs": finetune.epochs * steps})
+    total = min(finetune.max_examples, n) * steps
+    if total <= n:
+        return finetune.model_copy(update={"max_examples": total})
+    return finetune.model_copy(update={"max_examples": None, "epochs": finetune.epochs * total / n})
+
+
+def baseline_examples(n: int, finetune: TrainSpec | None, steps: int, seed: int) -> list[int] | None:
+    """The train examples the baseline's fine-tune after `steps` pruning steps draws (None: all of them). With
+    fewer steps (a budget met early) it draws a prefix of the same seeded permutation, so the recipe's
+    `prune.steps` gives a superset known before the run."""
+    spec = recovery_spec(finetune, steps, n)
+    return [] if spec is None else drawn_examples(n, spec.max_examples, seed)
+
+
+@dataclass
+class Baseline:
+    """The fine-tuned layer-dropped model and how it was made."""
+
+    model: nn.Module
+    layers_dropped: int
+    info: dict
+
+
+def layer_drop_baseline(
+    original: nn.Module,
+    target_flops: int,
+    seq_len: int,
+    train_ds: datasets.Dataset,
+    tokenizer,
+    finetune: TrainSpec | None,
+    steps: int,
+    accelerator: Accelerator,
+    *,
+    seed: int = 0,
+    teacher: TeacherTargets | None = None,
+) -> Baseline:
+    """Drop the top layers of `original` to the FLOPs nearest `target_flops` and fine-tune the copy with the
+    recovery budget of `steps` pruning steps of `finetune` (on every process under `accelerate launch`).
+
+    `teacher` (the pruning run's cached targets) makes the baseline distil exactly as the pruning steps did; the
+    examples it draws beyond theirs get their logits from `original` (the teacher), computed here."""
+    count = layers_to_drop(original, target_flops, seq_len)
+    model = drop_top_layers(original, count).to(accelerator.device)
+    spec = recovery_spec(finetune, steps, len(train_ds))
+    info = {
+        "kind": "layer_drop",
+        "layers_dropped": count,
+        "encoder_flops_per_example": masked_flops(model, {}, seq_len),
+        "target_flops_per_example": int(target_flops),
+        "seq_len": seq_len,
+        "finetune": None,
+    }
+    if spec is not None:
+        if teacher is not None:  # it draws more examples than any step: the teacher adds the ones it lacks
+            drawn = baseline_examples(len(train_ds), finetune, steps, seed)
+            teacher = fill(teacher, original, train_ds, tokenizer, accelerator, drawn)
+        info["finetune"] = train(
+            model, train_ds, tokenizer, spec, accelerator, seed=seed, desc="baseline", teacher=teacher
+        )
+    return Baseline(accelerator.unwrap_model(model).cpu().eval(), count, info)
+
+
+def compare_on(baseline: nn.Module, pruned: nn.Module, test: datasets.Dataset, tokenizer) -> dict:
+    """Test accuracy of both models, the difference (pruned − baseline) and McNemar's exact test on the pairs."""
+    from compressor.bench.quality import mcnemar_exact
+
+    logits_b, labels = predict(baseline, test, tokenizer)
+    logits_p, _ = predict(pruned, test, tokenizer)
+    right_b = (logits_b.argmax(-1) == labels).numpy()
+    right_p = (logits_p.argmax(-1) == labels).numpy()
+    test_result = mcnemar_exact(right_p, right_b)
+    return {
+        "baseline_accuracy": float(np.mean(right_b)),
+        "pruned_accuracy": float(np.mean(right_p)),
+        "pruned_minus_baseline": float(np.mean(right_p) - np.mean(right_b)),
+        "mcnemar": test_result,
+        "mcnemar_p": test_result["p_value"],
+        "n": int(labels.numel()),
+    }
+
+
+__all__ = [
+    "Baseline",
+    "baseline_examples",
+    "compare_on",
+    "drop_top_layers",
+    "layer_drop_baseline",
+    "layers_to_drop",
+    "recovery_spec",
+]

@@ -1,0 +1,89 @@
+"""What this machine's CPU is, from /proc/cpuinfo: its model name (baselines record it) and whether it has a
+VNNI-class int8 dot product (int8 quantisation picks its weight range by it); and where its caches live."""
+
+from __future__ import annotations
+
+import os
+import platform
+from pathlib import Path
+
+CPUINFO = Path("/proc/cpuinfo")
+# Flags of the x86 extensions that multiply u8 x s8 without the 16-bit intermediate sum that can saturate.
+VNNI_FLAGS = ("avx512_vnni", "avx_vnni", "amx_int8")
+
+
+def cpu_model() -> str:
+    """The CPU model name (/proc/cpuinfo on Linux), else what `platform` knows."""
+    try:
+        for line in CPUINFO.read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+# The flags that change what our numbers are: the fp32 GEMM width (AVX2 / AVX-512) and the int8 dot product.
+SPEED_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "amx_int8")
+
+
+def _cpuinfo_field(cpuinfo: Path, key: str) -> str | None:
+    """The first `key : value` of `cpuinfo` (None when unreadable or absent)."""
+    try:
+        text = cpuinfo.read_text(errors="replace")
+    except OSError:
+        return None
+    for line in text.splitlines():
+        name, _, value = line.partition(":")
+        if name.strip() == key:
+            return value.strip()
+    return None
+
+
+def cpu_flags(cpuinfo: Path = CPUINFO) -> set[str] | None:
+    """This CPU's x86 feature flags; None when it cannot tell (no /proc/cpuinfo, or not an x86 flags list)."""
+    flags = set((_cpuinfo_field(cpuinfo, "flags") or "").split())
+    return flags if {"avx2", "sse2"} & flags else None
+
+
+def cpu_has_vnni(cpuinfo: Path = CPUINFO) -> bool | None:
+    """Whether this CPU has a VNNI-class int8 dot product (AVX512-VNNI, AVX-VNNI or AMX), from `cpuinfo`'s flags.
+
+    None when it cannot tell: no readable `/proc/cpuinfo` (not Linux) or no x86 `flags` line in it (ARM, ...).
+    """
+    flags = cpu_flags(cpuinfo)
+    return None if flags is None else any(flag in flags for flag in VNNI_FLAGS)
+
+
+def cpu_summary(cpuinfo: Path = CPUINFO) -> dict:
+    """What a figure was measured on: CPU model and vendor, the flags that matter (`SPEED_FLAGS`), usable cores."""
+    flags = cpu_flags(cpuinfo)
+    return {
+        "model": cpu_model(),
+        "vendor": _cpuinfo_field(cpuinfo, "vendor_id") or platform.machine(),
+        "flags": None if flags is None else [f for f in SPEED_FLAGS if f in flags],
+        "vnni": cpu_has_vnni(cpuinfo),
+        "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+    }
+
+
+def cache_root() -> Path:
+    """`$COMPRESSOR_CACHE` (default `~/.cache/compressor`): the base fine-tunes and latency tables of this machine."""
+    return Path(os.environ.get("COMPRESSOR_CACHE", Path.home() / ".cache" / "compressor"))
+
+
+def machine_info() -> dict:
+    import onnxruntime
+    import torch
+    import transformers
+
+    return {
+        "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "onnxruntime": onnxruntime.__version__,
+        "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+    }

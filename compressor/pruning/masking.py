@@ -1,0 +1,164 @@
+"""Head gates ξ and attention-probability hooks.
+
+`MHA(x) = Concat_h(ξ_h · head_h(x)) W_O`: a forward pre-hook on each layer's output projection W_O multiplies
+each head's slice of W_O's input by its gate. This is exact for every attention implementation (eager, SDPA),
+works on physically pruned models (gates are indexed by *original* head ids), and gives gradients w.r.t. ξ for
+free when the gate tensor requires grad (Michel's I_h). A gate of 0 is numerically the same as removing the head.
+
+FFN neurons work the same way: `FFN(x) = (ν ⊙ act(x W_1)) W_2`, a pre-hook on W_2 scales each neuron's input
+column by its gate ν (indexed by *original* neuron id). A layer whose head gates and neuron gates are all 0 is
+skipped (its output is its input), exactly as surgery replaces it by an identity.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+from torch import nn
+
+from compressor.surgery.arch import (
+    arch_spec,
+    get_path,
+    head_size,
+    layers,
+    num_layers,
+    original_ffn_size,
+    original_num_heads,
+    present_heads,
+    present_neurons,
+)
+
+
+def full_gates(model: nn.Module, value: float = 1.0) -> torch.Tensor:
+    """A [layers, heads] gate tensor over original head ids, filled with `value`."""
+    return torch.full((num_layers(model), original_num_heads(model)), float(value))
+
+
+def full_neuron_gates(model: nn.Module, value: float = 1.0) -> torch.Tensor:
+    """A [layers, FFN neurons] gate tensor over original neuron ids, filled with `value`."""
+    return torch.full((num_layers(model), original_ffn_size(model)), float(value))
+
+
+def _gate_hook(gates: torch.Tensor, layer: int, heads: list[int], size: int):
+    """Pre-hook scaling each of `heads` (blocks of `size` input columns; size 1 for neurons) by its gate."""
+    index = torch.tensor(heads, dtype=torch.long)
+
+    def hook(_module: nn.Module, args: tuple) -> tuple:
+        x = args[0]
+        g = gates[layer].index_select(0, index.to(gates.device)).to(x.dtype)
+        shaped = x.reshape(*x.shape[:-1], len(heads), size) * g[:, None]
+        return (shaped.reshape(x.shape), *args[1:])
+
+    return hook
+
+
+def _check_shape(name: str, gates: torch.Tensor, expected: tuple[int, int]) -> None:
+    if tuple(gates.shape) != expected:
+        raise ValueError(f"{name}: expected shape {expected}, got {tuple(gates.shape)}")
+
+
+def _skip_hook(heads: torch.Tensor, neurons: torch.Tensor, layer: int, ids: tuple[list[int], list[int]], last: bool):
+    """Forward hook: when every present head and neuron of `layer` is gated to 0, the layer returns its input.
+
+    The layer's output tuple is (hidden, attentions?) for BERT-like layers and (attentions?, hidden) for
+    DistilBERT (`last`): that element is replaced by the input. `ids` are the present (head, neuron) ids.
+    """
+    h_index, n_index = (torch.tensor(i, dtype=torch.long) for i in ids)
+
+    def hook(_module: nn.Module, args: tuple, kwargs: dict, output: tuple) -> tuple:
+        live = heads[layer].index_select(0, h_index.to(heads.device)).any()
+        live = live or neurons[layer].index_select(0, n_index.to(neurons.device)).any()
+        if live:
+            return output
+        x = args[0] if args else next(kwargs[k] for k in ("hidden_states", "hidden_state", "x") if k in kwargs)
+        return (*output[:-1], x) if last else (x, *output[1:])
+
+    return hook
+
+
+@contextmanager
+def gated(
+    model: nn.Module, gates: torch.Tensor | None, neurons: torch.Tensor | None = None
+) -> Iterator[torch.Tensor | None]:
+    """Apply head `gates` ([layers, original heads]) and FFN `neurons` gates ([layers, original FFN width]) to
+    `model` inside the block; `None` leaves that unit kind ungated (both None: a no-op).
+
+    The tensors are read at every forward, so callers may update them in place (or let autograd track them).
+    With neuron gates given, a layer whose present heads and neurons are all gated to 0 is skipped (identity).
+    """
+    if gates is None and neurons is None:
+        yield None
+        return
+    if gates is not None:
+        _check_shape("gates", gates, (num_layers(model), original_num_heads(model)))
+    if neurons is not None:
+        _check_shape("neuron gates", neurons, (num_layers(model), original_ffn_size(model)))
+    spec, size, handles = arch_spec(model), head_size(model), []
+    units = zip(layers(model), present_heads(model), present_neurons(model), strict=True)
+    for layer, (module, heads, cells) in enumerate(units):
+        if heads and gates is not None:
+            proj = get_path(module, spec.out_proj)
+            handles.append(proj.register_forward_pre_hook(_gate_hook(gates, layer, heads, size)))
+        if cells and neurons is not None:
+            proj = get_path(module, spec.ffn_out)
+            handles.append(proj.register_forward_pre_hook(_gate_hook(neurons, layer, cells, 1)))
+        if neurons is not None and (heads or cells):
+            head_gates = gates if gates is not None else full_gates(model).to(neurons.device)
+            hook = _skip_hook(head_gates, neurons, layer, (heads, cells), spec.attentions_first)
+            handles.append(module.register_forward_hook(hook, with_kwargs=True))
+    try:
+        yield gates if gates is not None else neurons
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+class AttentionRecorder:
+    """Captures (and optionally rescales) attention probabilities per layer during a forward pass.
+
+    Hooks the dropout applied to attention probabilities, which both eager BERT-family and DistilBERT attention
+    call on the softmax output. `scale[layer]` multiplies that layer's probabilities (AttAttr's α·A); with
+    `retain_grad=True` the recorded tensors keep their gradients after `backward()`.
+    Probabilities are [batch, present heads, query, key]; layers without heads record nothing.
+    """
+
+    def __init__(self, scale: dict[int, float | torch.Tensor] | None = None, retain_grad: bool = False):
+        self.scale = scale or {}
+        self.retain_grad = retain_grad
+        self.probs: dict[int, torch.Tensor] = {}
+
+    def _hook(self, layer: int):
+        def hook(_module: nn.Module, _args: tuple, output: torch.Tensor) -> torch.Tensor:
+            if layer in self.scale:
+                # Keep the unscaled A as the leaf the caller differentiates against.
+                base = output.detach().requires_grad_(True) if self.retain_grad else output
+                self.probs[layer] = base
+                return base * self.scale[layer]
+            if self.retain_grad and output.requires_grad:
+                output.retain_grad()
+            self.probs[layer] = output
+            return output
+
+        return hook
+
+    @contextmanager
+    def attach(self, model: nn.Module) -> Iterator[AttentionRecorder]:
+        impl = getattr(model.config, "_attn_implementation", "eager")
+        if impl != "eager":
+            raise RuntimeError(
+                f"attention maps need attn_implementation='eager' (model has '{impl}'); "
+                "load it with compressor.sources.load_model(..., attention='eager')"
+            )
+        spec = arch_spec(model)
+        handles = []
+        for layer, (module, heads) in enumerate(zip(layers(model), present_heads(model), strict=True)):
+            if heads:
+                drop = get_path(get_path(module, spec.self_attn), spec.probs_dropout)
+                handles.append(drop.register_forward_hook(self._hook(layer)))
+        try:
+            yield self
+        finally:
+            for handle in handles:
+                handle.remove()

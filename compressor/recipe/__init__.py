@@ -1,0 +1,47 @@
+"""The recipe: YAML → typed, strict configuration (schema only).
+
+Owns the recipe's sections (`schema`, `prune`, `base`) and how a recipe file is read (`yamlio`: bounded safe YAML,
+duplicate keys refused, one-line errors). May import nothing of ours but `core.errors`; what it needs to know of the
+criteria is registered by them (`base.register_criteria`).
+"""
+
+from compressor.recipe.base import Strict
+from compressor.recipe.prune import BudgetSpec, CriterionSpec, DistillSpec, FinetuneSpec, PruneSpec, TrainSpec
+from compressor.recipe.schema import (
+    AnalysisSpec,
+    BenchSpec,
+    DataSpec,
+    ExportSpec,
+    Int8Spec,
+    ModelSpec,
+    Recipe,
+    dump_recipe,
+    load_recipe,
+    parse_recipe,
+)
+from compressor.recipe.yamlio import RecipeError, format_validation_error, read_yaml, short, short_key
+
+__all__ = [
+    "AnalysisSpec",
+    "BenchSpec",
+    "BudgetSpec",
+    "CriterionSpec",
+    "DataSpec",
+    "DistillSpec",
+    "ExportSpec",
+    "FinetuneSpec",
+    "Int8Spec",
+    "ModelSpec",
+    "PruneSpec",
+    "Recipe",
+    "RecipeError",
+    "Strict",
+    "TrainSpec",
+    "dump_recipe",
+    "format_validation_error",
+    "load_recipe",
+    "parse_recipe",
+    "read_yaml",
+    "short",
+    "short_key",
+]

@@ -1,0 +1,168 @@
+"""The recipe's training and pruning sections: fine-tuning, distillation, the criterion, the budget and the
+schedule. Criterion names, parameters and scored units are checked against the registered catalog (`base.criteria`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from compressor.recipe.base import Strict, criteria
+
+
+class TrainSpec(Strict):
+    epochs: float = Field(1.0, gt=0, le=1000)
+    lr: float = Field(3e-5, gt=0, lt=1)
+    batch_size: int = Field(32, ge=1, le=65536)
+    weight_decay: float = Field(0.01, ge=0, le=10)
+    warmup_ratio: float = Field(0.06, ge=0, lt=1)
+    max_examples: int | None = Field(None, ge=1, le=10**9, description="cap on training examples per epoch")
+    group_by_length: bool = Field(
+        True, description="shuffle batches of similar-length examples (less padding: ~1.9x fewer tokens on ragged text)"
+    )
+
+
+class DistillSpec(Strict):
+    """Distillation from the task-tuned original (the teacher) during recovery fine-tuning.
+
+    The loss is `(1 - alpha) * task CE + alpha * T² · KL(teacher_T || student_T)` on temperature-`T` softened
+    logits, plus `hidden_weight` × the mean squared error between each layer's hidden states and the teacher's.
+    Teacher logits are computed once per training example and cached; teacher hidden states are only computed
+    (during training) when `hidden_weight` > 0.
+    """
+
+    alpha: float = Field(0.5, ge=0, le=1, description="weight of the KL term; the task loss gets 1 - alpha")
+    temperature: float = Field(2.0, gt=0, le=100, description="softening temperature of both logit distributions")
+    hidden_weight: float = Field(
+        0.0, ge=0, le=1000, description="weight of layer-wise hidden-state MSE; 0 turns it off"
+    )
+    teacher_batch_size: int = Field(64, ge=1, le=65536, description="batch size of the one-off teacher pass")
+
+
+class FinetuneSpec(TrainSpec):
+    """Recovery fine-tuning between pruning steps: a `TrainSpec` plus optional distillation (null = off)."""
+
+    distill: DistillSpec | None = None
+
+
+class CriterionSpec(Strict):
+    name: str = "taylor"
+    params: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _known(self) -> CriterionSpec:
+        try:
+            criteria().check_params(self.name, self.params)
+        except ValueError as err:
+            raise ValueError(str(err).removeprefix("prune.criterion.")) from None
+        return self
+
+
+class BudgetSpec(Strict):
+    """How much to prune, for the whole model: a fraction of heads removed, a fraction of encoder FLOPs removed,
+    or a measured speed-up on a named runtime at a batch size and sequence length (`compressor.pruning.latency`).
+
+    `runtime` (one of `compressor.pruning.latency.RUNTIMES`), `batch_size`, `seq_len`: where a speed-up is measured;
+    `calibrate`: time the real pruned model after every step to correct the table (`compressor.pruning.latency.check`).
+    """
+
+    kind: Literal["heads", "flops", "speedup"] = "heads"
+    value: float = Field(
+        0.5, allow_inf_nan=False, description="heads/flops: fraction removed, in (0, 1); speedup: factor, in (1, 100]"
+    )
+    runtime: Literal["pytorch", "onnx-fp32", "onnx-int8"] = "pytorch"
+    batch_size: int = Field(32, ge=1)
+    seq_len: int = Field(64, ge=8, le=4096)
+    calibrate: bool = True
+
+    def describe(self) -> str:
+        """One phrase for humans, e.g. '2.0x speed-up on pytorch (batch 32, 64 tokens)' or '50% of heads'."""
+        if self.kind == "speedup":
+            return f"{self.value}x speed-up on {self.runtime} (batch {self.batch_size}, {self.seq_len} tokens)"
+        return f"{self.value:.0%} of {'heads' if self.kind == 'heads' else 'encoder FLOPs'}"
+
+    @model_validator(mode="after")
+    def _value_in_range(self) -> BudgetSpec:
+        if self.kind == "speedup" and not 1 < self.value <= 100:
+            raise ValueError(
+                f"value: for kind 'speedup' expected a speed-up factor above 1 and at most 100, got {self.value}"
+            )
+        if self.kind != "speedup" and not 0 < self.value < 1:
+            raise ValueError(
+                f"value: for kind '{self.kind}' expected a fraction removed between 0 and 1, got {self.value}"
+            )
+        return self
+
+
+class PruneSpec(Strict):
+    """What to prune and how far. Head-only recipes (`units: [heads]`, a head-fraction `target`) run as before;
+    `units: [heads, neurons]` with `budget: {kind: flops|speedup, value: ...}` lets heads and FFN neurons compete
+    for one budget (importance per FLOP, or per measured millisecond saved). `target: T` is the shorthand of
+    `budget: {kind: heads, value: T}`."""
+
+    criterion: CriterionSpec = Field(default_factory=CriterionSpec)
+    target: float | None = Field(
+        None, gt=0, lt=1, description="fraction of all heads removed at the end (default 0.5 without a budget)"
+    )
+    units: list[Literal["heads", "neurons"]] = Field(
+        default_factory=lambda: ["heads"], min_length=1, description="unit kinds that compete for the budget"
+    )
+    budget: BudgetSpec | None = Field(None, description="one budget for the whole model instead of `target`")
+    uniform_ffn: bool = Field(
+        False, description="remove neurons in equal numbers per layer so plain transformers can load the result"
+    )
+    steps: int = Field(4, ge=1, le=100, description="refused at run time when a step would remove no head")
+    schedule: Literal["linear", "geometric"] = Field(
+        "linear", description="head/FLOP budgets: equal amounts per step, or the same share of what is left"
+    )
+    scope: Literal["global", "per_layer"] = "global"
+    min_heads_per_layer: int = Field(0, ge=0, le=4096)
+    allocation: Literal["measured", "ratio"] = Field("measured", description="unit kinds share a FLOP/speed-up "
+        "budget by each slice's measured loss increase per cost, or by the criterion's score per cost")  # fmt: skip
+    allocation_parts: int = Field(4, ge=1, le=64, description="slices per step for allocation 'measured'")
+    score_examples: int = Field(512, ge=1, le=10**7)
+    score_batch_size: int = Field(32, ge=1, le=65536)
+    finetune: FinetuneSpec | None = Field(default_factory=lambda: FinetuneSpec(epochs=1.0, lr=3e-5))
+
+    @field_validator("finetune", mode="before")
+    @classmethod
+    def _plain_train_spec(cls, value: Any) -> Any:
+        """A plain `TrainSpec` (from Python) is a `FinetuneSpec` without distillation."""
+        return value.model_dump() if isinstance(value, TrainSpec) and not isinstance(value, FinetuneSpec) else value
+
+    baseline: Literal["layer_drop"] | None = Field(
+        "layer_drop", description="compare with dropping top layers to the pruned FLOPs, fine-tuned alike (null: off)"
+    )
+
+    @property
+    def resolved_budget(self) -> BudgetSpec:
+        """The budget in force: `budget`, or `target` as a head-fraction budget."""
+        return self.budget or BudgetSpec(kind="heads", value=0.5 if self.target is None else self.target)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_budget(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("target") is not None and data.get("budget") is not None:
+            raise ValueError("budget: give target (a head fraction) or budget, not both")
+        return data
+
+    @model_validator(mode="after")
+    def _units_fit(self) -> PruneSpec:
+        if len(set(self.units)) != len(self.units):
+            raise ValueError(f"units: expected distinct unit kinds, got {self.units}")
+        if "neurons" in self.units and self.resolved_budget.kind == "heads":
+            raise ValueError("units: 'neurons' needs budget kind flops or speedup; a head fraction counts heads only")
+        if self.budget is not None and self.budget.kind != "speedup" and self.budget.runtime != "pytorch":
+            raise ValueError(f"budget.runtime: only applies to kind 'speedup', got kind '{self.budget.kind}'")
+        if self.scope != "global" and self.resolved_budget.kind != "heads":
+            raise ValueError("scope: 'per_layer' applies to a head-fraction target only; expected 'global' here")
+        if self.uniform_ffn and "neurons" not in self.units:
+            raise ValueError("uniform_ffn: only applies when units include 'neurons'")
+        for unit in self.units:
+            if unit not in criteria().units_of(self.criterion.name):
+                raise ValueError(
+                    f"criterion.name: '{self.criterion.name}' cannot score {unit}; expected one of "
+                    f"{criteria().scoring(unit)}"
+                )
+        return self

@@ -1,0 +1,272 @@
+"""The recipe: YAML → typed, strict configuration.
+
+Every model forbids unknown keys and range-checks its values, so `compressor validate` catches typos before any
+model loads. `load_recipe` turns any problem into a `RecipeError` whose message names the field and what was
+expected (the CLI prints it as one line and exits 2).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import Field, ValidationError, field_validator, model_validator
+
+from compressor.recipe.base import Strict
+from compressor.recipe.prune import PruneSpec, TrainSpec
+from compressor.recipe.yamlio import RecipeError, format_validation_error, read_yaml, short, short_key
+
+
+class ModelSpec(Strict):
+    source: str = Field(
+        "builtin:minilm-l6", max_length=4096, description="'builtin:minilm-l6', a hub id, or a local directory"
+    )
+    revision: str | None = Field(None, max_length=256)
+    task_tuned: bool = Field(False, description="true if the model is already fine-tuned on this task")
+    trust_remote_code: bool = False
+
+    @model_validator(mode="after")
+    def _no_remote_code_for_builtins(self) -> ModelSpec:
+        """A built-in model is a packaged copy of a plain architecture: there is no code of its own to trust, and
+        asking for it is a sign the recipe means another model."""
+        if self.trust_remote_code and self.source.startswith("builtin:"):
+            raise ValueError(
+                f"trust_remote_code: built-in models ship no remote code; expected false (or no key) with "
+                f"model.source '{short_key(self.source)}'"
+            )
+        return self
+
+
+class DataSpec(Strict):
+    source: str = Field(
+        "builtin:rotten_tomatoes", max_length=4096, description="'builtin:rotten_tomatoes', a hub dataset, or a path"
+    )
+    config: str | None = Field(None, max_length=256)
+    text_fields: list[str] = Field(default_factory=lambda: ["text"], min_length=1, max_length=2)
+    label_field: str = Field("label", max_length=256)
+    splits: dict[Literal["train", "validation", "test"], str] = Field(
+        default_factory=lambda: {"train": "train", "validation": "validation", "test": "test"},
+        description="split names for train and validation (required) and test (defaults to the validation split)",
+    )
+    max_length: int = Field(128, ge=8, le=4096, description="also checked against the model's position embeddings")
+    max_train_examples: int | None = Field(None, ge=1, le=10**9)
+    max_eval_examples: int | None = Field(None, ge=1, le=10**9)
+    split_seed: int = Field(0, ge=0, lt=2**32)
+
+    @field_validator("splits")
+    @classmethod
+    def _train_and_validation(cls, splits: dict[str, str]) -> dict[str, str]:
+        missing = [k for k in ("train", "validation") if k not in splits]
+        if missing:
+            raise ValueError(f"missing {missing}; expected split names for 'train' and 'validation' (and 'test')")
+        return {"test": splits["validation"], **splits}
+
+
+class Int8Spec(Strict):
+    """int8 variants: `int8` is dynamic quantisation, `int8_static` static QDQ calibrated on training examples.
+
+    Each requested int8 variant's validation accuracy is compared with its fp32 graph's; one that drops more than
+    `max_drop` (a fraction: 0.003 = 0.3 points), or agrees with fp32 on fewer than `min_agreement` of the
+    predictions, is kept on disk but marked rejected and never recommended. With `fallback_nodes` > 0 a variant
+    that fails is first rescanned: its nodes are ranked by how much int8 error each causes, and up to that many of
+    the worst are kept in fp32 until the gate passes (the scan costs one quantisation and one validation pass per
+    quantised node). `smooth_alpha` rescales activation outliers into the weights before either kind is quantised
+    (SmoothQuant; `compressor.deploy.smoothing`): on every MatMul, with `smooth_scope: cheap` on all but the
+    down-projections (1-2% instead of ~5% of int8 speed on MiniLM), with `free` only where the division folds into
+    attention (no added node); the last two also smooth those whose input has an outlier `smooth_outlier_ratio`
+    strong.
+    """
+
+    per_channel: bool = Field(True, description="int8 weights per output channel (else per tensor)")
+    reduce_range: bool | Literal["auto"] = Field(
+        "auto", description="7-bit int8 weights; auto = on where the x86 CPU lacks VNNI (8-bit weights can saturate)"
+    )
+    exclude_nodes: list[str] = Field(default_factory=list, description="ONNX node names kept in fp32")
+    calibration_examples: int = Field(256, ge=1, le=10**6, description="training examples that calibrate int8_static")
+    max_drop: float | None = Field(0.005, ge=0, lt=1, description="allowed validation accuracy drop; null = no gate")
+    min_agreement: float | None = Field(
+        None, gt=0, le=1, description="required share of validation predictions equal to fp32's; null = not gated"
+    )
+    fallback_nodes: int = Field(
+        0, ge=0, le=1000, description="nodes a failing variant may keep in fp32 to pass its gate; 0 = no fallback"
+    )
+    eval_examples: int | None = Field(None, ge=1, le=10**9, description="validation examples for the gate; null = all")
+    smooth_alpha: float | None = Field(
+        None,
+        gt=0,
+        le=1,
+        description="SmoothQuant: move activation outliers into the weights before quantising (per input channel, "
+        "s = max|x|^alpha / max|w|^(1-alpha), calibrated on calibration_examples training examples); null = off",
+    )
+    smooth_scope: Literal["all", "cheap", "free"] = Field(
+        "all",
+        description="which MatMuls smoothing rescales: all; cheap = skip the down-projections whose input is "
+        "wider than their output (their division is an extra pass over the widest activation), so smoothing costs "
+        "1-2% of int8 speed on MiniLM instead of ~5%; free = only those whose division folds into attention (no "
+        "added node)",
+    )
+    smooth_outlier_ratio: float | None = Field(
+        None,
+        gt=1,
+        le=1e6,
+        description="with smooth_scope cheap or free: still smooth a skipped MatMul whose input has one channel "
+        "this many times the median channel's max |x| (a lone huge neuron, BERT's classic int8 failure; one Mul "
+        "each); null = never",
+    )
+    eval_batch_size: int = Field(
+        32,
+        ge=1,
+        le=4096,
+        description="batch size of the gate's validation pass: dynamic int8 picks one activation scale per batch, "
+        "so its accuracy depends on the batch size it serves at (set yours)",
+    )
+
+    @model_validator(mode="after")
+    def _outlier_ratio_needs_a_skipping_scope(self) -> Int8Spec:
+        if self.smooth_outlier_ratio is not None and self.smooth_scope == "all":
+            raise ValueError(
+                "smooth_outlier_ratio: only applies with smooth_scope 'cheap' or 'free' (scope 'all' smooths every "
+                "MatMul); expected null with scope 'all'"
+            )
+        return self
+
+
+class ExportSpec(Strict):
+    enabled: bool = True
+    variants: list[Literal["fp32", "optimized", "int8", "int8_static"]] = Field(
+        default_factory=lambda: ["fp32", "optimized", "int8"]
+    )
+    int8: Int8Spec = Field(default_factory=Int8Spec)
+    atol: float = Field(1e-4, gt=0, le=1)
+    opset: int | None = Field(None, ge=11, le=30)
+
+
+class BenchSpec(Strict):
+    """Benchmark settings: every sequence length in `seq_lens` is timed at every batch size in `batch_sizes`.
+
+    The summary's single headline figure is at the first sequence length. The older single-length key
+    `seq_len: N` is still accepted and means `seq_lens: [N]` (giving both is an error); `spec.seq_len` reads the
+    first length.
+    """
+
+    enabled: bool = True
+    batch_sizes: list[int] = Field(default_factory=lambda: [1, 8, 32, 64], min_length=1)
+    seq_lens: list[int] = Field(
+        default_factory=lambda: [64], min_length=1, description="tokens per synthetic timing example, 8 to 4096"
+    )
+    rounds: int = Field(5, ge=1, le=1000)
+    warmup: int = Field(2, ge=0, le=1000)
+    min_time_s: float = Field(0.5, gt=0, le=3600, description="minimum timed duration of one measurement")
+    threads: int | None = Field(None, ge=1, le=4096)
+    eval_examples: int | None = Field(None, ge=1, le=10**9)
+    max_drop: float | None = Field(
+        0.01, ge=0, le=1, description="test accuracy a recommended variant may lose vs the original (null: no gate)"
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _single_seq_len(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "seq_len" in data:
+            if "seq_lens" in data:
+                raise ValueError("seq_len: give seq_len (one length) or seq_lens (a list), not both")
+            data = dict(data)
+            one = data.pop("seq_len")
+            data["seq_lens"] = one if isinstance(one, list) else [one]
+        return data
+
+    @field_validator("batch_sizes")
+    @classmethod
+    def _positive(cls, v: list[int]) -> list[int]:
+        if any(b <= 0 for b in v):
+            raise ValueError(f"expected positive batch sizes, got {short(v)}")
+        if len(set(v)) != len(v):
+            raise ValueError(f"expected distinct batch sizes, got {short(v)}")
+        return v
+
+    @field_validator("seq_lens")
+    @classmethod
+    def _lengths(cls, v: list[int]) -> list[int]:
+        if any(not 8 <= s <= 4096 for s in v):
+            raise ValueError(f"expected sequence lengths from 8 to 4096 tokens, got {short(v)}")
+        if len(set(v)) != len(v):
+            raise ValueError(f"expected distinct sequence lengths, got {short(v)}")
+        return v
+
+    @property
+    def seq_len(self) -> int:
+        """The first (headline) sequence length."""
+        return self.seq_lens[0]
+
+
+class AnalysisSpec(Strict):
+    """Head-role analysis after pruning; `roles` are the detectors' thresholds (docs/analysis.md)."""
+
+    class Roles(Strict):
+        """The detectors' thresholds; `compressor.report.analysis.RoleConfig` is this model."""
+
+        positional_threshold: float = Field(0.9, gt=0, le=1, description="share of queries at one offset")
+        rare_top_k: int = Field(500, ge=0, le=10**7, description="most frequent training pieces never counted as rare")
+        rare_threshold: float = Field(0.5, gt=0, le=1, description="share of queries on the rarest piece")
+        delimiter_threshold: float = Field(0.5, gt=0, le=1, description="attention share on [CLS]/[SEP]/punct")
+        syntactic_margin: float = Field(0.10, ge=0, le=1, description="accuracy points above the offset baseline")
+        min_relation_count: int = Field(30, ge=1, le=10**7, description="instances a relation/direction needs to count")
+        sieve_tau: float = Field(2.0, gt=0, le=1000, description="sieve bias that H0 allows (1 = no preference)")
+        sieve_alpha: float = Field(0.05, gt=0, lt=1, description="significance level after correction")
+        sieve_test: Literal["t", "wilcoxon"] = "t"
+        sieve_correction: Literal["holm", "bh", "bonferroni", "none"] = "holm"
+
+    enabled: bool = True
+    examples: int = Field(256, ge=8, le=10**6)
+    roles: Roles = Field(default_factory=Roles)
+
+
+class Recipe(Strict):
+    name: str = Field("run", max_length=200)
+    seed: int = Field(0, ge=0, lt=2**32)
+    output_dir: str = Field("runs/out", min_length=1, max_length=4096)
+    model: ModelSpec = Field(default_factory=ModelSpec)
+    data: DataSpec = Field(default_factory=DataSpec)
+    base_finetune: TrainSpec = Field(default_factory=lambda: TrainSpec(epochs=2.0, lr=5e-5))
+    prune: PruneSpec = Field(default_factory=PruneSpec)
+    export: ExportSpec = Field(default_factory=ExportSpec)
+    bench: BenchSpec = Field(default_factory=BenchSpec)
+    analysis: AnalysisSpec = Field(default_factory=AnalysisSpec)
+
+    @model_validator(mode="after")
+    def _budget_runtime_exported(self) -> Recipe:
+        """A speed-up on an ONNX runtime is measured on the run's own export of that variant."""
+        budget = self.prune.budget
+        if budget is not None and budget.kind == "speedup" and budget.runtime != "pytorch":
+            variant = budget.runtime.removeprefix("onnx-")
+            if not self.export.enabled or variant not in self.export.variants:
+                raise ValueError(
+                    f"prune.budget.runtime: {budget.runtime} is measured on the run's own export; expected "
+                    f"export.enabled with '{variant}' in export.variants"
+                )
+        return self
+
+
+def parse_recipe(data: Any, origin: str = "recipe") -> Recipe:
+    if not isinstance(data, dict):
+        raise RecipeError(f"{origin}: expected a YAML mapping at the top level, got {type(data).__name__}")
+    try:
+        return Recipe.model_validate(data)
+    except ValidationError as err:
+        raise RecipeError(f"{origin}: {format_validation_error(err)}") from None
+
+
+def load_recipe(path: str | Path, overrides: dict[str, Any] | None = None) -> Recipe:
+    """Read a YAML recipe safely (bounded safe loading) and validate it; relative output_dir stays relative to cwd."""
+    path = Path(path)
+    if not path.is_file():
+        raise RecipeError(f"recipe: file '{short(str(path))}' not found")
+    data = read_yaml(path)
+    if overrides and isinstance(data, dict):
+        data = {**data, **overrides}
+    return parse_recipe(data, origin=str(path))
+
+
+def dump_recipe(recipe: Recipe) -> str:
+    """The fully resolved recipe (defaults filled in) as YAML, written next to every run's outputs."""
+    return yaml.safe_dump(recipe.model_dump(mode="json"), sort_keys=False)

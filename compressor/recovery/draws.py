@@ -1,0 +1,30 @@
+"""Which training examples a recovery fine-tune draws: a pure function of the split size, the cap and the
+seed, so the teacher pass knows every step's examples before the first step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+
+def drawn_examples(n: int, max_examples: int | None, seed: int) -> list[int] | None:
+    """Positions (in a split of `n` examples) of the examples one fine-tuning run with `seed` draws, or None when it
+    uses them all. A pure function of its arguments, so the teacher pass knows every step's examples up front; the
+    draw is `datasets.Dataset.shuffle(seed=seed)` then the first `max_examples` (the order fine-tuning always had).
+    """
+    if max_examples is None or n <= max_examples:
+        return None
+    return np.random.default_rng(seed).permutation(n)[:max_examples].tolist()
+
+
+def recovery_examples(n: int, max_examples: int | None, seeds: Sequence[int]) -> list[int] | None:
+    """The sorted union of the examples drawn by fine-tuning runs with `seeds` (None when one of them uses all)."""
+    union: set[int] = set()
+    for seed in seeds:
+        drawn = drawn_examples(n, max_examples, seed)
+        if drawn is None:
+            return None
+        union.update(drawn)
+    return sorted(union)

@@ -1,0 +1,68 @@
+"""Predictions and accuracy of a (masked) PyTorch classifier over a tokenised split.
+
+The split runs sorted by length (little padding) and comes back in its own order; head and neuron masks are
+respected through `pruning.masking.gated`, so a masked model evaluates as its physically pruned copy would.
+"""
+
+from __future__ import annotations
+
+import datasets
+import numpy as np
+import torch
+import torch.nn.functional as F
+from accelerate import Accelerator
+from torch import nn
+
+from compressor.pruning.masking import gated
+from compressor.sources.batches import lengths, loader, model_inputs, to_device
+
+
+@torch.inference_mode()
+def predict(
+    model: nn.Module,
+    eval_ds: datasets.Dataset,
+    tokenizer,
+    accelerator: Accelerator | None = None,
+    gates: torch.Tensor | None = None,
+    batch_size: int = 64,
+    neurons: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(logits, labels) for the whole split, in its order; under several processes, gathered on every process.
+
+    The split is run sorted by length (so batches pad little: ~1.9x fewer tokens on Rotten Tomatoes) and the
+    results are put back in the split's order."""
+    model.eval()
+    order = np.argsort(lengths(eval_ds), kind="stable")
+    dl = loader(eval_ds.select(order), tokenizer, batch_size)
+    if accelerator is not None:
+        dl = accelerator.prepare_data_loader(dl)
+    device = next(model.parameters()).device
+    logits, labels = [], []
+    with gated(model, gates, neurons):
+        for batch in dl:
+            batch = to_device(batch, device)
+            out = model(**model_inputs(batch)).logits
+            lab = batch["labels"]
+            if accelerator is not None:
+                out, lab = accelerator.gather_for_metrics((out, lab))
+            logits.append(out.float().cpu())
+            labels.append(lab.cpu())
+    back = torch.from_numpy(np.argsort(order, kind="stable"))
+    return torch.cat(logits)[back], torch.cat(labels)[back]
+
+
+def evaluate(
+    model: nn.Module,
+    eval_ds: datasets.Dataset,
+    tokenizer,
+    accelerator: Accelerator | None = None,
+    gates: torch.Tensor | None = None,
+    neurons: torch.Tensor | None = None,
+) -> dict:
+    """Accuracy and mean cross-entropy on a split (accuracy through the locally shipped `evaluate` module)."""
+    from compressor.sources.metrics import load_metric
+
+    logits, labels = predict(model, eval_ds, tokenizer, accelerator, gates, neurons=neurons)
+    preds = logits.argmax(-1)
+    acc = load_metric("accuracy").compute(predictions=preds.tolist(), references=labels.tolist())["accuracy"]
+    return {"accuracy": float(acc), "loss": float(F.cross_entropy(logits, labels)), "n": int(labels.numel())}

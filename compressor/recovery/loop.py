@@ -1,0 +1,399 @@
+"""The Python API: prune a classifier held in memory, writing no files.
+
+In the spirit of torchao's `quantize_(model, config)`::
+
+    result = compressor.prune(model, tokenizer, train=train_ds, config=PruneSpec(target=0.5, steps=2),
+                              validation=val_ds)
+    small = result.pruned()   # heads physically removed
+
+Each step scores the alive units (heads, and FFN neurons when `config.units` asks) with the criterion, masks the
+ones the budget's step selects (`compressor.pruning.budget`: a head count, a FLOP share, or a predicted speed-up), and
+(with `config.finetune`) fine-tunes with the masks. A speed-up budget loads or measures its latency table (the only
+file the API may write, cached under `$COMPRESSOR_CACHE/latency`) and stops once the table predicts the goal met.
+The model is changed in place (its weights fine-tuned, masked units gated only while scoring and training);
+`PruneResult` holds the masks, the cumulative plan, every step's scores and the step log.
+Persistence is the caller's business: `compressor run` passes a `StepHook` that checkpoints each step and resumes.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Protocol
+
+import datasets
+import torch
+from accelerate import Accelerator
+from accelerate.utils import broadcast, broadcast_object_list, set_seed
+from torch import nn
+from tqdm.auto import tqdm
+
+from compressor.core.errors import UserError
+from compressor.pruning.allocation import masked_loss, select_measured
+from compressor.pruning.budget import Budget, max_steps, plan_budget
+from compressor.pruning.latency.check import measured_speedup
+from compressor.pruning.selection import mask_to_plan
+from compressor.pruning.units import UnitPlan, apply_plan_to_masks, masks_to_plan, pruned_units_copy, score_all
+from compressor.recipe import PruneSpec
+from compressor.recovery.distill import TeacherTargets, load_or_compute, step_examples
+from compressor.recovery.evaluate import evaluate
+from compressor.recovery.train import train
+from compressor.sources.batches import sample_batches
+from compressor.surgery.arch import num_layers, original_ffn_size, original_num_heads
+from compressor.surgery.slicing import pruned_copy
+
+log = logging.getLogger("compressor")
+TRAIN_SCORE_EXAMPLES = 2048  # training examples a learning criterion (l0) may draw per step
+
+
+@dataclass
+class Masks:
+    """What is still alive in the model, over original unit ids.
+
+    `heads`: [layers, heads] bool; `neurons`: [layers, FFN width] bool, or None when neurons are not pruned. A
+    layer with no head and no neuron left is removed whole (masked: skipped).
+    """
+
+    heads: torch.Tensor
+    neurons: torch.Tensor | None = None
+
+    @classmethod
+    def full(cls, model: nn.Module, units: Sequence[str] = ("heads",)) -> Masks:
+        """Everything alive; a neuron mask only when `units` includes "neurons"."""
+        neurons = torch.ones(num_layers(model), original_ffn_size(model), dtype=torch.bool)
+        heads = torch.ones(num_layers(model), original_num_heads(model), dtype=torch.bool)
+        return cls(heads=heads, neurons=neurons if "neurons" in units else None)
+
+    @classmethod
+    def of(cls, alive: dict[str, torch.Tensor]) -> Masks:
+        return cls(heads=alive["heads"], neurons=alive.get("neurons"))
+
+    def alive(self) -> dict[str, torch.Tensor]:
+        """`{"heads": .., "neurons": ..}` (kinds tracked only), as `compressor.pruning.units` and `cost` take them."""
+        return {"heads": self.heads} | ({} if self.neurons is None else {"neurons": self.neurons})
+
+    def head_gates(self) -> torch.Tensor:
+        """Float gates for `masking.gated` (1 alive, 0 removed)."""
+        return self.heads.float()
+
+    def neuron_gates(self) -> torch.Tensor | None:
+        """Float FFN neuron gates for `masking.gated(model, heads, neurons)`, None when neurons are not pruned."""
+        return None if self.neurons is None else self.neurons.float()
+
+    def unit_plan(self) -> UnitPlan:
+        """The cumulative unit plan (original ids) of every dead unit."""
+        return masks_to_plan(self.alive())
+
+    def heads_per_layer(self) -> list[int]:
+        return [int(x) for x in self.heads.sum(1)]
+
+    def pruned_copy(self, model: nn.Module) -> nn.Module:
+        """A copy of `model` with the dead units sliced out and empty layers removed (`model` is untouched)."""
+        if self.neurons is None:
+            return pruned_copy(model, mask_to_plan(self.heads)).eval()
+        return pruned_units_copy(model, self.unit_plan()).eval()
+
+
+@dataclass
+class StepRecord:
+    """One finished pruning step: its JSON log entry, the scores it selected on, and the masks after it."""
+
+    entry: dict
+    scores: torch.Tensor  # head scores
+    masks: Masks
+    neuron_scores: torch.Tensor | None = None
+
+
+@dataclass
+class PruneState:
+    """Where an iterative prune stands: the current masks and every finished step."""
+
+    masks: Masks
+    steps: list[StepRecord] = field(default_factory=list)
+
+    @property
+    def log(self) -> list[dict]:
+        return [s.entry for s in self.steps]
+
+
+class StepHook(Protocol):
+    """Persistence of the loop, supplied by the caller (the runner checkpoints; the API itself writes nothing)."""
+
+    def resume(self, model: nn.Module, fresh: PruneState) -> PruneState:
+        """The state to continue from (loading its weights into `model`), or `fresh` to start at step 1."""
+
+    def after_step(self, model: nn.Module, state: PruneState) -> None:
+        """Called on every process after each step, with the unwrapped model."""
+
+
+@dataclass
+class PruneResult:
+    """What `prune` returns. `model` is the fine-tuned model with its heads still present (masked heads hold
+    weights that `masks` switches off); `pruned()` removes them physically."""
+
+    model: nn.Module
+    masks: Masks
+    plan: dict[int, list[int]]
+    scores: list[torch.Tensor]
+    steps: list[dict]
+    step_masks: list[Masks]
+
+    def pruned(self) -> nn.Module:
+        """A copy of `model` with the masked units sliced out, empty layers removed (equal logits to the masked
+        model)."""
+        return self.masks.pruned_copy(self.model)
+
+
+@dataclass(frozen=True)
+class _Loop:
+    """The fixed inputs of every step."""
+
+    model: nn.Module
+    tokenizer: object
+    train: datasets.Dataset
+    validation: datasets.Dataset | None
+    config: PruneSpec
+    accelerator: Accelerator
+    seed: int
+    score_batches: list[dict]
+    budget: Budget
+    teacher: TeacherTargets | None = None
+
+
+def prune(
+    model: nn.Module,
+    tokenizer,
+    train: datasets.Dataset,
+    config: PruneSpec | None = None,
+    *,
+    validation: datasets.Dataset | None = None,
+    teacher: nn.Module | TeacherTargets | None = None,
+    seed: int = 0,
+    accelerator: Accelerator | None = None,
+    hook: StepHook | None = None,
+) -> PruneResult:
+    """Iteratively prune `model`'s units (`config.units`) to `config`'s budget, fine-tuning between steps.
+
+    `train` and `validation` are tokenised splits (`compressor.sources.batches.tokenize`: model inputs plus `labels`);
+    without `validation` the step log has no accuracies. The model should use eager attention (criteria read
+    attention weights). With `config.finetune.distill` the recovery fine-tuning distils from `teacher`: the
+    unpruned model (default: `model` as passed in, before any step), or targets the caller cached
+    (`compressor.recovery.distill.load_or_compute`, as the runner does so a resumed run reuses them).
+    A budget the model cannot meet raises `RecipeError` before any step.
+    """
+    config = config or PruneSpec()
+    accelerator = accelerator or Accelerator()
+    model = model.to(accelerator.device)
+    targets = _teacher_targets(teacher, model, train, tokenizer, config, accelerator, seed)
+    score_batches = sample_batches(
+        train, tokenizer, config.score_examples, config.score_batch_size, seed, accelerator, by_length=True
+    )  # criteria sum over batches: length order pads least
+    with accelerator.main_process_first():  # a latency table is measured once, by the main process, then loaded
+        budget = plan_budget(accelerator.unwrap_model(model), config)
+    loop = _Loop(model, tokenizer, train, validation, config, accelerator, seed, score_batches, budget, targets)
+    fresh = PruneState(Masks.full(model, config.units))
+    state = hook.resume(model, fresh) if hook is not None else fresh
+    if (last := next((e["calibration"] for e in reversed(state.log) if "calibration" in e), None)) is not None:
+        budget.calibration = last  # a resumed run keeps the correction its finished steps measured
+    bar = tqdm(total=config.steps, initial=len(state.steps), desc="prune steps", leave=False,
+               disable=not accelerator.is_local_main_process)  # fmt: skip
+    for step in range(len(state.steps), max_steps(config)):
+        if budget.met(state.masks.alive()):
+            log.info("budget: the goal is met after %d steps (latency table, corrected by measurement); stopping", step)
+            break
+        if step >= config.steps:
+            bar.total = step + 1
+            log.info(
+                "budget: measured short of %.2fx after the scheduled steps; top-up step %d", budget.goal(step), step + 1
+            )
+        state.steps.append(_step(loop, state.masks, step))
+        state.masks = state.steps[-1].masks
+        if hook is not None:
+            hook.after_step(accelerator.unwrap_model(model), state)
+        accelerator.wait_for_everyone()
+        bar.update(1)
+    bar.close()
+    return PruneResult(
+        model=accelerator.unwrap_model(model),
+        masks=state.masks,
+        plan=mask_to_plan(state.masks.heads),
+        scores=[s.scores for s in state.steps],
+        steps=state.log,
+        step_masks=[s.masks for s in state.steps],
+    )
+
+
+def _teacher_targets(
+    teacher: nn.Module | TeacherTargets | None,
+    model: nn.Module,
+    train_ds,
+    tokenizer,
+    config: PruneSpec,
+    accelerator,
+    seed: int,
+) -> TeacherTargets | None:
+    """Teacher logits for every training example the steps draw, computed once (or the caller's), when
+    distillation is on."""
+    distill = config.finetune.distill if config.finetune is not None else None
+    if distill is None:
+        if teacher is not None:
+            raise UserError("teacher: given, but prune.finetune.distill is off; expected distill settings to use it")
+        return None
+    if isinstance(teacher, TeacherTargets):
+        return teacher
+    examples = step_examples(len(train_ds), config.finetune, seed, max_steps(config))
+    source = teacher if teacher is not None else model
+    return load_or_compute(None, source, train_ds, tokenizer, accelerator, distill, examples)
+
+
+def _score(loop: _Loop, masks: Masks, step: int) -> tuple[dict[str, torch.Tensor], dict]:
+    """Scores of the criterion per unit kind ([layers, units], dead units -inf, identical on every process) and
+    its diagnostics."""
+    acc, p, seed = loop.accelerator, loop.config, loop.seed
+    extras = {"special_token_ids": sorted(loop.tokenizer.all_special_ids)}
+    scores = score_all(
+        p.criterion.name,
+        loop.model,
+        masks.alive(),
+        loop.score_batches,
+        p.criterion.params,
+        accelerator=acc,
+        target_remove=loop.budget.target_remove(step, masks.alive()),
+        train_batches=partial(
+            sample_batches, loop.train, loop.tokenizer, TRAIN_SCORE_EXAMPLES, p.score_batch_size, seed + step, acc
+        ),
+        seed=seed + step,
+        extras=extras,
+    )
+    if acc.num_processes > 1:
+        scores = {kind: broadcast(s.to(acc.device)).cpu() for kind, s in scores.items()}
+    return scores, {k: v for k, v in extras.items() if k != "special_token_ids"}  # e.g. l0's sparsity reached
+
+
+def _select(loop: _Loop, step: int, scores: dict[str, torch.Tensor], masks: Masks) -> tuple[UnitPlan, list[dict]]:
+    """This step's new removals: with several unit kinds and `allocation: measured`, each slice of the step goes
+    to the kind whose removal measurably costs the least loss (`compressor.pruning.allocation`); else the budget's own
+    selection on the criterion's scores."""
+    p = loop.config
+    if p.allocation == "measured" and len(scores) > 1 and p.resolved_budget.kind != "heads":
+
+        def loss(alive: dict[str, torch.Tensor]) -> float:
+            return masked_loss(loop.model, loop.score_batches, alive, loop.accelerator)
+
+        return select_measured(loop.budget, step, scores, masks.alive(), loss, p.allocation_parts)
+    return loop.budget.select(step, scores, masks.alive()), []
+
+
+def _validate(loop: _Loop, masks: Masks) -> dict | None:
+    if loop.validation is None:
+        return None
+    gates = masks.head_gates()
+    return evaluate(loop.model, loop.validation, loop.tokenizer, loop.accelerator, gates, masks.neuron_gates())
+
+
+def _step(loop: _Loop, masks: Masks, step: int) -> StepRecord:
+    """Score, select and mask the units of this step's share of the budget, then fine-tune with the new masks."""
+    t0 = time.perf_counter()
+    p = loop.config
+    set_seed(loop.seed + 1000 * (step + 1))
+    t_score = time.perf_counter()
+    scores, diagnostics = _score(loop, masks, step)
+    score_seconds = time.perf_counter() - t_score
+    plan, slices = _select(loop, step, scores, masks)
+    masks = Masks.of(apply_plan_to_masks(plan, masks.alive()))
+    entry = {
+        "step": step + 1,
+        "removed": {str(k): v for k, v in plan["heads"].items()} if "heads" in plan else {},
+        "heads_left": int(masks.heads.sum()),
+        "heads_per_layer": masks.heads_per_layer(),
+        "scores": [[None if s == float("-inf") else round(float(s), 6) for s in row] for row in scores["heads"]],
+    }
+    if masks.neurons is not None:
+        entry |= _unit_entry(masks, plan)
+    if p.resolved_budget.kind != "heads":  # FLOP and speed-up budgets log their progress, with or without neurons
+        entry |= _calibrate(loop, masks) | loop.budget.progress(masks.alive())
+    if (after_prune := _validate(loop, masks)) is not None:
+        entry["val_after_prune"] = after_prune
+    if diagnostics:
+        entry["criterion_diagnostics"] = diagnostics
+    if slices:
+        entry["allocation"] = slices
+    if p.finetune is not None:
+        gates, desc = masks.head_gates(), f"step {step + 1}"
+        entry["finetune"] = train(
+            loop.model,
+            loop.train,
+            loop.tokenizer,
+            p.finetune,
+            loop.accelerator,
+            gates,
+            seed=loop.seed + step,
+            desc=desc,
+            teacher=loop.teacher,
+            neurons=masks.neuron_gates(),
+        )
+        if (after_finetune := _validate(loop, masks)) is not None:
+            entry["val_after_finetune"] = after_finetune
+    entry["score_seconds"] = score_seconds
+    entry["seconds"] = time.perf_counter() - t0
+    _log_step(entry, p.steps)
+    return StepRecord(entry=entry, scores=scores["heads"], masks=masks, neuron_scores=scores.get("neurons"))
+
+
+def _calibrate(loop: _Loop, masks: Masks) -> dict:
+    """For a speed-up budget with `calibrate` on: time the physically pruned model against the unpruned one on the
+    budget's runtime (main process only; the result is broadcast) and correct the table's later predictions."""
+    spec = loop.config.resolved_budget
+    if spec.kind != "speedup" or not spec.calibrate:
+        return {}
+    acc, measured = loop.accelerator, [0.0]
+    if acc.is_main_process:
+        model = acc.unwrap_model(loop.model)
+        original, pruned = Masks.full(model, loop.config.units).pruned_copy(model), masks.pruned_copy(model)
+        measured[0] = measured_speedup(original, pruned, spec.runtime, spec.batch_size, spec.seq_len)
+        del original, pruned
+    if acc.num_processes > 1:
+        measured = broadcast_object_list(measured)
+    factor = loop.budget.calibrate(masks.alive(), measured[0])
+    return {"measured_speedup": round(measured[0], 4), "calibration": factor}  # unrounded: a resume reuses it
+
+
+def _unit_entry(masks: Masks, plan: UnitPlan) -> dict:
+    """The step log's neuron and layer fields (runs that prune neurons)."""
+    neurons = masks.neurons.sum(1)
+    return {
+        "removed_neurons": {str(k): len(v) for k, v in plan.get("neurons", {}).items()},
+        "neurons_left": int(neurons.sum()),
+        "neurons_per_layer": [int(n) for n in neurons],
+        "layers_left": int(((neurons > 0) | masks.heads.any(1)).sum()),
+    }
+
+
+def _log_step(entry: dict, steps: int) -> None:
+    accuracy = {k: entry[k]["accuracy"] for k in ("val_after_prune", "val_after_finetune") if k in entry}
+    log.info(
+        "step %d%s: %d heads left %s | val acc after prune %s, after fine-tune %s (%.0fs)",
+        entry["step"],
+        f"/{steps}" if entry["step"] <= steps else f" (top-up after {steps} scheduled)",
+        entry["heads_left"],
+        entry["heads_per_layer"],
+        _fmt(accuracy.get("val_after_prune")),
+        _fmt(accuracy.get("val_after_finetune", accuracy.get("val_after_prune"))),
+        entry["seconds"],
+    )
+    if "neurons_left" in entry:
+        log.info(
+            "step %d: %d FFN neurons left %s, %d layers | %s",
+            entry["step"],
+            entry["neurons_left"],
+            entry["neurons_per_layer"],
+            entry["layers_left"],
+            {k: entry[k] for k in ("flops_left_fraction", "predicted_speedup", "measured_speedup") if k in entry},
+        )
+
+
+def _fmt(x: float | None) -> str:
+    return "–" if x is None else f"{x:.4f}"

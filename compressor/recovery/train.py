@@ -1,0 +1,84 @@
+"""Tokenisation, data loaders, the Accelerate fine-tuning loop and evaluation.
+
+Head (and FFN neuron) masks are respected by running inside `masking.gated(...)`: a gated unit gets zero
+gradient, so masked and physically pruned models stay numerically equivalent through fine-tuning.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import datasets
+import torch
+from accelerate import Accelerator
+from torch import nn
+from tqdm.auto import tqdm
+from transformers import get_linear_schedule_with_warmup
+
+from compressor.pruning.masking import gated
+from compressor.recipe import TrainSpec
+from compressor.recovery.distill import TeacherTargets, mixed_loss, with_index
+from compressor.recovery.draws import drawn_examples
+from compressor.sources.batches import loader, model_inputs
+
+
+def train(
+    model: nn.Module,
+    train_ds: datasets.Dataset,
+    tokenizer,
+    spec: TrainSpec,
+    accelerator: Accelerator,
+    gates: torch.Tensor | None = None,
+    seed: int = 0,
+    desc: str = "fine-tune",
+    neurons: torch.Tensor | None = None,
+    teacher: TeacherTargets | None = None,
+) -> dict:
+    """Fine-tune `model` in place with AdamW + linear warm-up/decay; returns loss and timing.
+
+    `spec.epochs` may be fractional; `spec.max_examples` caps the examples seen per epoch (seeded subset,
+    `drawn_examples`). With `teacher` (cached targets for every drawn example, see `recovery.distill`) the loss
+    mixes the task loss with distillation; the examples and their order are exactly those of plain fine-tuning.
+    """
+    if teacher is not None:
+        train_ds = with_index(train_ds)
+    if (drawn := drawn_examples(len(train_ds), spec.max_examples, seed)) is not None:
+        train_ds = train_ds.select(drawn)
+    dl = loader(train_ds, tokenizer, spec.batch_size, shuffle=True, seed=seed, by_length=spec.group_by_length)
+    per_epoch = math.ceil(len(dl) / accelerator.num_processes)
+    total = max(1, math.ceil(per_epoch * spec.epochs))
+    no_decay = ("bias", "LayerNorm.weight", "layer_norm.weight")
+    groups = [
+        {
+            "params": [p for n, p in model.named_parameters() if not n.endswith(no_decay)],
+            "weight_decay": spec.weight_decay,
+        },
+        {"params": [p for n, p in model.named_parameters() if n.endswith(no_decay)], "weight_decay": 0.0},
+    ]
+    optimizer = torch.optim.AdamW(groups, lr=spec.lr)
+    scheduler = get_linear_schedule_with_warmup(optimizer, int(spec.warmup_ratio * total), total)
+    wrapped, optimizer, dl, scheduler = accelerator.prepare(model, optimizer, dl, scheduler)
+    wrapped.train()
+    start, step, running = time.perf_counter(), 0, 0.0
+    bar = tqdm(total=total, desc=desc, disable=not accelerator.is_local_main_process, leave=False)
+    with gated(model, gates, neurons):
+        while step < total:
+            for batch in dl:
+                loss = mixed_loss(wrapped, model_inputs(batch), batch, teacher)
+                accelerator.backward(loss)
+                optimizer.step()
+                scheduler.step()
+                optimizer.zero_grad()
+                step += 1
+                running += loss.item()
+                bar.update(1)
+                bar.set_postfix(loss=f"{running / step:.4f}")
+                if step >= total:
+                    break
+    bar.close()
+    wrapped.eval()
+    model.eval()
+    accelerator.free_memory()
+    stats = {"steps": step, "train_loss": running / max(step, 1), "seconds": time.perf_counter() - start}
+    return {**stats, "distill": teacher.spec.model_dump()} if teacher is not None else stats

@@ -1,0 +1,7 @@
+"""Report: what a run found, for a person.
+
+Owns the run report and its recommendation (`summary`), the model card's deployment section (`card`) and the head
+analysis (`analysis`: roles, statistical tests, plots).
+
+May import every stage below it (it reads their results); nothing below imports it.
+"""

@@ -1,0 +1,375 @@
+"""The human-readable run report (`report.md`), written from the same dict as `report.json`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from compressor.core import atomic
+from compressor.deploy.quantize import smoothing_note
+from compressor.report.card import describe_distillation
+
+
+def _pct(x: float | None) -> str:
+    return "–" if x is None else f"{100 * x:.2f}"
+
+
+def _steps_table(steps: list[dict]) -> list[str]:
+    lines = [
+        "| step | heads left | heads per layer | val acc after prune | val acc after fine-tune | seconds |",
+        "|---:|---:|---|---:|---:|---:|",
+    ]
+    for s in steps:
+        ft = s.get("val_after_finetune", {}).get("accuracy")
+        lines.append(
+            f"| {s['step']} | {s['heads_left']} | {' '.join(map(str, s['heads_per_layer']))} | "
+            f"{_pct(s['val_after_prune']['accuracy'])} | {_pct(ft)} | {s['seconds']:.0f} |"
+        )
+    return lines
+
+
+def _bench_table(bench: dict) -> list[str]:
+    """One row per candidate: quality with its 95% CI and the paired test, speed-up vs the FLOP ideal."""
+    lines = [
+        "| variant | accuracy (%) [95% CI] | agreement (%) | McNemar p | speed-up (batch, tokens) | FLOP-ideal |",
+        "|---|---|---:|---:|---:|---:|",
+    ]
+    for name, row in bench.get("summary", {}).items():
+        ci = row.get("accuracy_ci95") or [None, None]
+        acc = f"{_pct(row.get('accuracy'))} [{_pct(ci[0])}, {_pct(ci[1])}]" if row.get("accuracy") is not None else "–"
+        p, speed, ideal = row.get("mcnemar_p"), row.get("headline_speedup"), row.get("flop_ideal_speedup")
+        p_text = "–" if p is None else f"{p:.3g}"
+        where = ", ".join(str(row[k]) for k in ("headline_batch", "headline_seq_len") if row.get(k) is not None)
+        speed_text = "–" if speed is None else f"{speed:.2f}× ({where})"
+        ideal_text = "–" if ideal is None else f"{ideal:.2f}×"
+        lines.append(f"| {name} | {acc} | {_pct(row.get('agreement'))} | {p_text} | {speed_text} | {ideal_text} |")
+    return lines
+
+
+def _roles_table(analysis: dict) -> list[str]:
+    """Share of role-carrying heads among the kept and the removed heads after each step (Voita Fig. 8)."""
+    steps = analysis.get("pruning_steps", [])
+    if not steps:
+        return ["(no pruning steps)"]
+    roles = list(steps[0].get("roles", {}))
+    lines = ["| step | kept / removed | " + " | ".join(roles) + " |", "|---:|---|" + "---:|" * len(roles)]
+    for entry in steps:
+        r = entry["roles"]
+        kept = " | ".join(f"{r[x]['kept']} ({_pct(r[x]['kept_share'])}%)" for x in roles)
+        removed = " | ".join(f"{r[x]['removed']} ({_pct(r[x]['removed_share'])}%)" for x in roles)
+        lines.append(f"| {entry['step']} | kept {entry['heads_kept']} | {kept} |")
+        lines.append(f"| {entry['step']} | removed {entry['heads_removed']} | {removed} |")
+    return lines
+
+
+def distillation(report: dict) -> dict | None:
+    """The distillation settings the recovery fine-tuning used (None when it was off or nothing was fine-tuned)."""
+    used = [s["finetune"]["distill"] for s in report.get("steps", []) if s.get("finetune", {}).get("distill")]
+    return used[0] if used else None
+
+
+def _distillation_line(report: dict) -> str:
+    return f"Recovery fine-tuning: {describe_distillation(distillation(report))}."
+
+
+DEFAULT_MAX_DROP = 0.01  # `bench.max_drop`'s default, for reports written before the field existed
+
+
+def recommendation(report: dict) -> dict | None:
+    """The fastest benchmarked variant of the pruned model that passes every gate, at the benchmark's headline
+    batch size and sequence length: fp32 and optimised graphs passed their parity gate (or the export would have
+    failed), int8 variants must not be `rejected`, and every variant's test accuracy must be within `bench.max_drop`
+    of the original's (measured on the same examples; null disables it). When no variant is accurate enough the
+    answer is `{"variant": None, "reason": ...}`: a collapsed model is never recommended for its speed. None without
+    a benchmark."""
+    bench = report.get("bench", {})
+    summary, exported = bench.get("summary", {}), report.get("export", {})
+    rejected = {f"onnx-{n}" for n, e in exported.items() if e.get("status") == "rejected"}
+    shipped = {"pytorch-pruned"} | {f"onnx-{n}" for n in exported}  # not the original, its exports, or the baseline
+    speeds = {
+        name: row["headline_speedup"]
+        for name, row in summary.items()
+        if name in shipped and name not in rejected and row.get("headline_speedup") is not None
+    }
+    if not speeds:
+        return None
+    gate = _accuracy_gate(report, bench.get("max_drop", DEFAULT_MAX_DROP))
+    passing = {name: speed for name, speed in speeds.items() if gate.passes(summary[name].get("accuracy"))}
+    best = max(passing, key=passing.get) if passing else None
+    passed_over = _passed_over(summary, exported, rejected, gate, passing.get(best, 0.0))
+    if best is None:
+        reason = gate.failure(summary, speeds)
+        return {"variant": None, "reason": reason, "rejected": sorted(rejected), "not_recommended": passed_over}
+    row = summary[best]
+    return {
+        "variant": best,
+        "speedup": passing[best],
+        "batch": row.get("headline_batch"),
+        "seq_len": row.get("headline_seq_len"),
+        "accuracy": row.get("accuracy"),
+        "max_drop": gate.max_drop,
+        "rejected": sorted(rejected),
+        "not_recommended": passed_over,
+    }
+
+
+def _passed_over(summary: dict, exported: dict, rejected: set[str], gate: _Gate, floor: float) -> list[dict]:
+    """Every shipped variant faster than the recommendation (`floor`) that was not picked, fastest first, each with
+    one line a user understands: which gate it failed, by how much, and what the gate allows."""
+    shipped = {"pytorch-pruned"} | {f"onnx-{n}" for n in exported}
+    out = []
+    for name in sorted(shipped & summary.keys(), key=lambda n: -(summary[n].get("headline_speedup") or 0)):
+        speed = summary[name].get("headline_speedup")
+        if speed is None or speed <= floor:
+            continue
+        if name in rejected:
+            why = _int8_gate_reason(exported[name.removeprefix("onnx-")].get("gate") or {})
+        else:
+            why = gate.shortfall(summary[name].get("accuracy"))
+        out.append({"variant": name, "speedup": speed, "reason": f"{name}: {speed:.2f}× but {why}"})
+    return out
+
+
+def _int8_gate_reason(g: dict) -> str:
+    """Why an int8 variant failed its validation gate against its own fp32 graph, in words."""
+    parts = []
+    if g.get("max_drop") is not None and g["drop"] > g["max_drop"] + 1e-12:
+        parts.append(
+            f"{100 * g['drop']:.2f} validation points below its fp32 graph; its int8 gate allows "
+            f"{100 * g['max_drop']:.2f}"
+        )
+    if g.get("min_agreement") is not None and g["agreement_with_fp32"] < g["min_agreement"] - 1e-12:
+        parts.append(
+            f"agrees with its fp32 graph on {_pct(g['agreement_with_fp32'])}% of validation predictions; its int8 "
+            f"gate asks {_pct(g['min_agreement'])}%"
+        )
+    return " and ".join(parts) or "failed its int8 gate"
+
+
+@dataclass(frozen=True)
+class _Gate:
+    """The recommendation's quality gate: test accuracy at most `max_drop` below the original's."""
+
+    original: float | None
+    max_drop: float | None
+
+    def passes(self, accuracy: float | None) -> bool:
+        if self.max_drop is None or self.original is None:
+            return True
+        return accuracy is not None and self.original - accuracy <= self.max_drop + 1e-12
+
+    def shortfall(self, accuracy: float | None) -> str:
+        """Why `accuracy` fails the gate, in words: how far below the original it is and what the gate allows."""
+        if accuracy is None:
+            return "its test accuracy was not measured"
+        return (
+            f"{100 * (self.original - accuracy):.2f} points below the original on test; the gate allows "
+            f"{100 * self.max_drop:.2f} (bench.max_drop)"
+        )
+
+    def failure(self, summary: dict, candidates: dict) -> str:
+        """One line: the gate and the best accuracy any candidate reached."""
+        scored = {n: summary[n]["accuracy"] for n in candidates if summary[n].get("accuracy") is not None}
+        best = max(scored, key=scored.get) if scored else None
+        reached = f"the best is {best} at {_pct(scored[best])}%" if best else "no variant's accuracy was measured"
+        return (
+            f"no shipped variant's test accuracy is within {100 * self.max_drop:.2f} points of the original's "
+            f"{_pct(self.original)}% (bench.max_drop {self.max_drop}); {reached}"
+        )
+
+
+def _accuracy_gate(report: dict, max_drop: float | None) -> _Gate:
+    """The gate against the original's accuracy on the benchmark's examples (else its test-split accuracy)."""
+    row = report.get("bench", {}).get("summary", {}).get("pytorch-original", {})
+    original = row.get("accuracy", report.get("original", {}).get("test", {}).get("accuracy"))
+    return _Gate(original, max_drop)
+
+
+def _recommendation_line(report: dict) -> str:
+    rec = recommendation(report)
+    if rec is None:
+        return "Recommendation: none (no benchmarked variant passed every gate)."
+    why_not = "".join(f"\n- not recommended: {r['reason']}." for r in rec.get("not_recommended", []))
+    if rec["variant"] is None:
+        return f"**Recommendation: none**: {rec['reason']}.{why_not}"
+    excluded = f"; not considered (failed their int8 gate): {', '.join(rec['rejected'])}" if rec["rejected"] else ""
+    within = "" if rec["max_drop"] is None else f", within {100 * rec['max_drop']:.2f} points of the original"
+    return (
+        f"**Recommendation: `{rec['variant']}`**, the fastest variant passing every gate: {rec['speedup']:.2f}× the "
+        f"original at batch {rec['batch']}, {rec['seq_len']} tokens, test accuracy {_pct(rec['accuracy'])}%"
+        f"{within}{excluded}.{why_not}"
+    )
+
+
+def _export_table(export: dict) -> list[str]:
+    """One row per ONNX variant: size, parity vs PyTorch, and for int8 the validation gate and its verdict."""
+    lines = [
+        "| variant | size (MB) | max abs Δlogit vs PyTorch | agreement | val acc vs fp32 (drop, max) | status |",
+        "|---|---:|---:|---:|---|---|",
+    ]
+    for name, info in export.items():
+        status = info.get("status", "passed parity")
+        status = f"**{status}** (kept on disk, never recommended)" if status == "rejected" else status
+        label = f"{name}{smoothing_note(info.get('smoothing'))}"
+        lines.append(
+            f"| {label} | {info['size_bytes'] / 1e6:.1f} | {info['max_abs_diff']:.2e} | {_pct(info['agreement'])} | "
+            f"{_gate_cell(info.get('gate'))} | {status}{_fallback_note(info.get('fp32_fallback'))} |"
+        )
+    return lines
+
+
+def _gate_cell(g: dict | None) -> str:
+    """'val acc vs fp32 (drop, max)' for an int8 gate, plus the agreement when the gate requires one."""
+    if g is None:
+        return "–"
+    cell = f"{_pct(g['accuracy'])} vs {_pct(g['fp32_accuracy'])} ({100 * g['drop']:+.2f}"
+    cell += f", max {_pct(g['max_drop'])})" if g["max_drop"] is not None else ", no max)"
+    if g.get("min_agreement") is not None:
+        cell += f"; agreement {_pct(g['agreement_with_fp32'])} (min {_pct(g['min_agreement'])})"
+    return cell
+
+
+def _fallback_note(fallback: dict | None) -> str:
+    """What the fp32 fallback did to an int8 variant that failed its first gate."""
+    if not fallback:
+        return ""
+    first = fallback["first_gate"]
+    before = f"first try: {_pct(first['accuracy'])}, agreement {_pct(first['agreement_with_fp32'])}"
+    if fallback["passed"]:
+        kept = ", ".join(f"`{n}`" for n in fallback["kept_fp32"])
+        return f" after keeping {len(fallback['kept_fp32'])} node(s) in fp32: {kept} ({before})"
+    return f"; an fp32 fallback of up to {len(fallback['tries'])} node(s) did not pass ({before})"
+
+
+def _units_lines(pruned: dict) -> list[str]:
+    """Units removed per kind and the layers removed whole (runs that prune FFN neurons)."""
+    removed = pruned.get("units_removed")
+    if not removed or not removed.get("neurons"):
+        return []
+    layers = pruned.get("removed_layers") or []
+    return [
+        "",
+        f"Units removed: {removed['heads']} heads, {removed['neurons']} FFN neurons, {removed['layers']} whole "
+        f"layers{' (' + ', '.join(map(str, layers)) + ')' if layers else ''}. FFN neurons per layer left: "
+        f"{' '.join(map(str, pruned.get('ffn_neurons_per_layer', [])))}.",
+    ]
+
+
+def _budget_lines(budget: dict) -> list[str]:
+    """The budget asked beside what the run reached; for a speed-up, predicted and measured side by side."""
+    if budget["kind"] != "speedup":
+        what = "heads" if budget["kind"] == "heads" else "encoder FLOPs"
+        return [f"Asked: remove {_pct(budget['value'])}% of {what}; reached FLOP ratio {budget['flop_ratio']:.3f}."]
+    measured = budget.get("measured_speedup")
+    lines = [
+        f"| speed-up on {budget['runtime']} at batch {budget['batch_size']}, {budget['seq_len']} tokens | value |",
+        "|---|---:|",
+        f"| asked | {budget['value']:.2f}× |",
+        f"| predicted by the latency table | {_x(budget.get('predicted_speedup'))} |",
+        f"| measured by the last pruning step (its correction of the table) | {_x(budget.get('measured_in_run'))} |",
+        f"| measured (this run's bench, vs {budget.get('measured_vs', 'the original')}) | {_x(measured)} |",
+    ]
+    if measured is not None:
+        verdict = "within" if budget["within_10pct"] else "NOT within"
+        lines += ["", f"Measured is {verdict} 10% of asked. Steps run: {budget['steps_run']}."]
+    return lines
+
+
+def _x(value: float | None) -> str:
+    return "–" if value is None else f"{value:.2f}×"
+
+
+def _baseline_lines(base: dict) -> list[str]:
+    """The layer-dropping baseline at (nearly) the pruned FLOPs, with McNemar's test against the pruned model."""
+    ft = base.get("finetune") or {}
+    return [
+        "| | pruned | layer-drop baseline |",
+        "|---|---:|---:|",
+        f"| test accuracy (%) | {_pct(base['pruned_accuracy'])} | {_pct(base['baseline_accuracy'])} |",
+        f"| encoder FLOPs / example | {base['target_flops_per_example']:,} | {base['encoder_flops_per_example']:,} |",
+        "",
+        f"Baseline: top {base['layers_dropped']} layers dropped (no scores), fine-tuned for {ft.get('steps', 0)} "
+        f"steps (the pruning run's recovery budget). Pruned − baseline: {100 * base['pruned_minus_baseline']:+.2f} "
+        f"points, McNemar exact p = {base['mcnemar_p']:.3g} (n = {base['n']}).",
+    ]
+
+
+def render(report: dict) -> str:
+    o, p = report["original"], report["pruned"]
+    lines = [
+        f"# compressor run: {report['name']}",
+        "",
+        f"Model `{report['model_source']}` on `{report['data_source']}` (labels: {', '.join(report['labels'])}).",
+        "",
+        "## Result",
+        "",
+        "| | original | pruned |",
+        "|---|---:|---:|",
+        f"| test accuracy (%) | {_pct(o['test']['accuracy'])} | {_pct(p['test']['accuracy'])} |",
+        f"| heads | {p['heads_total']} | {p['heads_left']} |",
+        f"| parameters | {o['parameters']:,} | {p['parameters']:,} |",
+        f"| encoder FLOPs / example | {o['encoder_flops_per_example']:,} | {p['encoder_flops_per_example']:,} |",
+        "",
+        f"FLOP ratio original/pruned: {p['flop_ratio']:.3f}. Masked vs physically pruned max |Δlogit|: "
+        f"{p['masked_vs_pruned_max_abs_diff']:.2e}. Saved model: `{p['model_dir']}`.",
+        *_units_lines(p),
+    ]
+    if "budget" in report:
+        lines += ["", "## Budget", "", *_budget_lines(report["budget"])]
+    if "baseline" in report:
+        lines += ["", "## Baseline: dropping top layers at the same FLOPs", "", *_baseline_lines(report["baseline"])]
+    lines += [
+        "",
+        _recommendation_line(report),
+        "",
+        "## Pruning steps",
+        "",
+        _distillation_line(report),
+        "",
+        *_steps_table(report["steps"]),
+    ]
+    if "export" in report:
+        lines += [
+            "",
+            "## ONNX export",
+            "",
+            *_export_table(report["export"]),
+        ]
+    if "bench" in report:
+        lines += ["", "## Benchmark", "", *_bench_table(report["bench"])]
+        lines += [
+            "",
+            "Quality vs speed of every candidate (original, pruned, layer-drop baseline; PyTorch and each ONNX "
+            "variant), the frontier at a glance:",
+            "",
+            "![accuracy vs speed-up](bench/accuracy_vs_speedup.png)",
+        ]
+        lines += [
+            "",
+            "Full tables and plots (all sequence lengths and batch sizes, spread, memory): "
+            "[bench/report.md](bench/report.md).",
+        ]
+    if "analysis" in report:
+        lines += ["", "## Head roles of kept vs removed heads", "", *_roles_table(report["analysis"])]
+        lines += ["", "Details and figures: [analysis/analysis.md](analysis/analysis.md)."]
+    lines += ["", f"Total time: {report.get('seconds', 0):.0f} s.", ""]
+    if report.get("timings"):
+        lines += ["## Where the time went", "", *_timings_table(report["timings"], report.get("seconds")), ""]
+    return "\n".join(lines)
+
+
+def _timings_table(timings: dict[str, float], total: float | None) -> list[str]:
+    """One row per phase of the run, in run order: wall seconds and share of the run's total."""
+    total = total or sum(timings.values())
+    lines = ["| phase | seconds | share |", "|---|---:|---:|"]
+    lines += [f"| {name} | {sec:.0f} | {100 * sec / total:.0f}% |" for name, sec in timings.items()]
+    return lines
+
+
+def write_run_report(report: dict, out: Path) -> Path:
+    """Write report.md; also fills `report["distillation"]` and `report["recommendation"]` for report.json."""
+    report.setdefault("distillation", distillation(report))
+    report.setdefault("recommendation", recommendation(report))
+    path = Path(out) / "report.md"
+    atomic.write_text(path, render(report))
+    return path

@@ -1,0 +1,47 @@
+"""Architecture families: one declaration module each (`bert`, `distilbert`), the registry (`spec`) and the
+shape readers built on it (`shape`). Adding a family means adding one module here (and its tiny config to
+`compressor.testing.ARCHS`); importing this package registers every family.
+"""
+
+from compressor.surgery.arch import bert, distilbert  # noqa: F401  (registration)
+from compressor.surgery.arch.shape import (
+    config_head_counts,
+    get_path,
+    head_size,
+    layers,
+    neuron_presence_mask,
+    num_layers,
+    original_ffn_size,
+    original_num_heads,
+    presence_mask,
+    present_heads,
+    present_neurons,
+    pruned_heads,
+    pruned_neurons,
+    removed_layers,
+    set_path,
+)
+from compressor.surgery.arch.spec import ARCHITECTURES, ArchSpec, UnsupportedArchitectureError, arch_spec, declared
+
+__all__ = [
+    "ARCHITECTURES",
+    "ArchSpec",
+    "UnsupportedArchitectureError",
+    "arch_spec",
+    "config_head_counts",
+    "declared",
+    "get_path",
+    "head_size",
+    "layers",
+    "neuron_presence_mask",
+    "num_layers",
+    "original_ffn_size",
+    "original_num_heads",
+    "presence_mask",
+    "present_heads",
+    "present_neurons",
+    "pruned_heads",
+    "pruned_neurons",
+    "removed_layers",
+    "set_path",
+]

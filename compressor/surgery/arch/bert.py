@@ -1,0 +1,30 @@
+"""The BERT family: BERT and the models that share its module layout (RoBERTa, XLM-RoBERTa, ELECTRA).
+
+Separate `query`/`key`/`value` Linears under `attention.self`, `attention.output.dense` mixing heads back, and a
+two-Linear FFN (`intermediate.dense` → `output.dense`). RoBERTa-style position ids start after the padding id.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from compressor.surgery.arch.spec import ArchSpec, register
+
+BERT = register(
+    ArchSpec(
+        layers="encoder.layer",
+        attention="attention",
+        self_attn="attention.self",
+        query="query",
+        key="key",
+        value="value",
+        out_proj="attention.output.dense",
+        heads_attr="num_attention_heads",
+        width_attr="all_head_size",
+        head_size_attr="attention_head_size",
+        probs_dropout="dropout",
+    ),
+    "bert",
+    "electra",
+)
+ROBERTA = register(replace(BERT, padding_positions=True), "roberta", "xlm-roberta")

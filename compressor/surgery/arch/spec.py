@@ -1,0 +1,93 @@
+"""What an architecture family declares, the validated registry of families, and the lookup every stage uses.
+
+A family is declared once, in its own module of this package (`bert.py`, `distilbert.py`): where its layers,
+attention projections, head-count attributes and FFN Linears live, plus the few facts other stages used to special-
+case by model type (position embeddings reserved for padding, token type inputs, the ONNX Runtime fusion family).
+`register` validates a declaration when it is made, so a typo fails at import, not in the middle of a run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch import nn
+
+from compressor.core.errors import UserError
+
+
+class UnsupportedArchitectureError(UserError, ValueError):
+    """Raised before any work is done when a model's architecture cannot have its heads removed."""
+
+
+@dataclass(frozen=True)
+class ArchSpec:
+    """Attribute paths for one architecture family (dotted, relative to the noted parent)."""
+
+    layers: str  # from the base model to the nn.ModuleList of layers
+    attention: str  # from a layer to the attention block (replaced wholesale when a layer loses every head)
+    self_attn: str  # from a layer to the module holding q/k/v and the head-count attributes
+    query: str  # from self_attn
+    key: str
+    value: str
+    out_proj: str  # from a layer: the projection W_O that mixes heads back into the residual stream
+    heads_attr: str  # head-count attribute on self_attn
+    width_attr: str  # heads * head_size attribute on self_attn
+    head_size_attr: str
+    probs_dropout: str  # from self_attn: dropout applied to attention probabilities (our hook point)
+    ffn_in: str = "intermediate.dense"  # from a layer: the FFN's first Linear (one output row per neuron)
+    ffn_out: str = "output.dense"  # from a layer: the FFN's output Linear (one input column per neuron)
+    attentions_first: bool = False  # the layer returns (attentions, hidden) instead of (hidden, attentions)
+    token_type_ids: bool = True  # the forward takes token_type_ids (DistilBERT's does not)
+    padding_positions: bool = False  # position ids start after pad_token_id (RoBERTa): pad + 1 embeddings are reserved
+    ort_model_type: str = "bert"  # the ONNX Runtime transformer optimizer's fusion family for this graph
+
+
+ARCHITECTURES: dict[str, ArchSpec] = {}  # config.model_type → declaration, filled by the family modules
+_PATH_FIELDS = ("layers", "attention", "self_attn", "query", "key", "value", "out_proj", "probs_dropout", "ffn_in",
+                "ffn_out")  # fmt: skip
+_ATTR_FIELDS = ("heads_attr", "width_attr", "head_size_attr")
+
+
+def register(spec: ArchSpec, *model_types: str) -> ArchSpec:
+    """Declare `spec` for `model_types` (their `config.model_type`), validated: dotted attribute paths and attribute
+    names only, at least one model type, none declared twice."""
+    if not model_types:
+        raise ValueError("register: name at least one model_type")
+    for name in _PATH_FIELDS:
+        path = getattr(spec, name)
+        if not path or not all(part.isidentifier() for part in path.split(".")):
+            raise ValueError(f"ArchSpec.{name}: expected a dotted attribute path, got {path!r}")
+    for name in _ATTR_FIELDS:
+        if not getattr(spec, name).isidentifier():
+            raise ValueError(f"ArchSpec.{name}: expected an attribute name, got {getattr(spec, name)!r}")
+    for model_type in model_types:
+        if model_type in ARCHITECTURES:
+            raise ValueError(f"register: model_type '{model_type}' is already declared")
+        ARCHITECTURES[model_type] = spec
+    return spec
+
+
+def declared(model_type: str) -> ArchSpec | None:
+    """The declaration of `model_type`, or None when it has none (no error: for checks that apply where known)."""
+    return ARCHITECTURES.get(model_type)
+
+
+def arch_spec(model_or_type: nn.Module | str) -> ArchSpec:
+    """Return the spec for a model (or a `config.model_type`), refusing unsupported architectures by name.
+
+    Refused: every model type not in `ARCHITECTURES` (ALBERT shares one layer's weights across depth, decoders
+    such as GPT-2 have fused/causal attention) and supported types configured as decoders (cross-attention).
+    """
+    model_type = model_or_type if isinstance(model_or_type, str) else model_or_type.config.model_type
+    if model_type not in ARCHITECTURES:
+        raise UnsupportedArchitectureError(
+            f"model: architecture '{model_type}' is not supported for head pruning; "
+            f"expected one of {sorted(ARCHITECTURES)}"
+        )
+    config = None if isinstance(model_or_type, str) else model_or_type.config
+    if config is not None and (getattr(config, "is_decoder", False) or getattr(config, "add_cross_attention", False)):
+        raise UnsupportedArchitectureError(
+            f"model: architecture '{model_type}' configured as a decoder (is_decoder/add_cross_attention) is not "
+            "supported for head pruning; expected an encoder-only classifier"
+        )
+    return ARCHITECTURES[model_type]
