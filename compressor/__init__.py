@@ -8,6 +8,7 @@ read and write pruned checkpoints; `PruneSpec` and `TrainSpec` are the recipe's 
 
 from __future__ import annotations
 
+from compressor.core.lazy import lazy_attributes
 from compressor.pruning import criteria as _criteria  # noqa: F401  registers the criteria with the recipe schema
 
 __version__ = "0.1.0"
@@ -21,10 +22,4 @@ _LAZY = {
     "TrainSpec": "compressor.recipe",
 }
 
-
-def __getattr__(name: str):
-    if name in _LAZY:
-        import importlib
-
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'compressor' has no attribute {name!r}")
+__getattr__ = lazy_attributes(__name__, _LAZY)

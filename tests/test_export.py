@@ -726,3 +726,20 @@ def test_smoothing_tames_the_outlier_that_breaks_int8(tmp_path):
     assert f"| int8 (inputs smoothed, α 0.8, {cheap['smoothing']['matmuls']} of {total} MatMuls) |" in card
     with pytest.raises(UserError, match=r"export\.int8\.smooth_alpha: smoothing needs calibration batches"):
         ex.export_onnx(model_dir, tmp_path / "x", variants, CHECK, int8=ex.Int8Options(smooth_alpha=0.8))
+
+
+def test_the_int8_gate_makes_the_same_call_when_the_export_is_repeated(tmp_path):
+    """Same model, same options, same machine: the same int8 graph, bit for bit, the same logits and the same gate
+    verdict (what a resumed or repeated run relies on; smoothing's calibration is seeded)."""
+    model_dir = saved_model(tmp_path, "bert", UNEVEN_EMPTY)
+    val = labelled_by(model_dir, VALIDATION_BATCHES)
+    options = ex.Int8Options(max_drop=0.01, validation=val, calibration=CALIBRATION, smooth_alpha=0.8)
+    runs = [
+        ex.export_onnx(model_dir, tmp_path / name, ["fp32", "optimized", "int8"], CHECK, int8=options)["int8"]
+        for name in ("first", "second")
+    ]
+    assert runs[0]["gate"] == runs[1]["gate"] and runs[0]["status"] == runs[1]["status"]
+    graphs = [(tmp_path / name / "int8" / "model.onnx").read_bytes() for name in ("first", "second")]
+    assert graphs[0] == graphs[1]
+    logits = [np.concatenate([ex.OnnxClassifier(tmp_path / n / "int8")(b) for b in val]) for n in ("first", "second")]
+    assert np.array_equal(logits[0], logits[1])

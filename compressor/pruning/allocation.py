@@ -2,7 +2,7 @@
 
 A criterion's scores rank units well *within* a kind, but a head's score and a neuron's score are not on one scale:
 raw Taylor scores per FLOP removed the last heads of four layers in the 2x run and the model collapsed
-(docs/results.md). So between kinds the pruner measures instead of trusting the scores. Each step's goal is split
+(docs/lab/history.md). So between kinds the pruner measures instead of trusting the scores. Each step's goal is split
 into `parts` equal slices (FLOPs, or predicted milliseconds spaced geometrically); for every slice, each kind
 proposes the removals that would reach the slice's goal on its own (lowest scores first, the budget's usual
 selection), the loss of the masked model is measured on the scoring batches for each proposal, and the proposal

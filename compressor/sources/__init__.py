@@ -8,6 +8,8 @@ The names below load lazily, so a light import (`sources.batches`'s contract) do
 
 from __future__ import annotations
 
+from compressor.core.lazy import lazy_attributes
+
 __all__ = ["TaskData", "load_task_data", "load_model", "load_tokenizer", "resolve_model_path"]
 _LAZY = {
     "TaskData": "compressor.sources.data",
@@ -17,10 +19,4 @@ _LAZY = {
     "resolve_model_path": "compressor.sources.models",
 }
 
-
-def __getattr__(name: str):
-    if name in _LAZY:
-        import importlib
-
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'compressor.sources' has no attribute {name!r}")
+__getattr__ = lazy_attributes(__name__, _LAZY)

@@ -2,7 +2,7 @@
 
 The table sums synthetic layers timed one at a time; a real model adds what they lack (attention-mask handling,
 memory traffic of the full weights), and that share shrinks as the model is pruned. On the 2-core machine the table
-predicted 2.00x for a shape that measured 2.37x (docs/results.md, issue 15). A speed-up budget therefore times the
+predicted 2.00x for a shape that measured 2.37x (docs/lab/history.md). A speed-up budget therefore times the
 physically pruned copy against the unpruned copy after every step, on the budget's runtime, batch and length, and
 scales the table's later predictions by measured / predicted (`compressor.pruning.budget.Budget.calibrate`).
 """

@@ -1,0 +1,18 @@
+"""Lazily imported package attributes: a package names what it offers without importing every module behind it."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Mapping
+from typing import Any
+
+
+def lazy_attributes(package: str, names: Mapping[str, str]) -> Callable[[str], Any]:
+    """A module-level `__getattr__` for `package` that imports `names[attr]` (a module path) on first access."""
+
+    def __getattr__(name: str) -> Any:
+        if name in names:
+            return getattr(importlib.import_module(names[name]), name)
+        raise AttributeError(f"module {package!r} has no attribute {name!r}")
+
+    return __getattr__
