@@ -126,3 +126,13 @@ def test_cpu_summary_names_vendor_and_the_flags_that_matter(tmp_path):
     assert summary["vendor"] == "GenuineIntel" and summary["vnni"] is True
     assert summary["flags"] == ["avx2", "avx512f", "avx512_vnni"] and summary["cores"] >= 1
     assert cpu_summary(tmp_path / "absent")["flags"] is None
+
+
+def test_cpu_identity_tells_apart_cpus_that_share_a_model_name(tmp_path):
+    from compressor.core.machine import cpu_identity
+
+    avx2 = cpu_identity(cpuinfo(tmp_path, f"flags\t: {X86_FLAGS}\n"))
+    vnni = tmp_path / "vnni"
+    vnni.write_text(f"flags\t: {X86_FLAGS} avx512f avx512_vnni\n")
+    assert avx2.endswith("[avx2]") and cpu_identity(vnni).endswith("[avx2 avx512f avx512_vnni]")
+    assert avx2 != cpu_identity(vnni) and cpu_identity(tmp_path / "absent").endswith("[flags unknown]")

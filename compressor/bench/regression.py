@@ -44,7 +44,7 @@ from scipy import stats
 
 from compressor.core import atomic
 from compressor.core.errors import UserError
-from compressor.core.machine import cpu_model
+from compressor.core.machine import cpu_identity
 from compressor.recipe.yamlio import format_validation_error
 
 FORMAT = "compressor-baseline/1"
@@ -211,7 +211,7 @@ def new_baseline(result: dict, identity: dict, fingerprints: dict[str, str], tol
         "confidence": CONFIDENCE,
         "identity": identity,
         "candidate_fingerprints": fingerprints,
-        "cpu_model": cpu_model(),
+        "cpu_model": cpu_identity(),
         "metrics": metrics,
     }
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from compressor.bench.regression import FAILING, PER_ROUND_KINDS, Baseline, Verdict, compare, measured_metrics, passed
 from compressor.core import atomic
-from compressor.core.machine import cpu_model
+from compressor.core.machine import cpu_identity
 
 REGRESSION_FILES = ("regression.json", "regression.md", "regression.png")
 
@@ -119,7 +119,7 @@ def write_outputs(verdicts: Sequence[Verdict], markdown: str, out_dir: str | Pat
 def check_result(baseline: Baseline, result: dict, baseline_path: str | Path, out_dir: str | Path | None) -> bool:
     """Compare a bench result with a validated, identity-checked baseline; print the Markdown summary, write the
     outputs (when `out_dir` is given) and return whether every metric passed."""
-    verdicts = compare(baseline, measured_metrics(result), same_cpu=baseline.cpu_model == cpu_model())
+    verdicts = compare(baseline, measured_metrics(result), same_cpu=baseline.cpu_model == cpu_identity())
     markdown = render_markdown(verdicts, baseline_path, baseline.confidence)
     print(markdown)
     if out_dir is not None:

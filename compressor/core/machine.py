@@ -55,6 +55,15 @@ def cpu_has_vnni(cpuinfo: Path = CPUINFO) -> bool | None:
     return None if flags is None else any(flag in flags for flag in VNNI_FLAGS)
 
 
+def cpu_identity(cpuinfo: Path = CPUINFO) -> str:
+    """The CPU as far as our numbers are concerned: its model name and the flags that matter. Virtual machines often
+    report a bare family name ("AMD EPYC") for CPUs with and without AVX-512 or VNNI; absolute throughputs and
+    latency tables are only comparable between machines whose identity is equal."""
+    flags = cpu_flags(cpuinfo)
+    known = "flags unknown" if flags is None else " ".join(f for f in SPEED_FLAGS if f in flags) or "no AVX2"
+    return f"{cpu_model()} [{known}]"
+
+
 def cpu_summary(cpuinfo: Path = CPUINFO) -> dict:
     """What a figure was measured on: CPU model and vendor, the flags that matter (`SPEED_FLAGS`), usable cores."""
     flags = cpu_flags(cpuinfo)

@@ -26,7 +26,7 @@ from scipy.interpolate import RegularGridInterpolator
 
 from compressor.core import atomic
 from compressor.core.errors import UserError
-from compressor.core.machine import cache_root, cpu_model
+from compressor.core.machine import cache_root, cpu_identity
 from compressor.core.timing import set_threads
 from compressor.pruning.latency.probe import (
     DEFAULT_FRACTIONS,
@@ -205,7 +205,7 @@ def cache_key(dims: Dims, runtime: str, batch_size: int, seq_len: int, threads: 
 
     return {
         "version": CACHE_VERSION,
-        "cpu": cpu_model(),
+        "cpu": cpu_identity(),
         "cpu_count": os.cpu_count(),
         "threads": runtime_threads(runtime, threads),
         "torch": torch.__version__,
