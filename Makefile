@@ -24,7 +24,7 @@ demo: setup
 		$$(test -f runs/minilm_rt_50pct/report.json && echo --force)
 
 test: setup
-	@$(BIN)/python -c "from compressor.machine import cpu_summary; print('cpu:', cpu_summary())"
+	@$(BIN)/python -c "from compressor.core.machine import cpu_summary; print('cpu:', cpu_summary())"
 	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(BIN)/python -m pytest -q
 
 test-slow: setup

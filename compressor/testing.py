@@ -11,6 +11,7 @@ from transformers import (
     AlbertConfig,
     AutoModelForSequenceClassification,
     BertConfig,
+    CamembertConfig,
     DistilBertConfig,
     ElectraConfig,
     GPT2Config,
@@ -18,7 +19,9 @@ from transformers import (
     XLMRobertaConfig,
 )
 
-ARCHS = ("bert", "roberta", "xlm-roberta", "electra", "distilbert")
+from compressor.surgery.arch import arch_spec
+
+ARCHS = ("bert", "roberta", "xlm-roberta", "camembert", "electra", "distilbert")
 VOCAB = 120
 
 
@@ -27,11 +30,15 @@ def tiny_config(arch: str = "bert", layers: int = 3, heads: int = 4, head_size: 
     common = {"vocab_size": VOCAB, "num_labels": num_labels}
     if arch == "distilbert":
         return DistilBertConfig(dim=hidden, n_layers=layers, n_heads=heads, hidden_dim=2 * hidden + 3, **common)
-    cls = {"bert": BertConfig, "roberta": RobertaConfig, "xlm-roberta": XLMRobertaConfig, "electra": ElectraConfig}[
-        arch
-    ]
+    cls = {
+        "bert": BertConfig,
+        "roberta": RobertaConfig,
+        "xlm-roberta": XLMRobertaConfig,
+        "camembert": CamembertConfig,
+        "electra": ElectraConfig,
+    }[arch]
     extra = {"embedding_size": hidden} if arch == "electra" else {}
-    if arch in ("roberta", "xlm-roberta"):
+    if arch_spec(arch).padding_positions:
         extra["pad_token_id"] = 1
     return cls(
         hidden_size=hidden,

@@ -37,7 +37,7 @@ def saved_model(root: Path, arch: str, plan: dict) -> Path:
     return save_pruned(model, root / f"{arch}-model", tokenizer)
 
 
-@pytest.fixture(scope="module", params=["bert", "distilbert", "roberta", "xlm-roberta", "electra"])
+@pytest.fixture(scope="module", params=list(ARCHS))
 def exported(request, tmp_path_factory):
     """(model dir, out dir, result) of a full export of a tiny model with uneven heads and an empty layer."""
     root = tmp_path_factory.mktemp(f"export-{request.param}")

@@ -1,4 +1,4 @@
-"""The BERT family: BERT and the models that share its module layout (RoBERTa, XLM-RoBERTa, ELECTRA).
+"""The BERT family: BERT and the models that share its module layout (RoBERTa, XLM-RoBERTa, CamemBERT, ELECTRA).
 
 Separate `query`/`key`/`value` Linears under `attention.self`, `attention.output.dense` mixing heads back, and a
 two-Linear FFN (`intermediate.dense` → `output.dense`). RoBERTa-style position ids start after the padding id.
@@ -27,4 +27,4 @@ BERT = register(
     "bert",
     "electra",
 )
-ROBERTA = register(replace(BERT, padding_positions=True), "roberta", "xlm-roberta")
+ROBERTA = register(replace(BERT, padding_positions=True), "roberta", "xlm-roberta", "camembert")
