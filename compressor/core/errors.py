@@ -2,7 +2,7 @@
 
 `UserError` is a problem with the user's input or environment (a recipe field, a path, a missing optional
 package): its message is one line naming the field and what was expected. `recipe.RecipeError` and
-`layout.UnsupportedArchitectureError` derive from it. Anything else, a `FileNotFoundError` from a bug included,
+`surgery.arch.UnsupportedArchitectureError` derive from it. Anything else, a `FileNotFoundError` from a bug included,
 stays a traceback.
 """
 

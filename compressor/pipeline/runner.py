@@ -1,7 +1,7 @@
 """`compressor run`: sequencing, resume and preflight; the only module that knows the whole order of stages.
 
-preflight → sources → base fine-tune (cached) → `api.prune` (loop {score → select → mask → fine-tune}, each step
-checkpointed by `StepCheckpoints` under `<output_dir>/state/`) → `pipeline.run_stages` (surgery + save →
+preflight → sources → base fine-tune (cached) → `recovery.loop.prune` (loop {score → select → mask → fine-tune},
+each step checkpointed by `StepCheckpoints` under `<output_dir>/state/`) → `stages.run_stages` (surgery + save →
 layer-drop baseline → export → model card → bench → budget → analysis) → report. A killed run resumes from its last
 finished step and ends exactly where an uninterrupted run would (CPU, seeded). Only the main process writes; under
 `accelerate launch` the others train, score and wait.
@@ -180,17 +180,18 @@ def check_labels(recipe: Recipe, data: TaskData) -> None:
 def run_recipe(recipe: Recipe, force: bool = False, accelerator: Accelerator | None = None) -> dict:
     """Execute the whole recipe; returns the report dict (also written to `<output_dir>/report.json`).
 
-    The order: preflight → sources → base model → `api.prune` (checkpointed by `StepCheckpoints`) →
-    `pipeline.run_stages` (surgery + save, layer-drop baseline, export, model card, bench, budget, analysis) → report.
+    The order: preflight → sources → base model → `recovery.loop.prune` (checkpointed by `StepCheckpoints`) →
+    `stages.run_stages` (surgery + save, layer-drop baseline, export, model card, bench, budget, analysis) → report;
+    the wall time of each phase goes into the report (`timings`).
     """
     t0 = time.perf_counter()
     out = preflight(recipe, force)
     run = prepare(recipe, accelerator or make_accelerator(), force)
     run.timings["data + tokenise"] = round(time.perf_counter() - t0, 1)
     accelerator = run.accelerator
-    with run.timed("base model"):
-        model, base_info = base_model(run)
-    run.timings[_base_phase(base_info)] = run.timings.pop("base model")
+    started = time.perf_counter()
+    model, base_info = base_model(run)
+    run.timings[_base_phase(base_info)] = round(time.perf_counter() - started, 1)
     model = model.to(accelerator.device)
     with run.timed("original: evaluate"):
         original = {

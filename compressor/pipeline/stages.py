@@ -84,6 +84,7 @@ class Stage:
     name: str
     run: Callable[[RunState], dict]
     enabled: Callable[[Recipe], bool] = lambda recipe: True
+    label: str = ""  # its row in the report's time table (default: `name`)
 
 
 def surgery_check(
@@ -359,12 +360,12 @@ def _finite_or_nan(scores: torch.Tensor) -> torch.Tensor:
 
 
 STAGES: tuple[Stage, ...] = (
-    Stage("pruned", save_stage),
+    Stage("pruned", save_stage, label="surgery + save"),
     Stage("baseline", baseline_stage, lambda recipe: recipe.prune.baseline is not None),
     Stage("export", export_stage, lambda recipe: recipe.export.enabled),
-    Stage("model_card", card_stage),
+    Stage("model_card", card_stage, label="model card"),
     Stage("bench", bench_stage, lambda recipe: recipe.bench.enabled),
-    Stage("budget", budget_stage),
+    Stage("budget", budget_stage, label="budget check"),
     Stage("analysis", analysis_stage, lambda recipe: recipe.analysis.enabled),
 )
 
@@ -375,6 +376,6 @@ def run_stages(state: RunState, stages: tuple[Stage, ...] = STAGES) -> dict:
     bar = tqdm(enabled, desc="stages", leave=False)
     for stage in bar:
         bar.set_postfix_str(stage.name)
-        with state.timed(stage.name):
+        with state.timed(stage.label or stage.name):
             state.report[stage.name] = stage.run(state)
     return state.report

@@ -1,7 +1,7 @@
 """From scores to a pruning plan: which heads (or heads and FFN neurons) to remove at each step of the schedule.
 
 Heads alone: `select_heads` removes a count. Several unit kinds: `select_units` lets heads and neurons compete
-on one scale, importance per FLOP saved (score / `cost.unit_costs`), and removes the lowest until a FLOP goal
+on one scale, importance per FLOP saved (score / `surgery.cost.unit_costs`), and removes the lowest until a FLOP goal
 is met, overshooting it by less than one unit.
 """
 

@@ -3,7 +3,7 @@
 A *unit plan* is `{"heads": {layer: [original head ids]}, "neurons": {layer: [original neuron ids]}}`; a layer
 whose heads and neurons are all in the plan is removed whole (identity) by surgery and skipped by masking, so
 `masked == pruned == ONNX` holds for every plan. These helpers are what the pipeline calls: the alive masks to
-score and select from, the plan of what is dead, and the surgery that applies it. `api.prune` drives them
+score and select from, the plan of what is dead, and the surgery that applies it. `recovery.loop.prune` drives them
 through `compressor.pruning.budget` (which picks each step's units under a head, FLOP or speed-up budget):
 
     alive = Masks.full(model, spec.units).alive()                # {"heads": .., "neurons": ..}

@@ -25,8 +25,9 @@ RECORDS_FILE = "records.safetensors"  # per finished step: the scores it selecte
 
 @dataclass
 class StepCheckpoints:
-    """The runner's `api.StepHook`: every finished step is saved atomically under `<root>/step_NNN/` (weights, each
-    step's scores and masks, the log; `step.json` is the completion marker), and a rerun resumes from the newest."""
+    """The runner's `recovery.loop.StepHook`: every finished step is saved atomically under `<root>/step_NNN/`
+    (weights, each step's scores and masks, the log; `step.json` is the completion marker), and a rerun resumes from
+    the newest."""
 
     root: Path
     main: bool
