@@ -71,7 +71,7 @@ def cpu_summary(cpuinfo: Path = CPUINFO) -> dict:
         "model": cpu_model(),
         "vendor": _cpuinfo_field(cpuinfo, "vendor_id") or platform.machine(),
         "flags": None if flags is None else [f for f in SPEED_FLAGS if f in flags],
-        "vnni": cpu_has_vnni(cpuinfo),
+        "vnni": None if flags is None else any(f in flags for f in VNNI_FLAGS),
         "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
     }
 

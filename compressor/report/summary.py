@@ -96,7 +96,7 @@ def recommendation(report: dict) -> dict | None:
     gate = _accuracy_gate(report, bench.get("max_drop", DEFAULT_MAX_DROP))
     passing = {name: speed for name, speed in speeds.items() if gate.passes(summary[name].get("accuracy"))}
     best = max(passing, key=passing.get) if passing else None
-    passed_over = _passed_over(summary, exported, rejected, gate, passing.get(best, 0.0))
+    passed_over = _passed_over(summary, exported, shipped, rejected, gate, passing.get(best, 0.0))
     if best is None:
         reason = gate.failure(summary, speeds)
         return {"variant": None, "reason": reason, "rejected": sorted(rejected), "not_recommended": passed_over}
@@ -113,10 +113,11 @@ def recommendation(report: dict) -> dict | None:
     }
 
 
-def _passed_over(summary: dict, exported: dict, rejected: set[str], gate: _Gate, floor: float) -> list[dict]:
+def _passed_over(
+    summary: dict, exported: dict, shipped: set[str], rejected: set[str], gate: _Gate, floor: float
+) -> list[dict]:
     """Every shipped variant faster than the recommendation (`floor`) that was not picked, fastest first, each with
     one line a user understands: which gate it failed, by how much, and what the gate allows."""
-    shipped = {"pytorch-pruned"} | {f"onnx-{n}" for n in exported}
     out = []
     for name in sorted(shipped & summary.keys(), key=lambda n: -(summary[n].get("headline_speedup") or 0)):
         speed = summary[name].get("headline_speedup")
