@@ -51,7 +51,11 @@ def cpu_has_vnni(cpuinfo: Path = CPUINFO) -> bool | None:
 
     None when it cannot tell: no readable `/proc/cpuinfo` (not Linux) or no x86 `flags` line in it (ARM, ...).
     """
-    flags = cpu_flags(cpuinfo)
+    return _vnni(cpu_flags(cpuinfo))
+
+
+def _vnni(flags: set[str] | None) -> bool | None:
+    """Whether `flags` include a VNNI-class int8 dot product (None when the flags are unknown)."""
     return None if flags is None else any(flag in flags for flag in VNNI_FLAGS)
 
 
@@ -71,7 +75,7 @@ def cpu_summary(cpuinfo: Path = CPUINFO) -> dict:
         "model": cpu_model(),
         "vendor": _cpuinfo_field(cpuinfo, "vendor_id") or platform.machine(),
         "flags": None if flags is None else [f for f in SPEED_FLAGS if f in flags],
-        "vnni": None if flags is None else any(f in flags for f in VNNI_FLAGS),
+        "vnni": _vnni(flags),
         "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
     }
 
@@ -82,6 +86,7 @@ def cache_root() -> Path:
 
 
 def machine_info() -> dict:
+    """Platform, Python and library versions, and the load average: what a benchmark result records beside it."""
     import onnxruntime
     import torch
     import transformers

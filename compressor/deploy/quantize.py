@@ -50,12 +50,8 @@ class Int8Options:
     max_drop: float | None = None  # allowed accuracy drop vs fp32 (fraction); None: measured but never rejected
     min_agreement: float | None = None  # required prediction agreement with fp32 (fraction); None: not gated
     fallback_nodes: int = 0  # a variant failing its gate may keep up to this many nodes in fp32 (`fp32_fallback`)
-    smooth_alpha: float | None = (
-        None  # SmoothQuant migration strength before quantising (`compressor.deploy.smoothing`)
-    )
-    smooth_scope: str = (
-        "all"  # which MatMuls smoothing rescales: "all", "cheap", "free" (`compressor.deploy.smoothing`)
-    )
+    smooth_alpha: float | None = None  # SmoothQuant migration strength before quantising (`deploy.smoothing`)
+    smooth_scope: str = "all"  # which MatMuls smoothing rescales: "all", "cheap", "free" (`deploy.smoothing`)
     smooth_outlier_ratio: float | None = None  # cheap/free scope: still smooth a skipped input with an outlier this big
     calibration: Sequence[Mapping] = field(default=(), repr=False)  # training batches (int8_static)
     validation: Sequence[Mapping] = field(default=(), repr=False)  # labelled batches for the gate
@@ -68,8 +64,8 @@ def resolve_reduce_range(setting: ReduceRange = "auto", cpuinfo: Path = CPUINFO)
     saturates with full-range 8-bit weights and shifts logits visibly (max |Δlogit| 0.36 vs 0.06 on the tiny test
     models); 7-bit weights (`reduce_range`) cannot saturate there, at a small cost in weight resolution. With VNNI
     (or when the CPU cannot be identified) full range is kept. An explicit bool is used as given. `auto` can be
-    forced either way with `COMPRESSOR_INT8_REDUCE_RANGE=1|0`: how a test suite is run on another CPU's weight
-    range (CI legs, `make test-int8-ranges`), and how a user reproduces a number taken on another machine.
+    forced either way with `COMPRESSOR_INT8_REDUCE_RANGE=1|0`: how the test suite is run with another CPU's
+    weight range, and how a user reproduces a number taken on another machine.
     """
     if setting is True or setting is False:
         return setting, "set explicitly"
