@@ -150,7 +150,7 @@ def test_pruned_copy_leaves_original_and_replay_is_idempotent(arch: str) -> None
     plan = {0: [1, 2], 2: [0, 1, 2, 3]}
     pruned = pruned_copy(model, plan)
     assert_same_state(state(model), before)
-    assert model.config.pruned_heads == {}
+    assert pruned_heads(model) == {}
     once = state(pruned)
     prune_heads(pruned, plan)
     prune_heads(pruned, {"0": [1], 2: [3]})
@@ -220,7 +220,7 @@ def test_unsupported_architectures_refused_before_any_change(name: str) -> None:
     with pytest.raises(UnsupportedArchitectureError, match=f"architecture '{name}'"):
         prune_heads(model, {0: [0]})
     assert_same_state(state(model), before)
-    assert not model.config.pruned_heads
+    assert not pruned_heads(model)
 
 
 @pytest.mark.parametrize(

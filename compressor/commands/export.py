@@ -64,7 +64,7 @@ def export(
     out_dir: Path = typer.Argument(..., help="where fp32/, optimized/, int8/ and export.json go"),
     variants: str = typer.Option("fp32,optimized,int8", "--variants", help="comma-separated: fp32,optimized,int8"),
     atol: float = typer.Option(1e-4, "--atol", help="max |logit difference| allowed between ONNX fp32 and PyTorch"),
-    opset: int = typer.Option(None, "--opset", help="ONNX opset (default: optimum's choice)"),
+    opset: int = typer.Option(None, "--opset", help="ONNX opset (default 17)"),
     recipe: Path = typer.Option(
         None,
         "--recipe",

@@ -1,15 +1,16 @@
 """ONNX export of a saved (pruned) model: fp32, ORT graph-optimised and dynamic-int8 variants, each checked.
 
-`export_onnx` rebuilds the model with `load_pruned` (plain `from_pretrained` cannot build a layer with no heads) and
-hands the in-memory model to optimum's exporter, so the traced graph has the actual pruned shapes: uneven head
-counts per layer and `EmptyAttention` layers. The fp32 graph must reproduce PyTorch's logits on real batches within
-`atol` (the parity gate) before any variant is built; a failure raises `ExportParityError` and writes nothing.
+`export_onnx` rebuilds the model with `load_pruned` and traces the in-memory model with `torch.onnx.export`, so the
+graph has the actual pruned shapes: uneven head counts per layer and `EmptyAttention` layers. The fp32 graph must
+reproduce PyTorch's logits on real batches within `atol` (the parity gate) before any variant is built; a failure
+raises `ExportParityError` and writes nothing.
 
-Layout of `out_dir` (each variant directory loads with `ORTModelForSequenceClassification.from_pretrained` and a
-bare `onnxruntime.InferenceSession`; tokenizer files and `config.json` sit beside every graph)::
+Layout of `out_dir` (each variant directory loads in a bare `onnxruntime.InferenceSession`, inputs `input_ids`,
+`attention_mask` and, where the family takes them, `token_type_ids`, output `logits`; tokenizer files and
+`config.json` sit beside every graph)::
 
     out_dir/fp32/model.onnx        torch → ONNX, dynamic batch and sequence axes
-    out_dir/optimized/model.onnx   onnxruntime.transformers optimizer (fused Attention with per-layer head counts)
+    out_dir/optimized/model.onnx   onnxruntime.transformers optimizer (fused Attention where layers keep equal heads)
     out_dir/int8/model.onnx        dynamic int8 quantisation of the optimised graph (else of fp32)
     out_dir/int8_static/model.onnx static QDQ int8 of the same graph, calibrated on training examples
     out_dir/export.json            what `export_onnx` returned
@@ -74,7 +75,8 @@ VARIANTS = ("fp32", "optimized", *INT8_VARIANTS)
 MANIFEST = "export.json"
 ATTENTION_OPS = ("Attention", "MultiHeadAttention", "QAttention")
 # Files of a saved model directory that are not copied next to the graphs (weights, the PyTorch model card).
-_NOT_COPIED = ("*.safetensors", "*.bin", "*.safetensors.index.json", "README.md", "config.json")
+_NOT_COPIED = ("*.safetensors", "*.bin", "*.safetensors.index.json", "README.md", "config.json", "modeling_*.py")
+DEFAULT_OPSET = 17  # LayerNormalization as one op; ORT's optimizer and quantizer handle it
 
 
 class ExportParityError(UserError):
@@ -101,29 +103,70 @@ def _copy_side_files(model_dir: Path, dest: Path) -> None:
             shutil.copy2(path, dest / path.name)
 
 
+class _Logits(nn.Module):
+    """The classifier as a function of its token tensors, returning logits only (the graph's single output)."""
+
+    def __init__(self, model: nn.Module, inputs: Sequence[str]):
+        super().__init__()
+        self.model, self.inputs = model, tuple(inputs)
+
+    def forward(self, *tensors: torch.Tensor) -> torch.Tensor:
+        return self.model(**dict(zip(self.inputs, tensors, strict=True))).logits
+
+
+def graph_inputs(model: nn.Module) -> list[str]:
+    """The graph's input names, in order: token ids, attention mask, and token types where the family takes them."""
+    return ["input_ids", "attention_mask", *(["token_type_ids"] if arch_spec(model).token_type_ids else [])]
+
+
+def _example_inputs(model: nn.Module) -> tuple[torch.Tensor, ...]:
+    """Two sequences, one padded, so the traced mask arithmetic is the general one (an all-ones mask may be
+    short-cut by transformers and leave padding unhandled in the graph)."""
+    vocab = int(getattr(model.config, "vocab_size", 100))
+    ids = torch.randint(3, max(vocab, 4), (2, 8))
+    mask = torch.ones_like(ids)
+    mask[1, 5:] = 0
+    return tuple({"input_ids": ids, "attention_mask": mask}.get(n, torch.zeros_like(ids)) for n in graph_inputs(model))
+
+
 def export_fp32(model: nn.Module, dest: Path, opset: int | None = None) -> Path:
-    """Trace the in-memory model with optimum (dynamic batch/sequence axes); writes model.onnx and config.json.
+    """Trace the in-memory model with `torch.onnx.export` (TorchScript tracer, dynamic batch and sequence axes);
+    writes model.onnx and the model's config.json.
 
     The model object is exported as built (pruned shapes, `EmptyAttention` layers), never re-loaded from a path.
+    The TorchScript tracer is used because ORT's optimizer fuses attention on its graphs of eager attention.
     """
-    from optimum.exporters.onnx import onnx_export_from_model
-
     dest.mkdir(parents=True, exist_ok=True)
-    with warnings.catch_warnings():  # tracer warnings about constant masks; the parity gate checks the real graph
-        warnings.simplefilter("ignore", torch.jit.TracerWarning)
-        onnx_export_from_model(model, dest, task="text-classification", opset=opset, do_validation=False)
-    file = dest / ONNX_FILE
+    file, names = dest / ONNX_FILE, graph_inputs(model)
+    axes = {name: {0: "batch_size", 1: "sequence_length"} for name in names}
+    with warnings.catch_warnings(), torch.no_grad():  # tracer warnings about constant masks; parity checks the graph
+        warnings.simplefilter("ignore")
+        torch.onnx.export(
+            _Logits(model.eval(), names),
+            _example_inputs(model),
+            str(file),
+            input_names=names,
+            output_names=["logits"],
+            dynamic_axes={**axes, "logits": {0: "batch_size"}},
+            opset_version=opset or DEFAULT_OPSET,
+            dynamo=False,
+        )
     if not file.is_file():
-        raise RuntimeError(f"export: optimum wrote no {ONNX_FILE} in '{dest}'")
+        raise RuntimeError(f"export: torch.onnx.export wrote no {ONNX_FILE} in '{dest}'")
+    model.config.to_json_file(str(dest / "config.json"))
     return file
 
 
-def optimize_graph(src: Path, dest: Path, fuse_attention: bool = True, model_type: str = "bert") -> dict:
+def optimize_graph(
+    src: Path, dest: Path, fuse_attention: bool = True, model_type: str = "bert", num_heads: int = 0
+) -> dict:
     """ORT transformer optimizer on `src` (`model_type`: the family's `ArchSpec.ort_model_type`), written to `dest`;
     returns fused-op statistics.
 
-    num_heads=0 / hidden_size=0 make the attention fusion read each layer's head count from its own Q/K/V shapes,
-    which is what a pruned model with uneven heads needs. `fuse_attention=False` keeps every other fusion.
+    `num_heads`: the head count of every layer with heads, or 0 when layers differ. ORT cannot read the head count
+    off transformers 5's graphs (its reshapes use -1), so attention fuses only when the count is given, that is
+    when every layer kept the same number of heads; the other fusions (LayerNorm, GELU, biases) happen either way.
+    `fuse_attention=False` keeps every other fusion.
     """
     from onnxruntime.transformers.fusion_options import FusionOptions
     from onnxruntime.transformers.optimizer import optimize_model
@@ -132,8 +175,9 @@ def optimize_graph(src: Path, dest: Path, fuse_attention: bool = True, model_typ
     options.enable_attention = fuse_attention
     with quiet_ort():
         optimized = optimize_model(
-            str(src), model_type=model_type, num_heads=0, hidden_size=0, optimization_options=options, use_gpu=False
-        )
+            str(src), model_type=model_type, num_heads=num_heads, hidden_size=0, optimization_options=options,
+            use_gpu=False,
+        )  # fmt: skip
         dest.parent.mkdir(parents=True, exist_ok=True)
         optimized.save_model_to_file(str(dest))
         fused = optimized.get_fused_operator_statistics()
@@ -183,19 +227,24 @@ def _gate(name: str, stats: dict, atol: float) -> None:
 
 
 def _build_optimized(
-    fp32: Path, dest: Path, batches, reference: dict, atol: float, attention_layers: int, model_type: str
+    fp32: Path, dest: Path, batches, reference: dict, atol: float, head_counts: list[int], model_type: str
 ):
     """Optimised graph with fused attention, falling back to the unfused optimised graph when fusion breaks parity.
 
-    Returns (parity stats, extra result fields); raises `ExportParityError` when even the unfused graph fails.
+    `head_counts`: heads of each layer that has any. Returns (parity stats, extra result fields); raises
+    `ExportParityError` when even the unfused graph fails.
     """
-    info = optimize_graph(fp32, dest / ONNX_FILE, fuse_attention=True, model_type=model_type)
+    attention_layers = len(head_counts)
+    num_heads = head_counts[0] if len(set(head_counts)) == 1 else 0
+    info = optimize_graph(fp32, dest / ONNX_FILE, fuse_attention=True, model_type=model_type, num_heads=num_heads)
     stats = _check(dest / ONNX_FILE, batches, reference)
     fused = sum(len(v) for v in attention_nodes(dest / ONNX_FILE).values())
     if attention_layers == 0:
         fusion = "n/a (no layer has heads left)"
     else:
         fusion = "full" if fused == attention_layers else ("partial" if fused else "none")
+        if not num_heads:
+            fusion += " (layers keep different head counts)"
     if not stats["max_abs_diff"] <= atol:
         log.warning(
             "export: fused attention breaks parity (%.3g > %g); keeping the optimised graph without attention fusion",
@@ -206,7 +255,7 @@ def _build_optimized(
         info = optimize_graph(fp32, dest / ONNX_FILE, fuse_attention=False, model_type=model_type)
         stats = _check(dest / ONNX_FILE, batches, reference)
         _gate("optimized", stats, atol)
-    return stats, {**info, "attention_fusion": fusion, "attention_layers": attention_layers}
+    return stats, {**info, "attention_fusion": fusion, "attention_layers": attention_layers, "num_heads": num_heads}
 
 
 def export_onnx(
@@ -241,20 +290,18 @@ def export_onnx(
         raise UserError("export: no check batches given; expected real evaluation batches for the parity gate")
     model_dir, out_dir = Path(model_dir), Path(out_dir)
     atomic.check_replaceable(out_dir, (*VARIANTS, MANIFEST), "export output")
-    model = load_pruned(model_dir, attn_implementation="sdpa")  # SDPA traces to a pattern ORT fuses (DistilBERT too)
+    model = load_pruned(model_dir, attn_implementation="eager")  # eager traces to the pattern ORT fuses
     reference = evaluate_variant(lambda b: torch_logits(model, b), check_batches)
-    attention_layers = sum(1 for heads in present_heads(model) if heads)
+    head_counts = [len(heads) for heads in present_heads(model) if heads]
 
     with atomic.directory(out_dir) as tmp:
-        results = _build_all(
-            model, model_dir, tmp, out_dir, names, check_batches, reference, atol, opset, attention_layers
-        )
+        results = _build_all(model, model_dir, tmp, out_dir, names, check_batches, reference, atol, opset, head_counts)
         results.update(_build_int8(tmp, out_dir, names, results, check_batches, reference, options))
         (tmp / MANIFEST).write_text(json.dumps(results, indent=2))
     return results
 
 
-def _build_all(model, model_dir, tmp, out_dir, names, batches, reference, atol, opset, attention_layers) -> dict:
+def _build_all(model, model_dir, tmp, out_dir, names, batches, reference, atol, opset, head_counts) -> dict:
     """fp32 (parity-gated), then the optimised variant if requested, each in its own directory under `tmp`."""
     fp32 = export_fp32(model, tmp / "fp32", opset)
     _copy_side_files(model_dir, tmp / "fp32")
@@ -264,7 +311,7 @@ def _build_all(model, model_dir, tmp, out_dir, names, batches, reference, atol, 
     if "optimized" in names:
         dest = _sibling_dir(tmp, "optimized", tmp / "fp32")
         ort_type = arch_spec(model).ort_model_type
-        stats, extra = _build_optimized(fp32, dest, batches, reference, atol, attention_layers, ort_type)
+        stats, extra = _build_optimized(fp32, dest, batches, reference, atol, head_counts, ort_type)
         results["optimized"] = _variant_entry("optimized", dest / ONNX_FILE, stats, extra, out_dir)
     return results
 

@@ -59,21 +59,17 @@ def _check_shape(name: str, gates: torch.Tensor, expected: tuple[int, int]) -> N
         raise ValueError(f"{name}: expected shape {expected}, got {tuple(gates.shape)}")
 
 
-def _skip_hook(heads: torch.Tensor, neurons: torch.Tensor, layer: int, ids: tuple[list[int], list[int]], last: bool):
-    """Forward hook: when every present head and neuron of `layer` is gated to 0, the layer returns its input.
-
-    The layer's output tuple is (hidden, attentions?) for BERT-like layers and (attentions?, hidden) for
-    DistilBERT (`last`): that element is replaced by the input. `ids` are the present (head, neuron) ids.
-    """
+def _skip_hook(heads: torch.Tensor, neurons: torch.Tensor, layer: int, ids: tuple[list[int], list[int]]):
+    """Forward hook: when every present head and neuron of `layer` is gated to 0, the layer returns its input
+    (transformers 5 layers return the hidden states alone). `ids` are the present (head, neuron) ids."""
     h_index, n_index = (torch.tensor(i, dtype=torch.long) for i in ids)
 
-    def hook(_module: nn.Module, args: tuple, kwargs: dict, output: tuple) -> tuple:
+    def hook(_module: nn.Module, args: tuple, kwargs: dict, output: torch.Tensor) -> torch.Tensor:
         live = heads[layer].index_select(0, h_index.to(heads.device)).any()
         live = live or neurons[layer].index_select(0, n_index.to(neurons.device)).any()
         if live:
             return output
-        x = args[0] if args else next(kwargs[k] for k in ("hidden_states", "hidden_state", "x") if k in kwargs)
-        return (*output[:-1], x) if last else (x, *output[1:])
+        return args[0] if args else next(kwargs[k] for k in ("hidden_states", "hidden_state", "x") if k in kwargs)
 
     return hook
 
@@ -106,7 +102,7 @@ def gated(
             handles.append(proj.register_forward_pre_hook(_gate_hook(neurons, layer, cells, 1)))
         if neurons is not None and (heads or cells):
             head_gates = gates if gates is not None else full_gates(model).to(neurons.device)
-            hook = _skip_hook(head_gates, neurons, layer, (heads, cells), spec.attentions_first)
+            hook = _skip_hook(head_gates, neurons, layer, (heads, cells))
             handles.append(module.register_forward_hook(hook, with_kwargs=True))
     try:
         yield gates if gates is not None else neurons
@@ -115,50 +111,111 @@ def gated(
             handle.remove()
 
 
+RECORDED = "compressor_recorded"  # the attention implementation AttentionRecorder switches a model to
+_ACTIVE: list[AttentionRecorder] = []  # recorders attached right now, innermost last
+
+
+def _recorded_attention(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    **_kwargs,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Eager attention (transformers' own arithmetic) that lets the active recorder see and rescale the
+    probabilities of the modules it watches."""
+    scores = torch.matmul(query, key.transpose(2, 3)) * (query.size(-1) ** -0.5 if scaling is None else scaling)
+    if attention_mask is not None:
+        scores = scores + attention_mask
+    probs = nn.functional.softmax(scores, dim=-1)
+    recorder = _ACTIVE[-1] if _ACTIVE else None
+    if recorder is not None and id(module) in recorder.watched:
+        probs = recorder.observe(recorder.watched[id(module)], probs)
+    probs = nn.functional.dropout(probs, p=dropout, training=module.training)
+    return torch.matmul(probs, value).transpose(1, 2).contiguous(), probs
+
+
+def _register_recorded_attention() -> None:
+    """Make RECORDED a valid attention implementation (with eager's additive mask) for every transformers model."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, eager_mask
+
+    AttentionInterface.register(RECORDED, _recorded_attention)
+    AttentionMaskInterface.register(RECORDED, eager_mask)
+
+
+_register_recorded_attention()
+
+
 class AttentionRecorder:
     """Captures (and optionally rescales) attention probabilities per layer during a forward pass.
 
-    Hooks the dropout applied to attention probabilities, which both eager BERT-family and DistilBERT attention
-    call on the softmax output. `scale[layer]` multiplies that layer's probabilities (AttAttr's α·A); with
-    `retain_grad=True` the recorded tensors keep their gradients after `backward()`.
-    Probabilities are [batch, present heads, query, key]; layers without heads record nothing.
+    Families whose attention goes through transformers' attention interface (`ArchSpec.probs_dropout` None) are
+    switched to an eager implementation of our own while attached, whatever they were loaded with (SDPA included);
+    the others are hooked at the dropout module their eager attention applies to the probabilities, which needs the
+    model loaded with eager attention (refused in one line otherwise). `scale[layer]` multiplies that layer's
+    probabilities (AttAttr's α·A); with `retain_grad=True` the recorded tensors keep their gradients after
+    `backward()`. Probabilities are [batch, present heads, query, key]; layers without heads record nothing.
     """
 
     def __init__(self, scale: dict[int, float | torch.Tensor] | None = None, retain_grad: bool = False):
         self.scale = scale or {}
         self.retain_grad = retain_grad
         self.probs: dict[int, torch.Tensor] = {}
+        self.watched: dict[int, int] = {}  # id(attention module) → layer
+
+    def observe(self, layer: int, probs: torch.Tensor) -> torch.Tensor:
+        """Record `probs` for `layer` and return what attention goes on with (scaled when asked)."""
+        if layer in self.scale:
+            # Keep the unscaled A as the leaf the caller differentiates against.
+            base = probs.detach().requires_grad_(True) if self.retain_grad else probs
+            self.probs[layer] = base
+            return base * self.scale[layer]
+        if self.retain_grad and probs.requires_grad:
+            probs.retain_grad()
+        self.probs[layer] = probs
+        return probs
 
     def _hook(self, layer: int):
-        def hook(_module: nn.Module, _args: tuple, output: torch.Tensor) -> torch.Tensor:
-            if layer in self.scale:
-                # Keep the unscaled A as the leaf the caller differentiates against.
-                base = output.detach().requires_grad_(True) if self.retain_grad else output
-                self.probs[layer] = base
-                return base * self.scale[layer]
-            if self.retain_grad and output.requires_grad:
-                output.retain_grad()
-            self.probs[layer] = output
-            return output
-
-        return hook
+        return lambda _module, _args, output: self.observe(layer, output)
 
     @contextmanager
     def attach(self, model: nn.Module) -> Iterator[AttentionRecorder]:
+        spec = arch_spec(model)
+        modules = [
+            (layer, get_path(module, spec.self_attn))
+            for layer, (module, heads) in enumerate(zip(layers(model), present_heads(model), strict=True))
+            if heads
+        ]
+        if spec.probs_dropout is None:
+            with self._interface(model, modules):
+                yield self
+            return
         impl = getattr(model.config, "_attn_implementation", "eager")
         if impl != "eager":
             raise RuntimeError(
-                f"attention maps need attn_implementation='eager' (model has '{impl}'); "
-                "load it with compressor.sources.load_model(..., attention='eager')"
+                f"attention maps of '{model.config.model_type}' need attn_implementation='eager' (model has "
+                f"'{impl}'); load it with compressor.sources.load_model(..., attention='eager')"
             )
-        spec = arch_spec(model)
-        handles = []
-        for layer, (module, heads) in enumerate(zip(layers(model), present_heads(model), strict=True)):
-            if heads:
-                drop = get_path(get_path(module, spec.self_attn), spec.probs_dropout)
-                handles.append(drop.register_forward_hook(self._hook(layer)))
+        handles = [get_path(attn, spec.probs_dropout).register_forward_hook(self._hook(i)) for i, attn in modules]
         try:
             yield self
         finally:
             for handle in handles:
                 handle.remove()
+
+    @contextmanager
+    def _interface(self, model: nn.Module, modules: list[tuple[int, nn.Module]]) -> Iterator[None]:
+        """Switch `model` to the recorded attention while inside, restoring its own implementation after."""
+        previous = model.config._attn_implementation
+        self.watched = {id(attn): layer for layer, attn in modules}
+        model.config._attn_implementation = RECORDED
+        _ACTIVE.append(self)
+        try:
+            yield
+        finally:
+            _ACTIVE.remove(self)
+            model.config._attn_implementation = previous

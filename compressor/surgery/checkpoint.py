@@ -1,16 +1,19 @@
 """Saving and loading pruned models.
 
-A saved directory is a normal transformers model directory (safetensors weights, `config.json` with
-`pruned_heads` in original head ids, tokenizer files) plus `compressor_plan.json`, the replayable plan, and a
-`README.md` model card when the original model is given. Plain `AutoModelForSequenceClassification.from_pretrained`
-rebuilds it through transformers' own `prune_heads` whenever no layer lost every head; `load_pruned` handles every
-case by rebuilding the original architecture from the config, replaying the plan with our surgery, and loading the
-weights strictly.
+A saved directory is a normal transformers model directory: safetensors weights, tokenizer files and the *original*
+`config.json`, plus what a pruned model needs to be rebuilt anywhere:
 
-Pruned FFN neurons (`pruned_neurons`) and removed layers (`removed_layers`) are in the plan too. Vanilla
-transformers has one `intermediate_size` per model, so a model whose remaining layers all keep the same FFN width
-(the `prune.uniform_ffn` option), no removed layer and no layer without heads is saved with that width as
-`intermediate_size` and loads with plain `from_pretrained`; any other shape needs `load_pruned`.
+- `compressor_layout` in `config.json`: the family's module paths and, per layer, the heads and FFN neurons left or
+  that the layer was removed (transformers 5 has no config field for per-layer shapes);
+- `modeling_compressor.py` (a copy of `surgery.portable`) and an `auto_map` entry, so plain transformers loads it
+  with `AutoModelForSequenceClassification.from_pretrained(dir, trust_remote_code=True)`, no compressor install;
+- our bookkeeping in `config.json` (`pruned_heads`, `pruned_neurons`, `removed_layers`, original ids) and
+  `compressor_plan.json`, the replayable plan, plus a `README.md` model card when the original model is given.
+
+`load_pruned` rebuilds the original architecture from the config, gives it the plan's shapes with the same
+`apply_layout` the shipped file uses, and loads the weights strictly. It also reads directories written by
+compressor under transformers 4.57 (no layout; a uniform FFN width may stand in the config as
+`intermediate_size` with the original under `compressor_ffn_size`). An unpruned model is saved as a plain directory.
 """
 
 from __future__ import annotations
@@ -25,16 +28,21 @@ from torch import nn
 from transformers import AutoConfig, AutoModelForSequenceClassification
 
 from compressor.core import atomic
+from compressor.surgery import portable
 from compressor.surgery.arch import (
     arch_spec,
+    head_size,
     original_ffn_size,
+    original_num_heads,
+    present_heads,
     present_neurons,
     pruned_heads,
     pruned_neurons,
     removed_layers,
 )
 from compressor.surgery.cost import model_stats
-from compressor.surgery.slicing import empty_layers, prune_heads, prune_neurons, remove_layers
+from compressor.surgery.portable import LAYOUT_KEY, LAYOUT_VERSION, apply_layout
+from compressor.surgery.slicing import empty_layers
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +51,7 @@ CARD_FILE = "README.md"
 PLAN_FORMAT = 2  # 2 adds pruned_neurons, removed_layers and ffn_size (format 1 files still load)
 WEIGHTS_FILE = "model.safetensors"
 WEIGHTS_INDEX = "model.safetensors.index.json"
+REMOTE_MODULE = "modeling_compressor"  # the shipped copy of surgery.portable
 
 
 def save_pruned(
@@ -67,7 +76,6 @@ def save_pruned(
         "pruned_neurons": {str(k): v for k, v in pruned_neurons(model).items()},
         "removed_layers": removed_layers(model),
         "ffn_size": original_ffn_size(model),
-        "plain_loadable": plain_loadable(model),
         "metadata": metadata or {},
     }
     with atomic.directory(out_dir) as tmp:
@@ -86,28 +94,47 @@ def uniform_ffn_width(model: nn.Module) -> int | None:
     return widths.pop() if len(widths) == 1 and not removed_layers(model) else None
 
 
-def plain_loadable(model: nn.Module) -> bool:
-    """Whether plain `AutoModelForSequenceClassification.from_pretrained` can rebuild `model` once saved:
-    every layer keeps at least one head, the same FFN width (at least one neuron) and no layer was removed."""
-    return not empty_layers(model) and bool(uniform_ffn_width(model))
+def layout(model: nn.Module) -> dict:
+    """The `compressor_layout` of `model`: family paths, original sizes and per-layer heads / FFN neurons left."""
+    gone = set(removed_layers(model))
+    units = enumerate(zip(present_heads(model), present_neurons(model), strict=True))
+    return {
+        "version": LAYOUT_VERSION,
+        "family": arch_spec(model).portable(),
+        "head_size": head_size(model),
+        "num_heads": original_num_heads(model),
+        "ffn_size": original_ffn_size(model),
+        "blocks": [{"removed": True} if i in gone else {"heads": len(h), "ffn": len(n)} for i, (h, n) in units],
+    }
+
+
+def is_pruned(model: nn.Module) -> bool:
+    """Whether any unit was removed (a plain transformers directory is enough otherwise)."""
+    return bool(pruned_heads(model) or pruned_neurons(model) or removed_layers(model))
+
+
+def _stock_class(model: nn.Module) -> type:
+    """The transformers class `model` is (or derives from, when it was loaded through the shipped code)."""
+    return next(c for c in type(model).__mro__ if c.__module__.startswith("transformers."))
 
 
 def _save_weights_and_config(model: nn.Module, out_dir: Path) -> None:
-    """`save_pretrained`, writing a uniform FFN width as the config's own width so plain transformers builds it
-    (the original width goes under `compressor_ffn_size`); the in-memory config is restored afterwards."""
+    """`save_pretrained` with the layout, `auto_map` and `modeling_compressor.py` of a pruned model; the in-memory
+    config is left as it was."""
     cfg = model.config
-    width_key = "intermediate_size" if hasattr(cfg, "intermediate_size") else "hidden_dim"
-    original, width = getattr(cfg, width_key), uniform_ffn_width(model)
-    if width is None or width == original_ffn_size(model) or not plain_loadable(model):
-        model.save_pretrained(out_dir, safe_serialization=True)
+    if not is_pruned(model):
+        model.save_pretrained(out_dir)
         return
-    cfg.compressor_ffn_size = original_ffn_size(model)
-    setattr(cfg, width_key, width)
+    base = _stock_class(model).__name__
+    cfg.compressor_layout = layout(model)
+    cfg.auto_map = {"AutoModelForSequenceClassification": f"{REMOTE_MODULE}.Pruned{base}"}
     try:
-        model.save_pretrained(out_dir, safe_serialization=True)
+        model.save_pretrained(out_dir)
     finally:
-        setattr(cfg, width_key, original)
-        del cfg.compressor_ffn_size
+        del cfg.compressor_layout, cfg.auto_map
+    source = Path(portable.__file__).read_text()
+    footer = f'\n\nPruned{base} = pruned_class("{base}")\n'
+    (out_dir / f"{REMOTE_MODULE}.py").write_text(source + footer)
 
 
 def _fmt(n: int) -> str:
@@ -158,24 +185,33 @@ def render_model_card(stats: dict, model_type: str, metadata: dict | None = None
     for layer, (n_before, n_after) in enumerate(zip(before["heads_per_layer"], after["heads_per_layer"], strict=True)):
         ids = stats["pruned_heads"].get(str(layer), [])
         lines.append(f"| {layer} | {n_after} / {n_before} | {', '.join(map(str, ids)) or '—'} |")
-    lines += ["", "## Loading", "", "```python", "import compressor", "", 'model = compressor.load_pruned("<dir>")']
-    lines.append("```")
-    lines.append("")
-    if stats.get("removed_layers") or len(set(after.get("ffn_neurons_per_layer", [0]))) > 1:
-        lines.append(
-            "Layers have different FFN widths or were removed whole (plain transformers has one `intermediate_size` "
-            "and a fixed layer count): load with `compressor.load_pruned`."
-        )
-    elif stats["empty_layers"]:
-        lines.append(
-            f"Layer(s) {', '.join(map(str, stats['empty_layers']))} have no heads left (attention reduces to the "
-            "output bias), which plain transformers cannot build: load with `compressor.load_pruned`."
-        )
-    else:
-        lines.append("No layer lost every head, so `AutoModelForSequenceClassification.from_pretrained` works too.")
+    lines += _loading_section(bool(stats["pruned_heads"] or stats.get("pruned_neurons") or stats.get("removed_layers")))
     if metadata:
         lines += ["", "## Metadata", ""] + [f"- {k}: {v}" for k, v in metadata.items()]
     return "\n".join(lines) + "\n"
+
+
+def _loading_section(pruned: bool) -> list[str]:
+    """How to load the directory: plain transformers (with the shipped code when pruned) or compressor."""
+    if not pruned:
+        return ["", "## Loading", "", "A plain transformers directory (`AutoModelForSequenceClassification`)."]
+    return [
+        "",
+        "## Loading",
+        "",
+        "Layers keep different numbers of heads and FFN neurons, which a transformers config cannot describe: the",
+        f"directory ships `{REMOTE_MODULE}.py` (it imports only torch and transformers) to rebuild those shapes.",
+        "",
+        "```python",
+        "from transformers import AutoModelForSequenceClassification, AutoTokenizer",
+        "",
+        'model = AutoModelForSequenceClassification.from_pretrained("<dir>", trust_remote_code=True)',
+        'tokenizer = AutoTokenizer.from_pretrained("<dir>")',
+        "```",
+        "",
+        'With compressor installed, `compressor.load_pruned("<dir>")` gives the same model without remote code.',
+        "Without `trust_remote_code=True`, transformers refuses the checkpoint with a size-mismatch error.",
+    ]
 
 
 def write_model_card(
@@ -205,7 +241,7 @@ def read_unit_plan(model_dir: str | Path) -> dict:
     else:
         config = AutoConfig.from_pretrained(model_dir)
         data = {  # a pruned model re-saved by plain transformers: its config still carries every unit kind
-            "pruned_heads": config.pruned_heads or {},
+            "pruned_heads": getattr(config, "pruned_heads", None) or {},
             "pruned_neurons": getattr(config, "pruned_neurons", {}),
             "removed_layers": getattr(config, "removed_layers", []),
             "ffn_size": getattr(config, "compressor_ffn_size", None),
@@ -244,10 +280,12 @@ def _build(config, attn_implementation: str, dtype: torch.dtype) -> nn.Module:
         return AutoModelForSequenceClassification.from_config(config, attn_implementation="eager", dtype=dtype)
 
 
+_SAVED_KEYS = ("pruned_heads", "pruned_neurons", "removed_layers", "compressor_ffn_size", LAYOUT_KEY, "auto_map")
+
+
 def _original_shape(config, ffn_size: int | None) -> None:
-    """Reset `config` in place to the unpruned architecture the plan is replayed on."""
-    config.pruned_heads = {}
-    for key in ("pruned_neurons", "removed_layers", "compressor_ffn_size"):
+    """Reset `config` in place to the unpruned architecture (what `from_config` builds before the layout)."""
+    for key in _SAVED_KEYS:
         if hasattr(config, key):
             delattr(config, key)
     if ffn_size is not None:
@@ -257,28 +295,33 @@ def _original_shape(config, ffn_size: int | None) -> None:
 def load_pruned(
     model_dir: str | Path, attn_implementation: str = "sdpa", dtype: torch.dtype = torch.float32
 ) -> nn.Module:
-    """Rebuild the original architecture from the saved config, replay the plan, load the weights strictly.
+    """Rebuild the original architecture from the saved config, give it the plan's shapes, load the weights strictly.
 
-    Works for every plan, including layers that lost every head, uneven FFN widths and removed layers (which
-    plain `from_pretrained` cannot build).
+    Works for every plan (layers without heads, uneven FFN widths, removed layers) and for directories saved under
+    transformers 4.57. A `compressor_layout` that disagrees with the plan is refused rather than guessed between.
     """
     model_dir = Path(model_dir)
     config = AutoConfig.from_pretrained(model_dir)
     arch_spec(config.model_type)
     plan = read_unit_plan(model_dir)
+    saved_layout = getattr(config, LAYOUT_KEY, None)
     state = _read_weights(model_dir)
     _original_shape(config, plan["ffn_size"])
     model = _build(config, attn_implementation, dtype)
-    prune_heads(model, plan["heads"])
-    prune_neurons(model, plan["neurons"])
-    remove_layers(model, plan["layers"])
+    model.config.pruned_heads = {k: sorted(v) for k, v in sorted(plan["heads"].items()) if v}
+    model.config.pruned_neurons = {k: sorted(v) for k, v in sorted(plan["neurons"].items()) if v}
+    model.config.removed_layers = sorted(plan["layers"])
+    shapes = layout(model)
+    if saved_layout is not None and saved_layout["blocks"] != shapes["blocks"]:
+        raise ValueError(f"{model_dir}: config.json's {LAYOUT_KEY} does not match {PLAN_FILE}")
+    apply_layout(model, shapes)
     try:
         missing, unexpected = model.load_state_dict(state, strict=False)
     except RuntimeError as err:
-        raise ValueError(f"{model_dir}: weight shapes do not match the replayed plan ({err})") from None
+        raise ValueError(f"{model_dir}: weight shapes do not match the saved plan ({err})") from None
     missing = [k for k in missing if not k.endswith("position_ids")]
     if missing or unexpected:
         raise ValueError(
-            f"{model_dir}: weights do not match the replayed plan (missing {missing[:3]}, unexpected {unexpected[:3]})"
+            f"{model_dir}: weights do not match the saved plan (missing {missing[:3]}, unexpected {unexpected[:3]})"
         )
     return model.eval()

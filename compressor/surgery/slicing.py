@@ -1,10 +1,10 @@
 """Physical removal of heads, FFN neurons and whole layers: pure weight slicing from a plan, no training or data.
 
 A *plan* is `{layer: [original head ids to remove]}`. Pruning is cumulative and always refers to original ids,
-as transformers' `config.pruned_heads` does, so a model pruned in several rounds equals one pruned once with the
-union, and `from_pretrained` in plain transformers rebuilds the same shapes from the saved config.
-A layer that loses every head gets an `EmptyAttention` block: its attention output is just W_O's bias
-(then dropout, residual and LayerNorm as usual); nothing else is computed.
+and recorded in `config.pruned_heads` (our own bookkeeping: transformers 5 no longer reads it), so a model pruned in
+several rounds equals one pruned once with the union. A layer that loses every head gets an `EmptyAttention` block:
+its attention output is just W_O's bias (then dropout, residual and LayerNorm as usual); nothing else is computed.
+The replacement modules live in `surgery.portable`, which saved models ship for loading without compressor.
 
 FFN neurons follow the same rules with `{layer: [original neuron ids]}` plans recorded in `config.pruned_neurons`
 (W_1 rows and W_2 columns sliced). A layer that has lost every head *and* every neuron is replaced by a
@@ -14,7 +14,6 @@ FFN neurons follow the same rules with `{layer: [original neuron ids]}` plans re
 from __future__ import annotations
 
 import copy
-import warnings
 from collections.abc import Iterable, Mapping
 
 import torch
@@ -34,6 +33,7 @@ from compressor.surgery.arch import (
     removed_layers,
     set_path,
 )
+from compressor.surgery.portable import EmptyAttention, SkippedLayer, empty_linear
 
 Plan = dict[int, list[int]]
 
@@ -42,67 +42,18 @@ class PlanError(UserError, ValueError):
     """A prune plan names a layer or head that does not exist (raised before the model is touched)."""
 
 
-def _no_input_linear(bias: nn.Parameter) -> nn.Linear:
-    """A Linear with zero inputs whose output is its bias (the W_O of a layer without heads)."""
-    with warnings.catch_warnings():  # kaiming init warns on a zero-element weight
-        warnings.simplefilter("ignore")
-        linear = nn.Linear(0, bias.shape[0], device=bias.device, dtype=bias.dtype)
-    linear.bias = bias
-    return linear
-
-
-class EmptyAttention(nn.Module):
-    """Attention block of a layer with no heads left: returns the output bias (plus residual/LayerNorm).
-
-    Keeps the original sub-module names (`output.dense`, `output.LayerNorm` for BERT-like; `out_lin` for
-    DistilBERT) so state-dict keys stay those of the original architecture.
-    """
-
-    def __init__(self, block: nn.Module, returns_normed: bool):
-        super().__init__()
-        self.returns_normed = returns_normed
-        if returns_normed:  # BERT-like: block = BertAttention(self, output=SelfOutput(dense, dropout, LayerNorm))
-            self.output = block.output
-            self.output.dense = _no_input_linear(block.output.dense.bias)
-        else:  # DistilBERT: block = MultiHeadSelfAttention; the layer applies residual and LayerNorm itself
-            self.out_lin = _no_input_linear(block.out_lin.bias)
-
-    def forward(self, hidden_states: torch.Tensor | None = None, *args, output_attentions: bool = False, **kwargs):
-        """Same call signature and return tuple as the replaced block (BERT: hidden_states; DistilBERT: query=).
-
-        Only shape-based tensor ops, no data-dependent Python branches, so tracing / ONNX export sees a constant
-        graph: BERT-like `LayerNorm(dropout(b_O) + x)`, DistilBERT `b_O` broadcast to x (the layer adds x and
-        normalises). With `output_attentions` the attention map has zero heads: [batch, 0, T, T].
-        """
-        x = hidden_states if hidden_states is not None else kwargs["query"]
-        if self.returns_normed:
-            out = self.output.LayerNorm(self.output.dropout(self.output.dense.bias.expand_as(x)) + x)
-        else:
-            out = self.out_lin.bias.expand_as(x)
-        if output_attentions:
-            b, t = x.shape[:2]
-            return out, x.new_zeros(b, 0, t, t)
-        return (out,)
-
-
 def _index(heads: list[int], size: int) -> torch.Tensor:
     return torch.cat([torch.arange(h * size, (h + 1) * size) for h in heads]).long()
 
 
 def _slice_linear(linear: nn.Linear, index: torch.Tensor, dim: int) -> nn.Linear:
     """A new Linear keeping `index` along output rows (dim=0) or input columns (dim=1)."""
-    weight = linear.weight.index_select(dim, index.to(linear.weight.device)).detach().clone()
-    bias = linear.bias
-    if dim == 0 and bias is not None:
-        bias = bias.index_select(0, index.to(bias.device))
-    with warnings.catch_warnings():  # kaiming init warns on a zero-element weight (a layer left with no neuron)
-        warnings.simplefilter("ignore")
-        new = nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None)
-    new = new.to(device=weight.device, dtype=weight.dtype)
+    weight = linear.weight.index_select(dim, index.to(linear.weight.device)).detach()
+    new = empty_linear(weight.shape[1], weight.shape[0], linear)
     with torch.no_grad():
         new.weight.copy_(weight)
-        if bias is not None:
-            new.bias.copy_(bias.detach())
+        if linear.bias is not None:
+            new.bias.copy_(linear.bias.index_select(0, index.to(linear.bias.device)) if dim == 0 else linear.bias)
     new.weight.requires_grad_(linear.weight.requires_grad)
     return new
 
@@ -159,7 +110,7 @@ def prune_heads(model: nn.Module, plan: Plan) -> nn.Module:
     plan = validate_plan(model, plan)
     size = head_size(model)
     present = present_heads(model)
-    recorded = {int(k): set(v) for k, v in (model.config.pruned_heads or {}).items()}
+    recorded = {int(k): set(v) for k, v in (getattr(model.config, "pruned_heads", None) or {}).items()}
     for layer, remove in plan.items():
         module = layers(model)[layer]
         current = present[layer]
@@ -168,9 +119,7 @@ def prune_heads(model: nn.Module, plan: Plan) -> nn.Module:
             continue
         recorded[layer] = recorded.get(layer, set()) | set(remove)
         if not keep_pos:
-            block = get_path(module, spec.attention)
-            empty = EmptyAttention(block, returns_normed=hasattr(block, "output"))
-            set_path(module, spec.attention, empty)
+            set_path(module, spec.attention, EmptyAttention(get_path(module, spec.attention), spec.attention_out))
             continue
         index = _index(keep_pos, size)
         attn = get_path(module, spec.self_attn)
@@ -179,10 +128,6 @@ def prune_heads(model: nn.Module, plan: Plan) -> nn.Module:
         set_path(module, spec.out_proj, _slice_linear(get_path(module, spec.out_proj), index, dim=1))
         setattr(attn, spec.heads_attr, len(keep_pos))
         setattr(attn, spec.width_attr, len(keep_pos) * size)
-        if hasattr(attn, "pruned_heads"):
-            attn.pruned_heads = set(recorded[layer])
-        if hasattr(get_path(module, spec.attention), "pruned_heads"):
-            get_path(module, spec.attention).pruned_heads = set(recorded[layer])
     model.config.pruned_heads = {k: sorted(v) for k, v in sorted(recorded.items()) if v}
     return _drop_dead_layers(model)
 
@@ -196,28 +141,6 @@ def pruned_copy(model: nn.Module, plan: Plan, neurons: Plan | None = None) -> nn
 def empty_layers(model: nn.Module) -> list[int]:
     """Layers whose attention block has no heads left."""
     return [i for i, heads in enumerate(present_heads(model)) if not heads]
-
-
-class SkippedLayer(nn.Module):
-    """A removed transformer layer: returns its input unchanged (plus an empty attention map when asked).
-
-    BERT-like layers return `(hidden, attentions?)` and take `output_attentions` as a keyword; DistilBERT blocks
-    return `(attentions?, hidden)` and receive it as the fourth positional argument (`attentions_first`).
-    """
-
-    def __init__(self, attentions_first: bool):
-        super().__init__()
-        self.attentions_first = attentions_first
-
-    def forward(self, *args, **kwargs) -> tuple[torch.Tensor, ...]:
-        x = args[0] if args else next(kwargs[k] for k in ("hidden_states", "x", "hidden_state") if k in kwargs)
-        wanted = kwargs.get("output_attentions")
-        if wanted is None and self.attentions_first and len(args) > 3:
-            wanted = args[3]
-        if not wanted:
-            return (x,)
-        empty = x.new_zeros(x.shape[0], 0, x.shape[1], x.shape[1])
-        return (empty, x) if self.attentions_first else (x, empty)
 
 
 def prune_neurons(model: nn.Module, plan: Plan) -> nn.Module:
@@ -245,15 +168,16 @@ def prune_neurons(model: nn.Module, plan: Plan) -> nn.Module:
 def remove_layers(model: nn.Module, remove: Iterable[int]) -> nn.Module:
     """Replace layers `remove` (original ids) by `SkippedLayer` in place, recording all their heads and neurons
     as pruned and the layers in `config.removed_layers`. Out-of-range ids raise `PlanError` before any change."""
-    spec, n_layers = arch_spec(model), len(layers(model))
+    arch_spec(model)  # refuse unsupported families before any change
+    n_layers = len(layers(model))
     ids = sorted({_as_int(i, "layer") for i in remove})
     bad = [i for i in ids if not 0 <= i < n_layers]
     if bad:
         raise PlanError(f"plan: layers {bad} out of range; expected 0..{n_layers - 1}")
-    heads = {k: set(v) for k, v in (model.config.pruned_heads or {}).items()}
+    heads = {k: set(v) for k, v in (getattr(model.config, "pruned_heads", None) or {}).items()}
     neurons = {k: set(v) for k, v in pruned_neurons(model).items()}
     for layer in ids:
-        layers(model)[layer] = SkippedLayer(spec.attentions_first)
+        layers(model)[layer] = SkippedLayer()
         heads[layer] = set(range(original_num_heads(model)))
         neurons[layer] = set(range(original_ffn_size(model)))
     model.config.pruned_heads = {int(k): sorted(v) for k, v in sorted(heads.items()) if v}

@@ -4,8 +4,9 @@ Inputs are encoded exactly as training encodes them (`sources.batches.tokenize` 
 single-text task gives one string per example, a sentence-pair task a `(first, second)` tuple that is tokenised as a
 pair, so the pieces, [SEP]s, truncation and token_type_ids are the ones the model was trained on.
 
-Attention comes from `model(..., output_attentions=True)`: one [batch, present heads, T, T] tensor per layer, where
-a layer that lost every head gives [batch, 0, T, T]. `attention_maps` scatters present heads back to their
+Attention comes from `pruning.masking.AttentionRecorder`: one [batch, present heads, T, T] tensor per layer that
+has heads, keyed by layer (transformers 5's `output_attentions` lists only layers whose attention module ran, so a
+layer without heads would shift the rest). `attention_maps` scatters present heads back to their
 *original* ids, so every detector works on a fixed [layers × original heads] grid and removed heads are masked out
 at the end (see `presence`).
 """
@@ -13,15 +14,14 @@ at the end (see `presence`).
 from __future__ import annotations
 
 import unicodedata
-import warnings
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 from compressor.core.errors import UserError
+from compressor.pruning.masking import AttentionRecorder
 from compressor.surgery.arch import arch_spec, num_layers, original_num_heads, present_heads
 
 Text = str | tuple[str, ...]  # one model input: a text, or the texts of a sentence pair
@@ -152,41 +152,24 @@ def _batch_inputs(examples: list[Example], model: nn.Module, pad_id: int) -> dic
     return {k: v.to(device) for k, v in inputs.items()}
 
 
-@contextmanager
-def _quiet() -> Iterator[None]:
-    """Silence transformers' "falling back to the manual attention implementation" notice for one forward."""
-    from transformers.utils import logging as hf_logging
-
-    level = hf_logging.get_verbosity()
-    hf_logging.set_verbosity_error()
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            yield
-    finally:
-        hf_logging.set_verbosity(level)
-
-
 @torch.inference_mode()
 def attention_maps(
     model: nn.Module, examples: list[Example], batch_size: int, pad_id: int = 0
 ) -> Iterator[tuple[Example, torch.Tensor]]:
     """Yield (example, attention [layers, original heads, n, n]) in float32 on CPU; absent heads are zeros.
 
-    Works with any attention implementation: transformers falls back to eager attention when attention
-    probabilities are requested (the fallback warning is silenced).
+    Works with any attention implementation the family's recorder supports (`AttentionRecorder`).
     """
     model.eval()
     n_layers, n_heads = num_layers(model), original_num_heads(model)
     heads = present_heads(model)
     for start in range(0, len(examples), batch_size):
         chunk = examples[start : start + batch_size]
-        with _quiet():
-            out = model(**_batch_inputs(chunk, model, pad_id), output_attentions=True)
+        with AttentionRecorder().attach(model) as recorder:
+            model(**_batch_inputs(chunk, model, pad_id))
         width = max(e.n for e in chunk)
         full = torch.zeros(len(chunk), n_layers, n_heads, width, width)
-        for layer, att in enumerate(out.attentions):
-            if att is not None and att.shape[1] > 0:
-                full[:, layer, heads[layer]] = att.detach().float().cpu()
+        for layer, att in recorder.probs.items():
+            full[:, layer, heads[layer]] = att.detach().float().cpu()
         for row, e in enumerate(chunk):
             yield e, full[row, :, :, : e.n, : e.n]

@@ -22,7 +22,6 @@ BERT = register(
         heads_attr="num_attention_heads",
         width_attr="all_head_size",
         head_size_attr="attention_head_size",
-        probs_dropout="dropout",
     ),
     "bert",
     "electra",

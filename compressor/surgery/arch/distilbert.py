@@ -1,5 +1,5 @@
-"""DistilBERT: `q_lin`/`k_lin`/`v_lin` and `out_lin` on one attention module, an FFN of `lin1` → `lin2`, layers that
-return their attentions first, and no token type input.
+"""DistilBERT: `q_lin`/`k_lin`/`v_lin` and `out_lin` on one attention module, an FFN of `lin1` → `lin2`, and no
+token type input.
 """
 
 from __future__ import annotations
@@ -18,10 +18,8 @@ DISTILBERT = register(
         heads_attr="n_heads",
         width_attr="dim",
         head_size_attr="attention_head_size",
-        probs_dropout="dropout",
         ffn_in="ffn.lin1",
         ffn_out="ffn.lin2",
-        attentions_first=True,
         token_type_ids=False,
     ),
     "distilbert",

@@ -43,8 +43,8 @@ def head_size(model: nn.Module) -> int:
 
 
 def pruned_heads(model: nn.Module) -> dict[int, list[int]]:
-    """Physically removed heads per layer, as original indices (mirrors `config.pruned_heads`)."""
-    return {int(k): sorted(int(h) for h in v) for k, v in (model.config.pruned_heads or {}).items() if v}
+    """Physically removed heads per layer, as original indices (`config.pruned_heads`, our bookkeeping)."""
+    return _int_keyed(getattr(model.config, "pruned_heads", None))
 
 
 def present_heads(model: nn.Module) -> list[list[int]]:

@@ -33,18 +33,28 @@ class ArchSpec:
     heads_attr: str  # head-count attribute on self_attn
     width_attr: str  # heads * head_size attribute on self_attn
     head_size_attr: str
-    probs_dropout: str  # from self_attn: dropout applied to attention probabilities (our hook point)
     ffn_in: str = "intermediate.dense"  # from a layer: the FFN's first Linear (one output row per neuron)
     ffn_out: str = "output.dense"  # from a layer: the FFN's output Linear (one input column per neuron)
-    attentions_first: bool = False  # the layer returns (attentions, hidden) instead of (hidden, attentions)
     token_type_ids: bool = True  # the forward takes token_type_ids (DistilBERT's does not)
+    probs_dropout: str | None = None  # from self_attn: the dropout module eager attention applies to probabilities,
+    # where attention maps are read; None: the family runs transformers' attention interface (read there instead)
     padding_positions: bool = False  # position ids start after pad_token_id (RoBERTa): pad + 1 embeddings are reserved
     ort_model_type: str = "bert"  # the ONNX Runtime transformer optimizer's fusion family for this graph
 
+    @property
+    def attention_out(self) -> str:
+        """W_O's path from the attention block (what an `EmptyAttention` keeps)."""
+        return self.out_proj.removeprefix(self.attention + ".")
+
+    def portable(self) -> dict[str, str]:
+        """The module paths `surgery.portable` needs to rebuild this family's shapes, for a saved config."""
+        names = ("layers", "attention", "self_attn", "query", "key", "value", "out_proj", "heads_attr", "width_attr",
+                 "ffn_in", "ffn_out")  # fmt: skip
+        return {**{name: getattr(self, name) for name in names}, "attention_out": self.attention_out}
+
 
 ARCHITECTURES: dict[str, ArchSpec] = {}  # config.model_type → declaration, filled by the family modules
-_PATH_FIELDS = ("layers", "attention", "self_attn", "query", "key", "value", "out_proj", "probs_dropout", "ffn_in",
-                "ffn_out")  # fmt: skip
+_PATH_FIELDS = ("layers", "attention", "self_attn", "query", "key", "value", "out_proj", "ffn_in", "ffn_out")
 _ATTR_FIELDS = ("heads_attr", "width_attr", "head_size_attr")
 
 
@@ -57,6 +67,8 @@ def register(spec: ArchSpec, *model_types: str) -> ArchSpec:
         path = getattr(spec, name)
         if not path or not all(part.isidentifier() for part in path.split(".")):
             raise ValueError(f"ArchSpec.{name}: expected a dotted attribute path, got {path!r}")
+    if spec.probs_dropout is not None and not all(p.isidentifier() for p in spec.probs_dropout.split(".")):
+        raise ValueError(f"ArchSpec.probs_dropout: expected a dotted path or None, got {spec.probs_dropout!r}")
     for name in _ATTR_FIELDS:
         if not getattr(spec, name).isidentifier():
             raise ValueError(f"ArchSpec.{name}: expected an attribute name, got {getattr(spec, name)!r}")

@@ -1,0 +1,134 @@
+"""Per-layer shapes of a pruned encoder, buildable without compressor: this file is copied verbatim into every saved
+model directory as `modeling_compressor.py`, so plain transformers loads the model with `trust_remote_code=True`.
+
+transformers builds every layer of an encoder at the size `config.json` gives, and has no field for per-layer head
+counts or FFN widths. A saved model therefore keeps the *original* config plus a `compressor_layout` entry: the
+family's module paths and, per layer, the heads and FFN neurons left (or that the layer was removed). `apply_layout`
+rebuilds the stock model at those shapes before the weights load; `load_pruned` in compressor uses the same function,
+so both routes build the same modules.
+
+Self-contained on purpose: it imports only torch and transformers, and compressor imports nothing back into it.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+import transformers
+from torch import nn
+
+LAYOUT_KEY = "compressor_layout"
+LAYOUT_VERSION = 1
+
+
+def _get(root: nn.Module, path: str) -> nn.Module:
+    for part in path.split("."):
+        root = root[int(part)] if part.isdigit() else getattr(root, part)
+    return root
+
+
+def _set(root: nn.Module, path: str, value: nn.Module) -> None:
+    parent, _, name = path.rpartition(".")
+    setattr(_get(root, parent) if parent else root, name, value)
+
+
+def empty_linear(in_features: int, out_features: int, like: nn.Linear) -> nn.Linear:
+    """A Linear of the given shape with `like`'s bias presence, dtype and device (weights are loaded after)."""
+    with warnings.catch_warnings():  # kaiming init warns on a zero-element weight (no head or no neuron left)
+        warnings.simplefilter("ignore")
+        new = nn.Linear(in_features, out_features, bias=like.bias is not None)
+    return new.to(device=like.weight.device, dtype=like.weight.dtype)
+
+
+class EmptyAttention(nn.Module):
+    """Attention block of a layer with no heads left: its output is W_O's bias (then residual and LayerNorm).
+
+    Keeps the original sub-module names (`output.dense`, `output.LayerNorm` for BERT-like blocks, whose attention
+    block normalises; `out_lin` for DistilBERT, whose layer normalises) so state-dict keys stay the family's own.
+    Returns `(output, None)` like a transformers attention block; no attention map exists for zero heads.
+    """
+
+    def __init__(self, block: nn.Module, out_proj: str):
+        super().__init__()
+        self.returns_normed = hasattr(block, "output")
+        dense = _get(block, out_proj)
+        zero = empty_linear(0, dense.out_features, dense)
+        if dense.bias is not None and not dense.bias.is_meta:
+            with torch.no_grad():
+                zero.bias.copy_(dense.bias)
+        if self.returns_normed:
+            self.output = block.output
+        _set(self, out_proj, zero)
+        self._out_proj = out_proj
+
+    def forward(self, hidden_states: torch.Tensor, *args, **kwargs) -> tuple[torch.Tensor, None]:
+        """Shape-only tensor ops and no data-dependent branch, so ONNX tracing sees a constant graph."""
+        bias = _get(self, self._out_proj).bias.expand_as(hidden_states)
+        if self.returns_normed:
+            return self.output.LayerNorm(self.output.dropout(bias) + hidden_states), None
+        return bias, None
+
+
+class SkippedLayer(nn.Module):
+    """A layer removed whole (no heads and no FFN neurons): returns its input, with no parameters."""
+
+    def forward(self, hidden_states: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+        return hidden_states
+
+
+def shrink_attention(layer: nn.Module, family: dict, heads: int, head_size: int) -> None:
+    """Rebuild `layer`'s Q/K/V rows and W_O columns for `heads` heads (an `EmptyAttention` for none)."""
+    if heads == 0:
+        _set(layer, family["attention"], EmptyAttention(_get(layer, family["attention"]), family["attention_out"]))
+        return
+    attn, width = _get(layer, family["self_attn"]), heads * head_size
+    for name in (family["query"], family["key"], family["value"]):
+        old = getattr(attn, name)
+        setattr(attn, name, empty_linear(old.in_features, width, old))
+    out = _get(layer, family["out_proj"])
+    _set(layer, family["out_proj"], empty_linear(width, out.out_features, out))
+    setattr(attn, family["heads_attr"], heads)
+    setattr(attn, family["width_attr"], width)
+
+
+def shrink_ffn(layer: nn.Module, family: dict, width: int) -> None:
+    """Rebuild `layer`'s FFN for `width` neurons (W_1 rows, W_2 columns)."""
+    first, second = _get(layer, family["ffn_in"]), _get(layer, family["ffn_out"])
+    _set(layer, family["ffn_in"], empty_linear(first.in_features, width, first))
+    _set(layer, family["ffn_out"], empty_linear(width, second.out_features, second))
+
+
+def apply_layout(model: nn.Module, layout: dict) -> nn.Module:
+    """Give a freshly built (full-size) `model` the per-layer shapes of `layout`, in place; weights load after."""
+    if layout.get("version") != LAYOUT_VERSION:
+        raise ValueError(f"{LAYOUT_KEY}: version {layout.get('version')!r} is not {LAYOUT_VERSION}; update compressor")
+    family, size = layout["family"], int(layout["head_size"])
+    stack = _get(model.base_model, family["layers"])
+    if len(stack) != len(layout["blocks"]):
+        raise ValueError(f"{LAYOUT_KEY}: {len(layout['blocks'])} blocks for a model of {len(stack)} layers")
+    full_heads = int(layout["num_heads"])
+    full_ffn = int(layout["ffn_size"])
+    for index, block in enumerate(layout["blocks"]):
+        if block.get("removed"):
+            stack[index] = SkippedLayer()
+            continue
+        if int(block["heads"]) != full_heads:
+            shrink_attention(stack[index], family, int(block["heads"]), size)
+        if int(block["ffn"]) != full_ffn:
+            shrink_ffn(stack[index], family, int(block["ffn"]))
+    return model
+
+
+def pruned_class(base_name: str) -> type:
+    """A subclass of transformers' `base_name` that applies the config's layout after building the stock model."""
+    base = getattr(transformers, base_name)
+
+    def __init__(self, config, *args, **kwargs):  # noqa: N807
+        base.__init__(self, config, *args, **kwargs)
+        layout = getattr(config, LAYOUT_KEY, None)
+        if layout:
+            apply_layout(self, layout)
+
+    name = f"Pruned{base_name}"
+    return type(name, (base,), {"__init__": __init__, "__module__": __name__, "__qualname__": name})
