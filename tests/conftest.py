@@ -25,7 +25,7 @@ def make_tokenizer_dir(path: Path) -> Path:
     path.mkdir(parents=True, exist_ok=True)
     vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *POSITIVE, *NEGATIVE, *FILLER, "##s", "##ly"]
     (path / "vocab.txt").write_text("\n".join(vocab) + "\n")
-    BertTokenizerFast(vocab_file=str(path / "vocab.txt")).save_pretrained(path)
+    BertTokenizerFast(vocab=str(path / "vocab.txt")).save_pretrained(path)
     return path
 
 

@@ -152,9 +152,9 @@ def test_onnx_speedup_budget_is_measured_against_the_original_on_that_runtime(
     assert (tmp_path / "onnx" / "onnx-original" / "fp32").is_dir()
 
 
-def test_uniform_ffn_run_saves_a_plain_transformers_model(tmp_path, tiny_model_dir, tiny_csv, cache_dir):
+def test_uniform_ffn_run_saves_a_model_plain_transformers_loads(tmp_path, tiny_model_dir, tiny_csv, cache_dir):
     """`uniform_ffn` under a FLOP budget: equal FFN widths in every layer, and plain transformers loads the saved
-    model with the same logits as compressor's loader."""
+    model (through its shipped code) with the same logits as compressor's loader."""
     from transformers import AutoModelForSequenceClassification
 
     budget = {"kind": "flops", "value": 0.4, "seq_len": 16}
@@ -170,7 +170,7 @@ def test_uniform_ffn_run_saves_a_plain_transformers_model(tmp_path, tiny_model_d
     model_dir = tmp_path / "uniform" / "model"
     tok = AutoTokenizer.from_pretrained(model_dir)
     batch = tok(["the film was great fun", "a dull and boring plot"], padding=True, return_tensors="pt")
-    plain = AutoModelForSequenceClassification.from_pretrained(model_dir).eval()
+    plain = AutoModelForSequenceClassification.from_pretrained(model_dir, trust_remote_code=True).eval()
     with torch.inference_mode():
         assert torch.allclose(plain(**batch).logits, load_pruned(model_dir).eval()(**batch).logits, atol=1e-5)
 

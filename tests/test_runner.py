@@ -52,10 +52,10 @@ def test_saved_model_loads_in_plain_transformers(tmp_path, tiny_model_dir, tiny_
     model_dir = Path(report["pruned"]["model_dir"])
     tok = AutoTokenizer.from_pretrained(model_dir)
     batch = tok(["the film was great fun", "a dull and boring plot"], padding=True, return_tensors="pt")
-    vanilla = AutoModelForSequenceClassification.from_pretrained(model_dir).eval()
+    vanilla = AutoModelForSequenceClassification.from_pretrained(model_dir, trust_remote_code=True).eval()
     ours = load_pruned(model_dir)
     with torch.inference_mode():
-        assert torch.equal(vanilla(**batch).logits, ours(**batch).logits)
+        assert torch.allclose(vanilla(**batch).logits, ours(**batch).logits, atol=1e-6)
     assert vanilla.config.pruned_heads  # original head ids recorded
     assert sum(len(v) for v in vanilla.config.pruned_heads.values()) == 6
 

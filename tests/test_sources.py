@@ -231,12 +231,20 @@ def test_malformed_local_file_is_one_line(tmp_path, layout) -> None:
     assert str(bad) in str(err.value) and "\n" not in str(err.value)
 
 
+def _save_pickle(model, path: Path) -> None:
+    """A checkpoint as older tools wrote it: config.json and a pickled `pytorch_model.bin` (transformers 5 no longer
+    writes pickles itself)."""
+    import torch
+
+    model.config.save_pretrained(path)
+    torch.save(model.state_dict(), path / "pytorch_model.bin")
+
+
 @pytest.fixture
 def model_without_safetensors(tmp_path, request) -> Path:
     path = make_tokenizer_dir(tmp_path / "model")
     if request.param == "pickle only":
-        tiny_model("bert").save_pretrained(path, safe_serialization=False)
-        assert (path / "pytorch_model.bin").exists()
+        _save_pickle(tiny_model("bert"), path)
     else:
         tiny_config("bert").save_pretrained(path)
     return path
@@ -341,7 +349,7 @@ def _decoder_dir(w: Path) -> Path:
 
 def _bin_only_dir(w: Path) -> Path:
     path = make_tokenizer_dir(w / "bin_only")
-    tiny_model("bert").save_pretrained(path, safe_serialization=False)
+    _save_pickle(tiny_model("bert"), path)
     return path
 
 

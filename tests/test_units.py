@@ -12,6 +12,7 @@ from transformers import AutoModelForSequenceClassification
 from compressor.pruning.masking import full_gates, full_neuron_gates, gated
 from compressor.pruning.units import alive_units, apply_plan_to_masks
 from compressor.surgery.arch import (
+    arch_spec,
     get_path,
     layers,
     neuron_presence_mask,
@@ -21,6 +22,7 @@ from compressor.surgery.arch import (
     removed_layers,
 )
 from compressor.surgery.checkpoint import PLAN_FILE, load_pruned, save_pruned
+from compressor.surgery.portable import LAYOUT_KEY
 from compressor.surgery.slicing import PlanError, SkippedLayer, prune_neurons, pruned_copy, remove_layers
 from compressor.testing import ARCHS, tiny_batch, tiny_model
 
@@ -73,11 +75,36 @@ def test_neuron_and_layer_removal_matches_masking(arch: str) -> None:
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_skipped_layer_is_identity(arch: str) -> None:
-    """A removed layer passes its input through: removing every layer leaves embeddings → classifier."""
-    model = remove_layers(pruned_copy(base(arch), {}), range(LAYERS))
-    hidden = model(**INPUTS, output_hidden_states=True).hidden_states
-    for before, after in zip(hidden, hidden[1:], strict=False):
-        torch.testing.assert_close(before, after, atol=0, rtol=0)
+    """A removed layer passes its input through: removing every layer leaves embeddings → classifier. Its output
+    still counts as that layer's hidden state (layers + 1 entries), also when the model had reported hidden states
+    before the removal (transformers installs its capture hooks once, on the first such forward)."""
+    fresh = remove_layers(pruned_copy(base(arch), {}), range(LAYERS))
+    used = pruned_copy(base(arch), {})
+    used(**INPUTS, output_hidden_states=True)
+    remove_layers(used, range(LAYERS))
+    for model in (fresh, used):
+        with torch.no_grad():
+            out = model(**INPUTS, output_hidden_states=True)
+        assert len(out.hidden_states) == LAYERS + 1
+        for before, after in zip(out.hidden_states, out.hidden_states[1:], strict=False):
+            torch.testing.assert_close(before, after, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_hidden_states_of_pruned_model_line_up_with_the_masked_original(arch: str) -> None:
+    """`output_hidden_states` of a model with a removed layer has one entry per original layer, each equal to the
+    masked original's (the removed layer's entry is its input)."""
+    heads, neurons = uneven_plan(arch)
+    pruned = pruned_copy(base(arch), heads, neurons)
+    reference = tiny_model(arch, layers=LAYERS, heads=HEADS, head_size=8)  # fresh: no capture hooks installed yet
+    with torch.no_grad(), gated(reference, *gates_for(arch, heads, neurons)):
+        expected = reference(**INPUTS, output_hidden_states=True).hidden_states
+    with torch.no_grad():
+        got = pruned(**INPUTS, output_hidden_states=True).hidden_states
+    assert len(got) == len(expected) == LAYERS + 1
+    for layer, (mine, theirs) in enumerate(zip(got, expected, strict=True)):
+        torch.testing.assert_close(mine, theirs, atol=1e-5, rtol=0, msg=f"hidden state {layer}")
+    torch.testing.assert_close(got[2], got[1], atol=0, rtol=0)  # layer 1 was removed
 
 
 def test_layer_is_not_skipped_while_a_unit_is_open() -> None:
@@ -123,44 +150,72 @@ def test_bad_neuron_plan_is_refused_before_changes(plan: dict, message: str) -> 
         remove_layers(model, [7])
 
 
+def remote(path) -> torch.nn.Module:
+    """Plain transformers with the shipped modeling file (no compressor code involved in building the model)."""
+    model = AutoModelForSequenceClassification.from_pretrained(
+        path, trust_remote_code=True, attn_implementation="eager"
+    )
+    assert type(model).__module__.startswith("transformers_modules.")
+    return model.eval()
+
+
 @pytest.mark.parametrize("arch", ARCHS)
 def test_uneven_widths_and_removed_layers_reload(arch: str, tmp_path) -> None:
-    """load_pruned rebuilds uneven FFN widths and removed layers exactly; plain transformers is not promised."""
+    """Uneven FFN widths, an FFN without neurons and a removed layer reload exactly through `load_pruned` and through
+    plain transformers running the shipped code; the layout in config.json says what each layer kept."""
     heads, neurons = uneven_plan(arch)
     pruned = pruned_copy(base(arch), heads, neurons)
-    save_pruned(pruned, tmp_path / "m", original=base(arch))
-    plan = json.loads((tmp_path / "m" / PLAN_FILE).read_text())
-    assert plan["removed_layers"] == [1] and plan["plain_loadable"] is False
-    assert "load with `compressor.load_pruned`" in (tmp_path / "m" / "README.md").read_text()
-    loaded = load_pruned(tmp_path / "m", attn_implementation="eager")
-    torch.testing.assert_close(logits(loaded), logits(pruned), atol=0, rtol=0)
-    assert present_neurons(loaded) == present_neurons(pruned)
+    path = save_pruned(pruned, tmp_path / f"uneven-{arch}", original=base(arch))
+    plan = json.loads((path / PLAN_FILE).read_text())
+    assert plan["removed_layers"] == [1] and "plain_loadable" not in plan
+    assert plan["pruned_neurons"] == {str(k): v for k, v in neurons.items()}
+    width = len(every(arch))
+    layout = json.loads((path / "config.json").read_text())[LAYOUT_KEY]
+    assert layout["ffn_size"] == width and layout["num_heads"] == HEADS
+    assert layout["blocks"] == [
+        {"heads": 2, "ffn": width - len(every(arch)[::2])},
+        {"removed": True},
+        {"heads": 3, "ffn": 0},
+    ]
+    card = (path / "README.md").read_text()
+    assert "trust_remote_code=True" in card and "compressor.load_pruned" in card
+    for loaded in (load_pruned(path, attn_implementation="eager"), remote(path)):
+        torch.testing.assert_close(logits(loaded), logits(pruned), atol=0, rtol=0)
+        assert present_neurons(loaded) == present_neurons(pruned)
+        assert present_heads(loaded) == present_heads(pruned) and removed_layers(loaded) == [1]
+        assert get_path(layers(loaded)[2], arch_spec(loaded).ffn_in).out_features == 0
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-def test_uniform_widths_reload_in_plain_transformers(arch: str, tmp_path) -> None:
-    """Equal FFN widths in every layer: the saved model also loads with AutoModelForSequenceClassification."""
+def test_uniform_widths_save_the_original_config_and_survive_a_plain_resave(arch: str, tmp_path) -> None:
+    """Equal FFN widths no longer rewrite the config (transformers 5 cannot build pruned heads from it anyway): the
+    original width is saved, the layout carries the pruned one. A model plain transformers loaded and re-saved
+    (no plan file any more, the shipped code copied along) still loads both ways with its original ids."""
     neurons = {layer: every(arch)[layer::4] for layer in range(LAYERS)}
     pruned = pruned_copy(base(arch), {0: [1]}, neurons)
-    save_pruned(pruned, tmp_path / "m", original=base(arch))
-    assert json.loads((tmp_path / "m" / PLAN_FILE).read_text())["plain_loadable"] is True
-    card = (tmp_path / "m" / "README.md").read_text()
-    assert "`AutoModelForSequenceClassification.from_pretrained` works too" in card
-    plain = AutoModelForSequenceClassification.from_pretrained(tmp_path / "m", attn_implementation="eager").eval()
-    torch.testing.assert_close(logits(plain), logits(pruned), atol=1e-5, rtol=0)
+    path = save_pruned(pruned, tmp_path / f"uniform-{arch}", original=base(arch))
+    saved = json.loads((path / "config.json").read_text())
+    assert saved.get("intermediate_size", saved.get("hidden_dim")) == len(every(arch))
+    assert "compressor_ffn_size" not in saved and "plain_loadable" not in json.loads((path / PLAN_FILE).read_text())
+    assert {b["ffn"] for b in saved[LAYOUT_KEY]["blocks"]} == {len(every(arch)) - len(every(arch)[::4])}
+    assert not hasattr(pruned.config, "compressor_ffn_size") and not hasattr(pruned.config, LAYOUT_KEY)
+    plain = remote(path)
+    torch.testing.assert_close(logits(plain), logits(pruned), atol=0, rtol=0)
     assert present_neurons(plain) == present_neurons(pruned)  # original ids survive the plain load
-    ours = load_pruned(tmp_path / "m", attn_implementation="eager")
+    ours = load_pruned(path, attn_implementation="eager")
     torch.testing.assert_close(logits(ours), logits(pruned), atol=0, rtol=0)
     assert original_ffn_size(ours) == len(every(arch))
-    assert pruned.config.to_dict().get("compressor_ffn_size") is None  # the in-memory config is left as it was
-    plain.save_pretrained(tmp_path / "resaved")  # a user re-saves it with plain transformers: no plan file any more
-    again = load_pruned(tmp_path / "resaved", attn_implementation="eager")
-    torch.testing.assert_close(logits(again), logits(pruned), atol=1e-5, rtol=0)
+    plain.save_pretrained(tmp_path / f"resaved-{arch}")  # a user re-saves it with plain transformers
+    assert not (tmp_path / f"resaved-{arch}" / PLAN_FILE).exists()
+    for again in (
+        load_pruned(tmp_path / f"resaved-{arch}", attn_implementation="eager"),
+        remote(tmp_path / f"resaved-{arch}"),
+    ):
+        torch.testing.assert_close(logits(again), logits(pruned), atol=0, rtol=0)
+        assert present_neurons(again) == present_neurons(pruned) and present_heads(again) == present_heads(pruned)
 
 
 def test_ffn_paths_point_at_the_feed_forward_linears() -> None:
-    from compressor.surgery.arch import arch_spec
-
     for arch in ARCHS:
         spec, layer = arch_spec(base(arch)), layers(base(arch))[0]
         width = len(every(arch))
@@ -201,7 +256,7 @@ def _budget_case(uniform: bool, flops: float, seed: int = 0):
 @pytest.mark.parametrize("uniform", [False, True])
 def test_flop_budget_lands_within_one_unit(flops: float, uniform: bool) -> None:
     """The pruned model's FLOPs are at or below the budget, by less than one unit (a uniform column is one)."""
-    from compressor.surgery.checkpoint import plain_loadable, uniform_ffn_width
+    from compressor.surgery.checkpoint import uniform_ffn_width
     from compressor.surgery.cost import encoder_flops, masked_flops
 
     model, plan, pruned, costs, total, goal, scores = _budget_case(uniform, flops)
@@ -210,7 +265,7 @@ def test_flop_budget_lands_within_one_unit(flops: float, uniform: bool) -> None:
     biggest = max(costs.head, costs.neuron * (LAYERS if uniform else 1))
     assert goal <= removed < goal + biggest
     if uniform:
-        assert uniform_ffn_width(pruned) not in (None, 0) and plain_loadable(pruned)
+        assert uniform_ffn_width(pruned) not in (None, 0)
         return
     # Greedy by importance per FLOP: every removed unit ranks below every kept one, whatever its kind.
     ratio = {kind: scores[kind] / costs.of(kind) for kind in scores}

@@ -36,13 +36,13 @@ from torch import nn
 
 from compressor.core import atomic
 from compressor.core.errors import UserError
+from compressor.deploy.graph import attention_nodes, attention_scopes, optimize_graph, pin_head_counts
 from compressor.deploy.inference import (
     ONNX_FILE,
     OnnxClassifier,
     compare,
     evaluate_variant,
     graph_size,
-    quiet_ort,
     torch_logits,
 )
 from compressor.deploy.quantize import (
@@ -55,7 +55,7 @@ from compressor.deploy.quantize import (
 )
 from compressor.deploy.quantize import gate as int8_gate
 from compressor.deploy.quantize import status as int8_status
-from compressor.surgery.arch import arch_spec, present_heads
+from compressor.surgery.arch import arch_spec, head_size, present_heads
 from compressor.surgery.checkpoint import load_pruned
 
 # Int8Options, quantize_graph and the inference helpers stay importable from here.
@@ -73,7 +73,6 @@ log = logging.getLogger(__name__)
 
 VARIANTS = ("fp32", "optimized", *INT8_VARIANTS)
 MANIFEST = "export.json"
-ATTENTION_OPS = ("Attention", "MultiHeadAttention", "QAttention")
 # Files of a saved model directory that are not copied next to the graphs (weights, the PyTorch model card).
 _NOT_COPIED = ("*.safetensors", "*.bin", "*.safetensors.index.json", "README.md", "config.json", "modeling_*.py")
 DEFAULT_OPSET = 17  # LayerNormalization as one op; ORT's optimizer and quantizer handle it
@@ -103,30 +102,19 @@ def _copy_side_files(model_dir: Path, dest: Path) -> None:
             shutil.copy2(path, dest / path.name)
 
 
-class _Logits(nn.Module):
-    """The classifier as a function of its token tensors, returning logits only (the graph's single output)."""
-
-    def __init__(self, model: nn.Module, inputs: Sequence[str]):
-        super().__init__()
-        self.model, self.inputs = model, tuple(inputs)
-
-    def forward(self, *tensors: torch.Tensor) -> torch.Tensor:
-        return self.model(**dict(zip(self.inputs, tensors, strict=True))).logits
-
-
 def graph_inputs(model: nn.Module) -> list[str]:
     """The graph's input names, in order: token ids, attention mask, and token types where the family takes them."""
     return ["input_ids", "attention_mask", *(["token_type_ids"] if arch_spec(model).token_type_ids else [])]
 
 
-def _example_inputs(model: nn.Module) -> tuple[torch.Tensor, ...]:
+def _example_inputs(model: nn.Module) -> dict[str, torch.Tensor]:
     """Two sequences, one padded, so the traced mask arithmetic is the general one (an all-ones mask may be
     short-cut by transformers and leave padding unhandled in the graph)."""
     vocab = int(getattr(model.config, "vocab_size", 100))
     ids = torch.randint(3, max(vocab, 4), (2, 8))
     mask = torch.ones_like(ids)
     mask[1, 5:] = 0
-    return tuple({"input_ids": ids, "attention_mask": mask}.get(n, torch.zeros_like(ids)) for n in graph_inputs(model))
+    return {n: {"input_ids": ids, "attention_mask": mask}.get(n, torch.zeros_like(ids)) for n in graph_inputs(model)}
 
 
 def export_fp32(model: nn.Module, dest: Path, opset: int | None = None) -> Path:
@@ -134,17 +122,19 @@ def export_fp32(model: nn.Module, dest: Path, opset: int | None = None) -> Path:
     writes model.onnx and the model's config.json.
 
     The model object is exported as built (pruned shapes, `EmptyAttention` layers), never re-loaded from a path.
-    The TorchScript tracer is used because ORT's optimizer fuses attention on its graphs of eager attention.
+    The TorchScript tracer is used because ORT's optimizer fuses attention on its graphs of eager attention, once
+    each layer's head count is pinned in its reshapes (`pin_head_counts`).
     """
     dest.mkdir(parents=True, exist_ok=True)
     file, names = dest / ONNX_FILE, graph_inputs(model)
     axes = {name: {0: "batch_size", 1: "sequence_length"} for name in names}
     with warnings.catch_warnings(), torch.no_grad():  # tracer warnings about constant masks; parity checks the graph
         warnings.simplefilter("ignore")
-        torch.onnx.export(
-            _Logits(model.eval(), names),
-            _example_inputs(model),
+        torch.onnx.export(  # the model itself (no wrapper), so node names are its module paths
+            model.eval(),
+            (),
             str(file),
+            kwargs=_example_inputs(model),
             input_names=names,
             output_names=["logits"],
             dynamic_axes={**axes, "logits": {0: "batch_size"}},
@@ -153,48 +143,9 @@ def export_fp32(model: nn.Module, dest: Path, opset: int | None = None) -> Path:
         )
     if not file.is_file():
         raise RuntimeError(f"export: torch.onnx.export wrote no {ONNX_FILE} in '{dest}'")
+    pin_head_counts(file, attention_scopes(model), head_size(model))
     model.config.to_json_file(str(dest / "config.json"))
     return file
-
-
-def optimize_graph(
-    src: Path, dest: Path, fuse_attention: bool = True, model_type: str = "bert", num_heads: int = 0
-) -> dict:
-    """ORT transformer optimizer on `src` (`model_type`: the family's `ArchSpec.ort_model_type`), written to `dest`;
-    returns fused-op statistics.
-
-    `num_heads`: the head count of every layer with heads, or 0 when layers differ. ORT cannot read the head count
-    off transformers 5's graphs (its reshapes use -1), so attention fuses only when the count is given, that is
-    when every layer kept the same number of heads; the other fusions (LayerNorm, GELU, biases) happen either way.
-    `fuse_attention=False` keeps every other fusion.
-    """
-    from onnxruntime.transformers.fusion_options import FusionOptions
-    from onnxruntime.transformers.optimizer import optimize_model
-
-    options = FusionOptions(model_type)
-    options.enable_attention = fuse_attention
-    with quiet_ort():
-        optimized = optimize_model(
-            str(src), model_type=model_type, num_heads=num_heads, hidden_size=0, optimization_options=options,
-            use_gpu=False,
-        )  # fmt: skip
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        optimized.save_model_to_file(str(dest))
-        fused = optimized.get_fused_operator_statistics()
-    return {"fused_ops": {k: int(v) for k, v in fused.items() if v}}
-
-
-def attention_nodes(file: Path) -> dict[str, list[int]]:
-    """`{op_type: [num_heads of each node]}` of the fused attention nodes in a graph (empty when none fused)."""
-    import onnx
-
-    graph = onnx.load(str(file), load_external_data=False).graph
-    found: dict[str, list[int]] = {}
-    for node in graph.node:
-        if node.op_type in ATTENTION_OPS:
-            heads = next((a.i for a in node.attribute if a.name == "num_heads"), 0)
-            found.setdefault(node.op_type, []).append(int(heads))
-    return found
 
 
 # ------------------------------------------------------------------------------------------------------ export
@@ -227,24 +178,19 @@ def _gate(name: str, stats: dict, atol: float) -> None:
 
 
 def _build_optimized(
-    fp32: Path, dest: Path, batches, reference: dict, atol: float, head_counts: list[int], model_type: str
+    fp32: Path, dest: Path, batches, reference: dict, atol: float, attention_layers: int, model_type: str
 ):
     """Optimised graph with fused attention, falling back to the unfused optimised graph when fusion breaks parity.
 
-    `head_counts`: heads of each layer that has any. Returns (parity stats, extra result fields); raises
-    `ExportParityError` when even the unfused graph fails.
+    Returns (parity stats, extra result fields); raises `ExportParityError` when even the unfused graph fails.
     """
-    attention_layers = len(head_counts)
-    num_heads = head_counts[0] if len(set(head_counts)) == 1 else 0
-    info = optimize_graph(fp32, dest / ONNX_FILE, fuse_attention=True, model_type=model_type, num_heads=num_heads)
+    info = optimize_graph(fp32, dest / ONNX_FILE, fuse_attention=True, model_type=model_type)
     stats = _check(dest / ONNX_FILE, batches, reference)
     fused = sum(len(v) for v in attention_nodes(dest / ONNX_FILE).values())
     if attention_layers == 0:
         fusion = "n/a (no layer has heads left)"
     else:
         fusion = "full" if fused == attention_layers else ("partial" if fused else "none")
-        if not num_heads:
-            fusion += " (layers keep different head counts)"
     if not stats["max_abs_diff"] <= atol:
         log.warning(
             "export: fused attention breaks parity (%.3g > %g); keeping the optimised graph without attention fusion",
@@ -255,7 +201,7 @@ def _build_optimized(
         info = optimize_graph(fp32, dest / ONNX_FILE, fuse_attention=False, model_type=model_type)
         stats = _check(dest / ONNX_FILE, batches, reference)
         _gate("optimized", stats, atol)
-    return stats, {**info, "attention_fusion": fusion, "attention_layers": attention_layers, "num_heads": num_heads}
+    return stats, {**info, "attention_fusion": fusion, "attention_layers": attention_layers}
 
 
 def export_onnx(
@@ -292,16 +238,18 @@ def export_onnx(
     atomic.check_replaceable(out_dir, (*VARIANTS, MANIFEST), "export output")
     model = load_pruned(model_dir, attn_implementation="eager")  # eager traces to the pattern ORT fuses
     reference = evaluate_variant(lambda b: torch_logits(model, b), check_batches)
-    head_counts = [len(heads) for heads in present_heads(model) if heads]
+    attention_layers = sum(1 for heads in present_heads(model) if heads)
 
     with atomic.directory(out_dir) as tmp:
-        results = _build_all(model, model_dir, tmp, out_dir, names, check_batches, reference, atol, opset, head_counts)
+        results = _build_all(
+            model, model_dir, tmp, out_dir, names, check_batches, reference, atol, opset, attention_layers
+        )
         results.update(_build_int8(tmp, out_dir, names, results, check_batches, reference, options))
         (tmp / MANIFEST).write_text(json.dumps(results, indent=2))
     return results
 
 
-def _build_all(model, model_dir, tmp, out_dir, names, batches, reference, atol, opset, head_counts) -> dict:
+def _build_all(model, model_dir, tmp, out_dir, names, batches, reference, atol, opset, attention_layers) -> dict:
     """fp32 (parity-gated), then the optimised variant if requested, each in its own directory under `tmp`."""
     fp32 = export_fp32(model, tmp / "fp32", opset)
     _copy_side_files(model_dir, tmp / "fp32")
@@ -311,7 +259,7 @@ def _build_all(model, model_dir, tmp, out_dir, names, batches, reference, atol, 
     if "optimized" in names:
         dest = _sibling_dir(tmp, "optimized", tmp / "fp32")
         ort_type = arch_spec(model).ort_model_type
-        stats, extra = _build_optimized(fp32, dest, batches, reference, atol, head_counts, ort_type)
+        stats, extra = _build_optimized(fp32, dest, batches, reference, atol, attention_layers, ort_type)
         results["optimized"] = _variant_entry("optimized", dest / ONNX_FILE, stats, extra, out_dir)
     return results
 

@@ -103,7 +103,7 @@ def gated(
         if neurons is not None and (heads or cells):
             head_gates = gates if gates is not None else full_gates(model).to(neurons.device)
             hook = _skip_hook(head_gates, neurons, layer, (heads, cells))
-            handles.append(module.register_forward_hook(hook, with_kwargs=True))
+            handles.append(module.register_forward_hook(hook, with_kwargs=True, prepend=True))  # before output capture
     try:
         yield gates if gates is not None else neurons
     finally:

@@ -22,6 +22,7 @@ from compressor.surgery.arch import UnsupportedArchitectureError, arch_spec, dec
 from compressor.surgery.checkpoint import PLAN_FILE, WEIGHTS_FILE, WEIGHTS_INDEX, load_pruned
 
 BUILTIN_MINILM = "builtin:minilm-l6"
+hf_logging.disable_progress_bar()  # transformers 5 draws a bar per weight load and save; a run's progress is ours
 
 
 def resolve_model_path(spec: ModelSpec) -> str:
@@ -91,7 +92,7 @@ def _check_local_weights(spec: ModelSpec, source: str) -> None:
     what = f"found only {found}" if found else "found no weights"
     raise UserError(
         f"model.source: '{spec.source}' has no safetensors weights ({what}); expected {WEIGHTS_FILE} or "
-        f"{WEIGHTS_INDEX} (pickle .bin checkpoints are not loaded, for safety: re-save with safe_serialization=True)"
+        f"{WEIGHTS_INDEX} (pickle .bin checkpoints are not loaded, for safety: re-save with save_pretrained)"
     )
 
 
@@ -174,8 +175,18 @@ def _hub_weight_names(spec: ModelSpec) -> set[str] | None:
         return None
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "vocab.json", "*.model")
+
+
 def load_tokenizer(spec: ModelSpec):
+    """The model's tokenizer; a local directory without tokenizer files is refused (transformers 5 would build an
+    empty-vocabulary tokenizer for it and map every word to [UNK])."""
     source = resolve_model_path(spec)
+    if Path(source).is_dir() and not any(any(Path(source).glob(name)) for name in TOKENIZER_FILES):
+        raise UserError(
+            f"model.source: cannot load a tokenizer from '{spec.source}' (no tokenizer files); expected "
+            "tokenizer.json or vocab files with tokenizer_config.json in the directory"
+        )
     try:
         return AutoTokenizer.from_pretrained(source, revision=spec.revision, trust_remote_code=spec.trust_remote_code)
     except Exception as err:  # a directory without tokenizer files fails with TypeError/OSError/ValueError

@@ -312,9 +312,18 @@ def load_pruned(
     model.config.pruned_neurons = {k: sorted(v) for k, v in sorted(plan["neurons"].items()) if v}
     model.config.removed_layers = sorted(plan["layers"])
     shapes = layout(model)
-    if saved_layout is not None and saved_layout["blocks"] != shapes["blocks"]:
-        raise ValueError(f"{model_dir}: config.json's {LAYOUT_KEY} does not match {PLAN_FILE}")
+    if saved_layout is not None:
+        if saved_layout.get("version") != LAYOUT_VERSION:
+            raise ValueError(
+                f"{model_dir}: config.json's {LAYOUT_KEY} has version {saved_layout.get('version')!r}, not "
+                f"{LAYOUT_VERSION}; update compressor"
+            )
+        if saved_layout.get("blocks") != shapes["blocks"]:
+            raise ValueError(f"{model_dir}: config.json's {LAYOUT_KEY} does not match {PLAN_FILE}")
     apply_layout(model, shapes)
+    for key, tensor in model.state_dict().items():  # zero-size markers of removed layers, absent from 4.57-era saves
+        if tensor.numel() == 0 and key not in state:
+            state[key] = tensor
     try:
         missing, unexpected = model.load_state_dict(state, strict=False)
     except RuntimeError as err:

@@ -71,10 +71,54 @@ class EmptyAttention(nn.Module):
 
 
 class SkippedLayer(nn.Module):
-    """A layer removed whole (no heads and no FFN neurons): returns its input, with no parameters."""
+    """A layer removed whole (no heads and no FFN neurons): returns its input, with no parameters.
+
+    `marker` (a dotted path, e.g. the family's `output.dense.bias`) holds a zero-size buffer where the stock layer
+    keeps a weight, so stock transformers meets a size mismatch and refuses the checkpoint instead of filling the
+    removed layer with fresh random weights. Put in place with `skip_layer`, which keeps its output in
+    `output_hidden_states` (one entry per layer).
+    """
+
+    def __init__(self, marker: str | None = None):
+        super().__init__()
+        if marker:
+            *parents, leaf = marker.split(".")
+            node: nn.Module = self
+            for name in parents:
+                node.add_module(name, nn.Module())
+                node = getattr(node, name)
+            node.register_buffer(leaf, torch.zeros(0))
 
     def forward(self, hidden_states: torch.Tensor, *args, **kwargs) -> torch.Tensor:
         return hidden_states
+
+
+def _capture_hidden_state(model: nn.Module, replaced: nn.Module, skipped: SkippedLayer) -> None:
+    """Give `skipped` the hook transformers' output capture puts on every layer of its family's class, which
+    `skipped` is not: without it `output_hidden_states` would drop the removed layer's entry and shift the rest.
+
+    The hooks are otherwise installed lazily, once per model, on modules of the declared class (`_can_record_outputs`),
+    so one installed here is neither duplicated later nor lost when the model had run with them already.
+    """
+    try:
+        from transformers.utils.output_capturing import OutputRecorder, install_output_capuring_hook
+    except ImportError:  # another transformers: hidden states of removed layers are not reported
+        return
+    spec = (getattr(model.base_model, "_can_record_outputs", None) or {}).get("hidden_states")
+    if isinstance(spec, type):
+        spec = OutputRecorder(target_class=spec, index=0)
+    if isinstance(spec, OutputRecorder) and spec.target_class is not None and isinstance(replaced, spec.target_class):
+        install_output_capuring_hook(skipped, "hidden_states", spec.index, spec.capture_initial_hidden_state)
+
+
+def skip_layer(model: nn.Module, stack: nn.ModuleList, index: int, marker: str | None = None) -> None:
+    """Replace `stack[index]` (a layer of `model`) by a `SkippedLayer` with `marker`; one already skipped is left
+    as it is."""
+    if isinstance(stack[index], SkippedLayer):
+        return
+    skipped = SkippedLayer(marker)
+    _capture_hidden_state(model, stack[index], skipped)
+    stack[index] = skipped
 
 
 def shrink_attention(layer: nn.Module, family: dict, heads: int, head_size: int) -> None:
@@ -111,7 +155,7 @@ def apply_layout(model: nn.Module, layout: dict) -> nn.Module:
     full_ffn = int(layout["ffn_size"])
     for index, block in enumerate(layout["blocks"]):
         if block.get("removed"):
-            stack[index] = SkippedLayer()
+            skip_layer(model, stack, index, family["ffn_out"] + ".bias")
             continue
         if int(block["heads"]) != full_heads:
             shrink_attention(stack[index], family, int(block["heads"]), size)

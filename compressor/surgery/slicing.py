@@ -33,7 +33,7 @@ from compressor.surgery.arch import (
     removed_layers,
     set_path,
 )
-from compressor.surgery.portable import EmptyAttention, SkippedLayer, empty_linear
+from compressor.surgery.portable import EmptyAttention, SkippedLayer, empty_linear, skip_layer  # noqa: F401  (SkippedLayer re-exported)
 
 Plan = dict[int, list[int]]
 
@@ -168,8 +168,7 @@ def prune_neurons(model: nn.Module, plan: Plan) -> nn.Module:
 def remove_layers(model: nn.Module, remove: Iterable[int]) -> nn.Module:
     """Replace layers `remove` (original ids) by `SkippedLayer` in place, recording all their heads and neurons
     as pruned and the layers in `config.removed_layers`. Out-of-range ids raise `PlanError` before any change."""
-    arch_spec(model)  # refuse unsupported families before any change
-    n_layers = len(layers(model))
+    spec, n_layers = arch_spec(model), len(layers(model))
     ids = sorted({_as_int(i, "layer") for i in remove})
     bad = [i for i in ids if not 0 <= i < n_layers]
     if bad:
@@ -177,7 +176,7 @@ def remove_layers(model: nn.Module, remove: Iterable[int]) -> nn.Module:
     heads = {k: set(v) for k, v in (getattr(model.config, "pruned_heads", None) or {}).items()}
     neurons = {k: set(v) for k, v in pruned_neurons(model).items()}
     for layer in ids:
-        layers(model)[layer] = SkippedLayer()
+        skip_layer(model, layers(model), layer, spec.ffn_out + ".bias")
         heads[layer] = set(range(original_num_heads(model)))
         neurons[layer] = set(range(original_ffn_size(model)))
     model.config.pruned_heads = {int(k): sorted(v) for k, v in sorted(heads.items()) if v}

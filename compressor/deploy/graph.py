@@ -1,0 +1,97 @@
+"""Edits and optimisation of an exported graph: per-layer head counts pinned into the attention reshapes, ORT's
+transformer optimizer, and a count of the attention nodes it fused.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from torch import nn
+
+from compressor.deploy.inference import quiet_ort
+from compressor.surgery.arch import arch_spec, present_heads
+
+ATTENTION_OPS = ("Attention", "MultiHeadAttention", "QAttention")
+
+
+def attention_scopes(model: nn.Module) -> dict[str, int]:
+    """`{node-name prefix of a layer's attention module: its head count}` for the layers that keep heads.
+
+    The TorchScript exporter names nodes after module paths (`/bert/encoder/layer.0/attention/self/...`)."""
+    spec = arch_spec(model)
+    *parents, stack = spec.layers.split(".")
+    scopes = {}
+    for index, heads in enumerate(present_heads(model)):
+        if heads:
+            parts = [model.base_model_prefix, *parents, f"{stack}.{index}", *spec.self_attn.split(".")]
+            scopes["/" + "/".join(parts) + "/"] = len(heads)
+    return scopes
+
+
+def pin_head_counts(file: Path, scopes: dict[str, int], head_size: int) -> int:
+    """Write each layer's head count into its attention reshapes in place; returns how many shapes were pinned.
+
+    transformers 5 reshapes Q/K/V with `view(batch, seq, -1, head_size)` and merges heads back with
+    `(batch, seq, -1)`; ORT's optimizer reads a layer's head count off those constants, so with -1 it fuses nothing.
+    The -1 becomes the layer's heads (or heads × head_size): the same values at every batch and sequence size.
+    """
+    import onnx
+    from onnx import numpy_helper
+
+    graph = onnx.load(str(file))
+    made_by = {out: node for node in graph.graph.node for out in node.output}
+    pinned = 0
+    for node in graph.graph.node:
+        scope = next((p for p in scopes if node.name.startswith(p)), None)
+        shape = made_by.get(node.input[1]) if node.op_type == "Reshape" and scope else None
+        if shape is None or shape.op_type != "Concat":
+            continue
+        parts = [made_by.get(name) for name in shape.input]
+        values = [numpy_helper.to_array(p.attribute[0].t).tolist() if p is not None and p.op_type == "Constant"
+                  else None for p in parts]  # fmt: skip
+        if values[-2:] == [[-1], [head_size]] and len(values) == 4:
+            target, fill = parts[-2], scopes[scope]
+        elif values[-1:] == [[-1]] and len(values) == 3:
+            target, fill = parts[-1], scopes[scope] * head_size
+        else:
+            continue
+        target.attribute[0].t.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(target.attribute[0].t) * 0 + fill))
+        pinned += 1
+    onnx.save(graph, str(file))
+    return pinned
+
+
+def optimize_graph(src: Path, dest: Path, fuse_attention: bool = True, model_type: str = "bert") -> dict:
+    """ORT transformer optimizer on `src` (`model_type`: the family's `ArchSpec.ort_model_type`), written to `dest`;
+    returns fused-op statistics.
+
+    num_heads=0 / hidden_size=0 make the attention fusion read each layer's head count from its own reshapes (pinned
+    by `export_fp32`), which is what a pruned model with uneven heads needs. `fuse_attention=False` keeps every
+    other fusion.
+    """
+    from onnxruntime.transformers.fusion_options import FusionOptions
+    from onnxruntime.transformers.optimizer import optimize_model
+
+    options = FusionOptions(model_type)
+    options.enable_attention = fuse_attention
+    with quiet_ort():
+        optimized = optimize_model(
+            str(src), model_type=model_type, num_heads=0, hidden_size=0, optimization_options=options, use_gpu=False
+        )
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        optimized.save_model_to_file(str(dest))
+        fused = optimized.get_fused_operator_statistics()
+    return {"fused_ops": {k: int(v) for k, v in fused.items() if v}}
+
+
+def attention_nodes(file: Path) -> dict[str, list[int]]:
+    """`{op_type: [num_heads of each node]}` of the fused attention nodes in a graph (empty when none fused)."""
+    import onnx
+
+    graph = onnx.load(str(file), load_external_data=False).graph
+    found: dict[str, list[int]] = {}
+    for node in graph.node:
+        if node.op_type in ATTENTION_OPS:
+            heads = next((a.i for a in node.attribute if a.name == "num_heads"), 0)
+            found.setdefault(node.op_type, []).append(int(heads))
+    return found
