@@ -22,7 +22,6 @@ from compressor.surgery.arch import UnsupportedArchitectureError, arch_spec, dec
 from compressor.surgery.checkpoint import PLAN_FILE, WEIGHTS_FILE, WEIGHTS_INDEX, load_pruned
 
 BUILTIN_MINILM = "builtin:minilm-l6"
-hf_logging.disable_progress_bar()  # transformers 5 draws a bar per weight load and save; a run's progress is ours
 
 
 def resolve_model_path(spec: ModelSpec) -> str:

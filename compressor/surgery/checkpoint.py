@@ -26,6 +26,7 @@ import torch
 from safetensors.torch import load_file
 from torch import nn
 from transformers import AutoConfig, AutoModelForSequenceClassification
+from transformers.utils import logging as hf_logging
 
 from compressor.core import atomic
 from compressor.surgery import portable
@@ -45,6 +46,7 @@ from compressor.surgery.portable import LAYOUT_KEY, LAYOUT_VERSION, apply_layout
 from compressor.surgery.slicing import empty_layers
 
 log = logging.getLogger(__name__)
+hf_logging.disable_progress_bar()  # transformers 5 draws a bar per weight load and save; a run's progress is ours
 
 PLAN_FILE = "compressor_plan.json"
 CARD_FILE = "README.md"
