@@ -146,6 +146,18 @@ def test_every_unit_kind_masks_and_reloads_through_both_routes(tmp_path: Path, v
             assert float((mine - theirs).abs().max()) <= 1e-5
 
 
+def test_conv_still_follows_a_removed_layer_0(tmp_path: Path) -> None:
+    """The encoder's conv runs on layer 0's output whatever layer 0 is: removed, it follows the identity, as it does
+    when layer 0 is gated to nothing; the reloaded model agrees."""
+    model = base("v2 conv")
+    pruned = remove_layers(pruned_copy(model, {}), [0])
+    gates, cells = gates_for(model, {0: list(range(HEADS))}), full_neuron_gates(model)
+    cells[0] = 0.0
+    torch.testing.assert_close(logits(pruned), logits(model, gates, cells), atol=1e-5, rtol=0)
+    assert (logits(pruned) - logits(model)).abs().max() > 1e-3
+    torch.testing.assert_close(logits(load_pruned(save_pruned(pruned, tmp_path / "m"))), logits(pruned), atol=0, rtol=0)
+
+
 @pytest.mark.parametrize("variant", list(VARIANTS))
 def test_flops_count_the_relative_terms(variant: str) -> None:
     """The analytic count (relative-embedding projections and c2p/p2c scores per head included) equals torch's
