@@ -12,6 +12,7 @@ from transformers import (
     AutoModelForSequenceClassification,
     BertConfig,
     CamembertConfig,
+    DebertaV2Config,
     DistilBertConfig,
     ElectraConfig,
     GPT2Config,
@@ -21,7 +22,7 @@ from transformers import (
 
 from compressor.surgery.arch import arch_spec
 
-ARCHS = ("bert", "roberta", "xlm-roberta", "camembert", "electra", "distilbert")
+ARCHS = ("bert", "roberta", "xlm-roberta", "camembert", "electra", "distilbert", "deberta-v2")
 VOCAB = 120
 
 
@@ -30,6 +31,22 @@ def tiny_config(arch: str = "bert", layers: int = 3, heads: int = 4, head_size: 
     common = {"vocab_size": VOCAB, "num_labels": num_labels}
     if arch == "distilbert":
         return DistilBertConfig(dim=hidden, n_layers=layers, n_heads=heads, hidden_dim=2 * hidden + 3, **common)
+    if arch == "deberta-v2":  # DeBERTa-v3's shape: shared relative keys, log buckets, no token types or abs. positions
+        return DebertaV2Config(
+            hidden_size=hidden,
+            num_hidden_layers=layers,
+            num_attention_heads=heads,
+            intermediate_size=2 * hidden + 3,
+            max_position_embeddings=64,
+            relative_attention=True,
+            position_buckets=8,
+            pos_att_type=["p2c", "c2p"],
+            norm_rel_ebd="layer_norm",
+            share_att_key=True,
+            position_biased_input=False,
+            type_vocab_size=0,
+            **common,
+        )
     cls = {
         "bert": BertConfig,
         "roberta": RobertaConfig,
@@ -49,6 +66,12 @@ def tiny_config(arch: str = "bert", layers: int = 3, heads: int = 4, head_size: 
         **extra,
         **common,
     )
+
+
+def has_sdpa(arch: str) -> bool:
+    """Whether transformers has an SDPA attention for `arch`'s classifier (DeBERTa-v2 has eager attention only)."""
+    config = tiny_config(arch, layers=1, heads=1)
+    return bool(AutoModelForSequenceClassification._model_mapping[type(config)]._supports_sdpa)
 
 
 def tiny_model(

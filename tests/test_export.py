@@ -17,7 +17,7 @@ from compressor.cli import app
 from compressor.core.errors import UserError
 from compressor.deploy import export as ex
 from compressor.deploy.quantize import quantized_nodes, resolve_reduce_range
-from compressor.surgery.arch import present_heads, removed_layers
+from compressor.surgery.arch import arch_spec, present_heads, removed_layers
 from compressor.surgery.checkpoint import load_pruned, save_pruned
 from compressor.surgery.slicing import prune_heads
 from compressor.testing import ARCHS, tiny_batch, tiny_model
@@ -44,6 +44,19 @@ def exported(request, tmp_path_factory):
     model_dir = saved_model(root, request.param, UNEVEN_EMPTY)
     result = ex.export_onnx(model_dir, root / "onnx", ["int8", "fp32", "optimized"], CHECK)
     return model_dir, root / "onnx", result
+
+
+def fuses(arch: str) -> bool:
+    """Whether ORT fuses `arch`'s attention (DeBERTa's disentangled attention has no fusion)."""
+    return arch_spec(arch).ort_fuses_attention
+
+
+def weight_bytes(variant_dir: Path) -> int:
+    """Bytes of a graph's initializers (its weights)."""
+    import onnx
+    from onnx import numpy_helper
+
+    return sum(numpy_helper.to_array(i).nbytes for i in onnx.load(str(variant_dir / "model.onnx")).graph.initializer)
 
 
 def reference_logits(model_dir: Path, batch: dict) -> np.ndarray:
@@ -91,23 +104,29 @@ def test_optimized_fuses_attention_with_per_layer_heads(exported):
     opt = result["optimized"]
     heads_left = [len(h) for h in present_heads(load_pruned(model_dir)) if h]
     assert opt["max_abs_diff"] <= 1e-4 and opt["agreement"] == 1.0
-    assert opt["attention_fusion"] == "full" and opt["attention_layers"] == len(heads_left) == 2
-    assert opt["fused_attention_nodes"] == 2
-    assert sorted(opt["attention_heads_per_node"]) == sorted(heads_left)
+    assert opt["attention_layers"] == len(heads_left) == 2
     assert result["fp32"]["fused_attention_nodes"] == 0
+    if not fuses(model_dir.name.removesuffix("-model")):
+        assert opt["attention_fusion"].startswith("n/a") and opt["fused_attention_nodes"] == 0
+        return
+    assert opt["attention_fusion"] == "full" and opt["fused_attention_nodes"] == 2
+    assert sorted(opt["attention_heads_per_node"]) == sorted(heads_left)
 
 
 def test_int8_quantizes_optimized_graph_and_agrees(exported):
-    _, out, result = exported
+    model_dir, out, result = exported
     int8 = result["int8"]
     assert int8["quantized_from"] == "optimized"
-    assert int8["size_bytes"] < 0.6 * result["fp32"]["size_bytes"]
+    assert int8["size_bytes"] < result["fp32"]["size_bytes"]
+    # The weights shrink ~4×; the file less where a tiny graph's nodes outweigh its weights (DeBERTa: 800 nodes).
+    assert weight_bytes(out / "int8") < 0.6 * weight_bytes(out / "fp32")
     # Within 0.1 on CPUs without VNNI too: "auto" picks 7-bit weights there (full-range u8s8 GEMMs saturate: 0.36).
     assert int8["agreement"] >= 0.75 and 0 < int8["max_abs_diff"] < 0.1
     assert (int8["reduce_range"], int8["reduce_range_reason"]) == resolve_reduce_range("auto")
     assert ("7-bit range" in int8["weights"]) is int8["reduce_range"]
     ops = {node.op_type for node in __import__("onnx").load(str(out / "int8" / "model.onnx")).graph.node}
-    assert {"QAttention", "MatMulInteger"} <= ops
+    assert {"MatMulInteger"} <= ops
+    assert ("QAttention" in ops) is fuses(model_dir.name.removesuffix("-model"))
 
 
 def test_int8_keeps_excluded_nodes_in_fp32(exported, tmp_path):
@@ -153,7 +172,9 @@ def test_every_unit_kind_exports_and_runs_in_a_bare_session(tmp_path, arch):
     tokenizer = AutoTokenizer.from_pretrained(make_tokenizer_dir(tmp_path / "tok"))
     model_dir = save_pruned(model, tmp_path / "model", tokenizer)
     result = ex.export_onnx(model_dir, tmp_path / "onnx", ["fp32", "optimized", "int8"], CHECK)
-    assert result["optimized"]["attention_fusion"] == "full" and result["optimized"]["fused_attention_nodes"] == 2
+    assert result["optimized"]["fused_attention_nodes"] == (2 if fuses(arch) else 0)
+    fusion = result["optimized"]["attention_fusion"]
+    assert (fusion == "full") if fuses(arch) else fusion.startswith("n/a")
     batch = tiny_batch(batch=5, seq=13, seed=11)
     expected = ex.torch_logits(model, batch)
     for name, tol in (("fp32", 1e-4), ("optimized", 1e-4), ("int8", 0.1)):

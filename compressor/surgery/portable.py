@@ -76,11 +76,13 @@ class SkippedLayer(nn.Module):
     `marker` (a dotted path, e.g. the family's `output.dense.bias`) holds a zero-size buffer where the stock layer
     keeps a weight, so stock transformers meets a size mismatch and refuses the checkpoint instead of filling the
     removed layer with fresh random weights. Put in place with `skip_layer`, which keeps its output in
-    `output_hidden_states` (one entry per layer).
+    `output_hidden_states` (one entry per layer). `returns_tuple`: return `(input, None)` like layers of families
+    whose encoder unpacks (hidden states, attention) from each layer (DeBERTa).
     """
 
-    def __init__(self, marker: str | None = None):
+    def __init__(self, marker: str | None = None, returns_tuple: bool = False):
         super().__init__()
+        self.returns_tuple = returns_tuple
         if marker:
             *parents, leaf = marker.split(".")
             node: nn.Module = self
@@ -89,8 +91,8 @@ class SkippedLayer(nn.Module):
                 node = getattr(node, name)
             node.register_buffer(leaf, torch.zeros(0))
 
-    def forward(self, hidden_states: torch.Tensor, *args, **kwargs) -> torch.Tensor:
-        return hidden_states
+    def forward(self, hidden_states: torch.Tensor, *args, **kwargs) -> torch.Tensor | tuple[torch.Tensor, None]:
+        return (hidden_states, None) if self.returns_tuple else hidden_states
 
 
 def _capture_hidden_state(model: nn.Module, replaced: nn.Module, skipped: SkippedLayer) -> None:
@@ -111,23 +113,27 @@ def _capture_hidden_state(model: nn.Module, replaced: nn.Module, skipped: Skippe
         install_output_capuring_hook(skipped, "hidden_states", spec.index, spec.capture_initial_hidden_state)
 
 
-def skip_layer(model: nn.Module, stack: nn.ModuleList, index: int, marker: str | None = None) -> None:
-    """Replace `stack[index]` (a layer of `model`) by a `SkippedLayer` with `marker`; one already skipped is left
-    as it is."""
+def skip_layer(
+    model: nn.Module, stack: nn.ModuleList, index: int, marker: str | None = None, returns_tuple: bool = False
+) -> None:
+    """Replace `stack[index]` (a layer of `model`) by a `SkippedLayer` with `marker` (and `returns_tuple`); one
+    already skipped is left as it is."""
     if isinstance(stack[index], SkippedLayer):
         return
-    skipped = SkippedLayer(marker)
+    skipped = SkippedLayer(marker, returns_tuple)
     _capture_hidden_state(model, stack[index], skipped)
     stack[index] = skipped
 
 
 def shrink_attention(layer: nn.Module, family: dict, heads: int, head_size: int) -> None:
-    """Rebuild `layer`'s Q/K/V rows and W_O columns for `heads` heads (an `EmptyAttention` for none)."""
+    """Rebuild `layer`'s Q/K/V rows (and those of the family's other per-head Linears it has), and W_O columns, for
+    `heads` heads (an `EmptyAttention` for none)."""
     if heads == 0:
         _set(layer, family["attention"], EmptyAttention(_get(layer, family["attention"]), family["attention_out"]))
         return
     attn, width = _get(layer, family["self_attn"]), heads * head_size
-    for name in (family["query"], family["key"], family["value"]):
+    extra = [name for name in family.get("head_rows", ()) if isinstance(getattr(attn, name, None), nn.Linear)]
+    for name in (family["query"], family["key"], family["value"], *extra):
         old = getattr(attn, name)
         setattr(attn, name, empty_linear(old.in_features, width, old))
     out = _get(layer, family["out_proj"])
@@ -155,7 +161,7 @@ def apply_layout(model: nn.Module, layout: dict) -> nn.Module:
     full_ffn = int(layout["ffn_size"])
     for index, block in enumerate(layout["blocks"]):
         if block.get("removed"):
-            skip_layer(model, stack, index, family["ffn_out"] + ".bias")
+            skip_layer(model, stack, index, family["ffn_out"] + ".bias", bool(family.get("layer_tuple")))
             continue
         if int(block["heads"]) != full_heads:
             shrink_attention(stack[index], family, int(block["heads"]), size)

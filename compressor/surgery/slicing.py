@@ -123,7 +123,8 @@ def prune_heads(model: nn.Module, plan: Plan) -> nn.Module:
             continue
         index = _index(keep_pos, size)
         attn = get_path(module, spec.self_attn)
-        for name in (spec.query, spec.key, spec.value):
+        extra = [name for name in spec.head_rows if isinstance(getattr(attn, name, None), nn.Linear)]
+        for name in (spec.query, spec.key, spec.value, *extra):
             setattr(attn, name, _slice_linear(getattr(attn, name), index, dim=0))
         set_path(module, spec.out_proj, _slice_linear(get_path(module, spec.out_proj), index, dim=1))
         setattr(attn, spec.heads_attr, len(keep_pos))
@@ -176,7 +177,7 @@ def remove_layers(model: nn.Module, remove: Iterable[int]) -> nn.Module:
     heads = {k: set(v) for k, v in (getattr(model.config, "pruned_heads", None) or {}).items()}
     neurons = {k: set(v) for k, v in pruned_neurons(model).items()}
     for layer in ids:
-        skip_layer(model, layers(model), layer, spec.ffn_out + ".bias")
+        skip_layer(model, layers(model), layer, spec.ffn_out + ".bias", spec.layer_returns_tuple)
         heads[layer] = set(range(original_num_heads(model)))
         neurons[layer] = set(range(original_ffn_size(model)))
     model.config.pruned_heads = {int(k): sorted(v) for k, v in sorted(heads.items()) if v}

@@ -22,7 +22,7 @@ from torch import nn
 from compressor.pruning.criteria.confidence import model_inputs
 from compressor.pruning.criteria.registry import ScoreContext, mean_over_processes, register
 from compressor.pruning.masking import AttentionRecorder, gated
-from compressor.surgery.arch import arch_spec, layers, present_heads, set_path
+from compressor.surgery.arch import arch_spec, get_path, layers, present_heads, set_path
 
 _HIDDEN_KWARGS = ("hidden_states", "hidden_state", "x")
 
@@ -62,9 +62,14 @@ def start_at(model: nn.Module, layer: int, hidden: torch.Tensor) -> Iterator[Non
 
     Temporarily swaps the encoder's layer list for its tail (hooks already on those modules keep firing) and
     replaces the tail's first input; embeddings still run (cheap) so the model's own forward, masks and
-    classification head are used unchanged.
+    classification head are used unchanged. Not where the encoder runs a module after the list's first layer
+    (DeBERTa-v2's `conv`, `config.conv_kernel_size`): it would follow the wrong layer, so every layer runs instead.
     """
     spec, stack = arch_spec(model), layers(model)
+    parent = spec.layers.rpartition(".")[0]
+    if getattr(get_path(model.base_model, parent) if parent else model.base_model, "conv", None) is not None:
+        yield
+        return
 
     def hook(_m: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
         _, args, kwargs = _replace_hidden(args, kwargs, hidden)

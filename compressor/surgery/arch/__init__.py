@@ -1,9 +1,9 @@
-"""Architecture families: one declaration module each (`bert`, `distilbert`), the registry (`spec`) and the
-shape readers built on it (`shape`). Adding a family means adding one module here (and its tiny config to
+"""Architecture families: one declaration module each (`bert`, `distilbert`, `deberta_v2`), the registry (`spec`)
+and the shape readers built on it (`shape`). Adding a family means adding one module here (and its tiny config to
 `compressor.testing.ARCHS`); importing this package registers every family.
 """
 
-from compressor.surgery.arch import bert, distilbert  # noqa: F401  (registration)
+from compressor.surgery.arch import bert, deberta_v2, distilbert  # noqa: F401  (registration)
 from compressor.surgery.arch.shape import (
     config_head_counts,
     get_path,

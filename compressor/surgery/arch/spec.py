@@ -8,6 +8,7 @@ case by model type (position embeddings reserved for padding, token type inputs,
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from torch import nn
@@ -40,17 +41,30 @@ class ArchSpec:
     # where attention maps are read; None: the family runs transformers' attention interface (read there instead)
     padding_positions: bool = False  # position ids start after pad_token_id (RoBERTa): pad + 1 embeddings are reserved
     ort_model_type: str = "bert"  # the ONNX Runtime transformer optimizer's fusion family for this graph
+    ort_fuses_attention: bool = True  # ORT's optimizer fuses this family's attention into Attention nodes
+    head_rows: tuple[str, ...] = ()  # from self_attn: further Linears with one block of output rows per head, sliced
+    # with Q/K/V where the module has them (DeBERTa's pos_key_proj / pos_query_proj of relative positions)
+    layer_returns_tuple: bool = False  # a layer returns (hidden_states, attention), not the hidden states alone
+    extra_head_flops: Callable[[object, int], int] | None = None  # (config, seq_len) → FLOPs of one head beyond its
+    # Q/K/V/O rows, scores and weighted values (DeBERTa's relative-position terms); None: nothing more
 
     @property
     def attention_out(self) -> str:
         """W_O's path from the attention block (what an `EmptyAttention` keeps)."""
         return self.out_proj.removeprefix(self.attention + ".")
 
-    def portable(self) -> dict[str, str]:
-        """The module paths `surgery.portable` needs to rebuild this family's shapes, for a saved config."""
+    def portable(self) -> dict[str, object]:
+        """The module paths `surgery.portable` needs to rebuild this family's shapes, for a saved config (the optional
+        entries only where set, so the other families' saved layouts stay as they were)."""
         names = ("layers", "attention", "self_attn", "query", "key", "value", "out_proj", "heads_attr", "width_attr",
                  "ffn_in", "ffn_out")  # fmt: skip
-        return {**{name: getattr(self, name) for name in names}, "attention_out": self.attention_out}
+        out: dict[str, object] = {name: getattr(self, name) for name in names}
+        out["attention_out"] = self.attention_out
+        if self.head_rows:
+            out["head_rows"] = list(self.head_rows)
+        if self.layer_returns_tuple:
+            out["layer_tuple"] = True
+        return out
 
 
 ARCHITECTURES: dict[str, ArchSpec] = {}  # config.model_type → declaration, filled by the family modules
@@ -69,6 +83,8 @@ def register(spec: ArchSpec, *model_types: str) -> ArchSpec:
             raise ValueError(f"ArchSpec.{name}: expected a dotted attribute path, got {path!r}")
     if spec.probs_dropout is not None and not all(p.isidentifier() for p in spec.probs_dropout.split(".")):
         raise ValueError(f"ArchSpec.probs_dropout: expected a dotted path or None, got {spec.probs_dropout!r}")
+    if isinstance(spec.head_rows, str) or not all(name.isidentifier() for name in spec.head_rows):
+        raise ValueError(f"ArchSpec.head_rows: expected a tuple of attribute names, got {spec.head_rows!r}")
     for name in _ATTR_FIELDS:
         if not getattr(spec, name).isidentifier():
             raise ValueError(f"ArchSpec.{name}: expected an attribute name, got {getattr(spec, name)!r}")

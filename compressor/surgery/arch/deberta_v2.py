@@ -1,0 +1,51 @@
+"""DeBERTa-v2 / DeBERTa-v3: disentangled attention under `attention.self` (`query_proj`/`key_proj`/`value_proj`),
+`attention.output.dense` mixing heads back, and a BERT-like FFN (`intermediate.dense` → `output.dense`).
+
+Relative positions add c2p/p2c scores per head. DeBERTa-v3 (`share_att_key`) projects the relative embeddings with the
+layer's own `key_proj`/`query_proj`, so slicing those covers them; otherwise `pos_key_proj` (c2p) and
+`pos_query_proj` (p2c) have one block of output rows per head and are sliced with the heads (`head_rows`). The score
+scale √(head size × number of score kinds) does not depend on the head count, and forward reads only the
+`num_attention_heads` attribute. Its layers return `(hidden_states, attention)` (the encoder unpacks both), it has
+no SDPA path (eager attention applies `self.dropout` to the probabilities, where maps are read), and ORT has no
+fusion for its attention. `type_vocab_size` is 0 in DeBERTa-v3: the forward then ignores `token_type_ids`.
+"""
+
+from __future__ import annotations
+
+from compressor.surgery.arch.spec import ArchSpec, register
+
+
+def relative_head_flops(config, seq_len: int) -> int:
+    """FLOPs of one head's relative-position terms at `seq_len` tokens: its rows of the relative-embedding
+    projections (2·span rows, run once per forward, so exact per example at batch 1) and its c2p / p2c scores."""
+    if not getattr(config, "relative_attention", False):
+        return 0
+    kinds = [kind for kind in ("c2p", "p2c") if kind in (config.pos_att_type or [])]
+    buckets, span = getattr(config, "position_buckets", -1), getattr(config, "max_relative_positions", -1)
+    span = buckets if buckets > 0 else (span if span >= 1 else config.max_position_embeddings)
+    hidden = config.hidden_size
+    size = hidden // config.num_attention_heads  # W_O is hidden × hidden: heads × head size must be the hidden size
+    projections = 2 if getattr(config, "share_att_key", False) else len(kinds)
+    return 2 * (projections * 2 * span * hidden * size + len(kinds) * seq_len * 2 * span * size)
+
+
+DEBERTA_V2 = register(
+    ArchSpec(
+        layers="encoder.layer",
+        attention="attention",
+        self_attn="attention.self",
+        query="query_proj",
+        key="key_proj",
+        value="value_proj",
+        out_proj="attention.output.dense",
+        heads_attr="num_attention_heads",
+        width_attr="all_head_size",
+        head_size_attr="attention_head_size",
+        probs_dropout="dropout",
+        ort_fuses_attention=False,
+        head_rows=("pos_key_proj", "pos_query_proj"),
+        layer_returns_tuple=True,
+        extra_head_flops=relative_head_flops,
+    ),
+    "deberta-v2",
+)
