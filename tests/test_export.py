@@ -17,7 +17,7 @@ from compressor.cli import app
 from compressor.core.errors import UserError
 from compressor.deploy import export as ex
 from compressor.deploy.quantize import quantized_nodes, resolve_reduce_range
-from compressor.surgery.arch import present_heads, removed_layers
+from compressor.surgery.arch import arch_spec, present_heads, removed_layers
 from compressor.surgery.checkpoint import load_pruned, save_pruned
 from compressor.surgery.slicing import prune_heads
 from compressor.testing import ARCHS, tiny_batch, tiny_model
@@ -89,25 +89,40 @@ def test_dynamic_axes_every_variant(exported, shape):
 def test_optimized_fuses_attention_with_per_layer_heads(exported):
     model_dir, _, result = exported
     opt = result["optimized"]
-    heads_left = [len(h) for h in present_heads(load_pruned(model_dir)) if h]
+    model = load_pruned(model_dir)
+    heads_left = [len(h) for h in present_heads(model) if h]
+    fused = heads_left if arch_spec(model).ort_fuses_attention else []  # none for MPNet (its position bias)
     assert opt["max_abs_diff"] <= 1e-4 and opt["agreement"] == 1.0
-    assert opt["attention_fusion"] == "full" and opt["attention_layers"] == len(heads_left) == 2
-    assert opt["fused_attention_nodes"] == 2
-    assert sorted(opt["attention_heads_per_node"]) == sorted(heads_left)
+    assert opt["attention_fusion"] == ("full" if fused else "none") and opt["attention_layers"] == len(heads_left) == 2
+    assert opt["fused_attention_nodes"] == len(fused)
+    assert sorted(opt["attention_heads_per_node"]) == sorted(fused)
     assert result["fp32"]["fused_attention_nodes"] == 0
 
 
 def test_int8_quantizes_optimized_graph_and_agrees(exported):
-    _, out, result = exported
+    import onnx
+    from onnx import numpy_helper
+
+    model_dir, out, result = exported
     int8 = result["int8"]
+    fuses = arch_spec(model_dir.name.removesuffix("-model")).ort_fuses_attention
     assert int8["quantized_from"] == "optimized"
-    assert int8["size_bytes"] < 0.6 * result["fp32"]["size_bytes"]
+    if fuses:
+        assert int8["size_bytes"] < 0.6 * result["fp32"]["size_bytes"]
+    else:  # a tiny unfused graph (MPNet) has as many bytes of nodes as of weights: weigh the weights alone
+        weights = {
+            name: sum(
+                numpy_helper.to_array(t).nbytes for t in onnx.load(str(out / name / "model.onnx")).graph.initializer
+            )
+            for name in ("fp32", "int8")
+        }
+        assert weights["int8"] < 0.6 * weights["fp32"]
     # Within 0.1 on CPUs without VNNI too: "auto" picks 7-bit weights there (full-range u8s8 GEMMs saturate: 0.36).
     assert int8["agreement"] >= 0.75 and 0 < int8["max_abs_diff"] < 0.1
     assert (int8["reduce_range"], int8["reduce_range_reason"]) == resolve_reduce_range("auto")
     assert ("7-bit range" in int8["weights"]) is int8["reduce_range"]
-    ops = {node.op_type for node in __import__("onnx").load(str(out / "int8" / "model.onnx")).graph.node}
-    assert {"QAttention", "MatMulInteger"} <= ops
+    ops = {node.op_type for node in onnx.load(str(out / "int8" / "model.onnx")).graph.node}
+    assert ({"QAttention", "MatMulInteger"} if fuses else {"MatMulInteger"}) <= ops
 
 
 def test_int8_keeps_excluded_nodes_in_fp32(exported, tmp_path):
@@ -153,7 +168,9 @@ def test_every_unit_kind_exports_and_runs_in_a_bare_session(tmp_path, arch):
     tokenizer = AutoTokenizer.from_pretrained(make_tokenizer_dir(tmp_path / "tok"))
     model_dir = save_pruned(model, tmp_path / "model", tokenizer)
     result = ex.export_onnx(model_dir, tmp_path / "onnx", ["fp32", "optimized", "int8"], CHECK)
-    assert result["optimized"]["attention_fusion"] == "full" and result["optimized"]["fused_attention_nodes"] == 2
+    fused = 2 if arch_spec(arch).ort_fuses_attention else 0  # ORT does not fuse MPNet's attention
+    assert result["optimized"]["attention_fusion"] == ("full" if fused else "none")
+    assert result["optimized"]["fused_attention_nodes"] == fused
     batch = tiny_batch(batch=5, seq=13, seed=11)
     expected = ex.torch_logits(model, batch)
     for name, tol in (("fp32", 1e-4), ("optimized", 1e-4), ("int8", 0.1)):

@@ -27,10 +27,9 @@ from compressor.surgery.arch import (
 )
 from compressor.surgery.cost import encoder_flops
 from compressor.surgery.slicing import EmptyAttention, PlanError, empty_layers, prune_heads, pruned_copy, validate_plan
-from compressor.testing import ARCHS, tiny_batch, tiny_model, tiny_unsupported_model
+from compressor.testing import ARCH_ATTN, ARCHS, tiny_batch, tiny_model, tiny_unsupported_model
 
 LAYERS, HEADS, HEAD_SIZE = 3, 4, 8
-ARCH_ATTN = [(a, attention) for attention in ("eager", "sdpa") for a in ARCHS]  # ELECTRA has SDPA since 5.0
 BATCH = {k: v for k, v in tiny_batch(batch=3, seq=9).items() if k != "labels"}
 
 

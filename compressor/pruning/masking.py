@@ -61,7 +61,8 @@ def _check_shape(name: str, gates: torch.Tensor, expected: tuple[int, int]) -> N
 
 def _skip_hook(heads: torch.Tensor, neurons: torch.Tensor, layer: int, ids: tuple[list[int], list[int]]):
     """Forward hook: when every present head and neuron of `layer` is gated to 0, the layer returns its input
-    (transformers 5 layers return the hidden states alone). `ids` are the present (head, neuron) ids."""
+    (transformers 5 layers return the hidden states alone; tuple-returning ones keep their tuple). `ids` are the
+    present (head, neuron) ids."""
     h_index, n_index = (torch.tensor(i, dtype=torch.long) for i in ids)
 
     def hook(_module: nn.Module, args: tuple, kwargs: dict, output: torch.Tensor) -> torch.Tensor:
@@ -69,7 +70,8 @@ def _skip_hook(heads: torch.Tensor, neurons: torch.Tensor, layer: int, ids: tupl
         live = live or neurons[layer].index_select(0, n_index.to(neurons.device)).any()
         if live:
             return output
-        return args[0] if args else next(kwargs[k] for k in ("hidden_states", "hidden_state", "x") if k in kwargs)
+        hidden = args[0] if args else next(kwargs[k] for k in ("hidden_states", "hidden_state", "x") if k in kwargs)
+        return (hidden, *output[1:]) if isinstance(output, tuple) else hidden  # tuple layers (MPNet): input first
 
     return hook
 

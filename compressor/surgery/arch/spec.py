@@ -40,6 +40,11 @@ class ArchSpec:
     # where attention maps are read; None: the family runs transformers' attention interface (read there instead)
     padding_positions: bool = False  # position ids start after pad_token_id (RoBERTa): pad + 1 embeddings are reserved
     ort_model_type: str = "bert"  # the ONNX Runtime transformer optimizer's fusion family for this graph
+    ort_fuses_attention: bool = True  # that optimizer fuses this family's attention (MPNet's position bias: no)
+    sdpa: bool = True  # transformers has an SDPA path for the family (loads asking for SDPA fall back to eager if not)
+    shared_bias: str | None = None  # self_attn's forward argument carrying a [batch, original heads, q, k] bias
+    # computed once for all layers (MPNet's relative position bias); a pruned layer selects its present heads from it
+    tuple_layers: bool = False  # layers return a tuple (hidden states first) that the encoder indexes, not a tensor
 
     @property
     def attention_out(self) -> str:
@@ -50,7 +55,8 @@ class ArchSpec:
         """The module paths `surgery.portable` needs to rebuild this family's shapes, for a saved config."""
         names = ("layers", "attention", "self_attn", "query", "key", "value", "out_proj", "heads_attr", "width_attr",
                  "ffn_in", "ffn_out")  # fmt: skip
-        return {**{name: getattr(self, name) for name in names}, "attention_out": self.attention_out}
+        extra = {name: getattr(self, name) for name in ("shared_bias", "tuple_layers") if getattr(self, name)}
+        return {**{name: getattr(self, name) for name in names}, "attention_out": self.attention_out, **extra}
 
 
 ARCHITECTURES: dict[str, ArchSpec] = {}  # config.model_type → declaration, filled by the family modules
@@ -69,6 +75,8 @@ def register(spec: ArchSpec, *model_types: str) -> ArchSpec:
             raise ValueError(f"ArchSpec.{name}: expected a dotted attribute path, got {path!r}")
     if spec.probs_dropout is not None and not all(p.isidentifier() for p in spec.probs_dropout.split(".")):
         raise ValueError(f"ArchSpec.probs_dropout: expected a dotted path or None, got {spec.probs_dropout!r}")
+    if spec.shared_bias is not None and not spec.shared_bias.isidentifier():
+        raise ValueError(f"ArchSpec.shared_bias: expected an argument name or None, got {spec.shared_bias!r}")
     for name in _ATTR_FIELDS:
         if not getattr(spec, name).isidentifier():
             raise ValueError(f"ArchSpec.{name}: expected an attribute name, got {getattr(spec, name)!r}")
