@@ -16,13 +16,18 @@ from transformers import (
     DistilBertConfig,
     ElectraConfig,
     GPT2Config,
+    MPNetConfig,
     RobertaConfig,
     XLMRobertaConfig,
 )
 
 from compressor.surgery.arch import arch_spec
 
-ARCHS = ("bert", "roberta", "xlm-roberta", "camembert", "electra", "distilbert", "deberta-v2")
+ARCHS = ("bert", "roberta", "xlm-roberta", "camembert", "electra", "distilbert", "deberta-v2", "mpnet")
+SDPA_ARCHS = tuple(arch for arch in ARCHS if arch_spec(arch).sdpa)  # those transformers builds with SDPA attention
+ARCH_ATTN = [
+    (arch, attention) for attention in ("eager", "sdpa") for arch in (ARCHS if attention == "eager" else SDPA_ARCHS)
+]
 VOCAB = 120
 
 
@@ -53,6 +58,7 @@ def tiny_config(arch: str = "bert", layers: int = 3, heads: int = 4, head_size: 
         "xlm-roberta": XLMRobertaConfig,
         "camembert": CamembertConfig,
         "electra": ElectraConfig,
+        "mpnet": MPNetConfig,
     }[arch]
     extra = {"embedding_size": hidden} if arch == "electra" else {}
     if arch_spec(arch).padding_positions:

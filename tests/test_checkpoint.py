@@ -32,7 +32,7 @@ from compressor.surgery.checkpoint import CARD_FILE, PLAN_FILE, load_pruned, rea
 from compressor.surgery.cost import count_parameters, encoder_flops, model_stats
 from compressor.surgery.portable import LAYOUT_KEY
 from compressor.surgery.slicing import EmptyAttention, empty_layers, prune_heads, pruned_copy, remove_layers
-from compressor.testing import ARCHS, has_sdpa, tiny_batch, tiny_model, tiny_unsupported_model
+from compressor.testing import ARCH_ATTN, ARCHS, SDPA_ARCHS, tiny_batch, tiny_model, tiny_unsupported_model
 
 LAYERS, HEADS = 3, 4
 INPUTS = {k: v for k, v in tiny_batch(batch=3, seq=9).items() if k != "labels"}  # the last row is half padding
@@ -104,9 +104,7 @@ def combined(arch: str, attention: str = "eager") -> torch.nn.Module:
     return remove_layers(pruned_copy(model, heads, neurons), [3])
 
 
-@pytest.mark.parametrize(
-    ("arch", "attention"), [(a, attn) for attn in ("eager", "sdpa") for a in ARCHS if attn == "eager" or has_sdpa(a)]
-)
+@pytest.mark.parametrize("arch,attention", ARCH_ATTN)
 def test_any_plan_reloads_through_both_routes(tmp_path: Path, arch: str, attention: str) -> None:
     """`load_pruned` and plain `from_pretrained(trust_remote_code=True)` both rebuild the pruned model exactly:
     same weights, same units, logits (padded batch) and every hidden state within 1e-5 of the in-memory model."""
@@ -385,12 +383,12 @@ def test_replaying_the_plan_on_a_loaded_model_is_idempotent(tmp_path: Path) -> N
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_sdpa_load_matches_eager(tmp_path: Path, arch: str) -> None:
-    """The default load is SDPA for every architecture that has it (ELECTRA included since transformers 5); eager
-    for the others (DeBERTa-v2)."""
+    """The default load is SDPA for every architecture that has it (ELECTRA included since transformers 5), eager
+    for the others (DeBERTa-v2, MPNet)."""
     pruned = pruned_copy(base(arch), PLANS["empty layer"])
     path = save_pruned(pruned, tmp_path / "model")
     fast = compressor.load_pruned(path)
-    assert fast.config._attn_implementation == ("sdpa" if has_sdpa(arch) else "eager")
+    assert fast.config._attn_implementation == ("sdpa" if arch in SDPA_ARCHS else "eager")
     torch.testing.assert_close(logits(fast), logits(pruned), atol=1e-5, rtol=0)
 
 

@@ -47,7 +47,7 @@ def exported(request, tmp_path_factory):
 
 
 def fuses(arch: str) -> bool:
-    """Whether ORT fuses `arch`'s attention (DeBERTa's disentangled attention has no fusion)."""
+    """Whether ORT fuses `arch`'s attention (none for DeBERTa's disentangled attention or MPNet's position bias)."""
     return arch_spec(arch).ort_fuses_attention
 
 
@@ -102,7 +102,8 @@ def test_dynamic_axes_every_variant(exported, shape):
 def test_optimized_fuses_attention_with_per_layer_heads(exported):
     model_dir, _, result = exported
     opt = result["optimized"]
-    heads_left = [len(h) for h in present_heads(load_pruned(model_dir)) if h]
+    model = load_pruned(model_dir)
+    heads_left = [len(h) for h in present_heads(model) if h]
     assert opt["max_abs_diff"] <= 1e-4 and opt["agreement"] == 1.0
     assert opt["attention_layers"] == len(heads_left) == 2
     assert result["fp32"]["fused_attention_nodes"] == 0
@@ -118,7 +119,7 @@ def test_int8_quantizes_optimized_graph_and_agrees(exported):
     int8 = result["int8"]
     assert int8["quantized_from"] == "optimized"
     assert int8["size_bytes"] < result["fp32"]["size_bytes"]
-    # The weights shrink ~4×; the file less where a tiny graph's nodes outweigh its weights (DeBERTa: 800 nodes).
+    # The weights shrink ~4×; the file less where a tiny graph's nodes outweigh its weights (DeBERTa: 800 nodes; MPNet).
     assert weight_bytes(out / "int8") < 0.6 * weight_bytes(out / "fp32")
     # Within 0.1 on CPUs without VNNI too: "auto" picks 7-bit weights there (full-range u8s8 GEMMs saturate: 0.36).
     assert int8["agreement"] >= 0.75 and 0 < int8["max_abs_diff"] < 0.1

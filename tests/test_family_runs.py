@@ -51,3 +51,12 @@ def test_run_end_to_end_on_a_newer_family(tmp_path, tiny_csv, cache_dir, arch) -
     remote = AutoModelForSequenceClassification.from_pretrained(model_dir, trust_remote_code=True).eval()
     with torch.inference_mode():
         assert torch.allclose(remote(**batch).logits, load_pruned(model_dir).eval()(**batch).logits, atol=1e-5)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_declared_sdpa_matches_transformers(arch) -> None:
+    """`ArchSpec.sdpa` (what loads fall back on) says what transformers itself supports for the family."""
+    from compressor.surgery.arch import arch_spec
+    from compressor.testing import has_sdpa
+
+    assert arch_spec(arch).sdpa is has_sdpa(arch)

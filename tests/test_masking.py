@@ -11,7 +11,7 @@ import torch
 from compressor.pruning.masking import AttentionRecorder, full_gates, full_neuron_gates, gated
 from compressor.surgery.arch import arch_spec, original_ffn_size, presence_mask, present_heads
 from compressor.surgery.slicing import prune_neurons, pruned_copy
-from compressor.testing import ARCHS, has_sdpa, tiny_batch, tiny_model
+from compressor.testing import ARCHS, SDPA_ARCHS, tiny_batch, tiny_model
 
 LAYERS, HEADS = 3, 4
 PLAN = {0: [1, 3], 1: [0, 1, 2, 3], 2: [2]}  # uneven, with an empty middle layer
@@ -85,8 +85,8 @@ def test_gates_are_read_at_every_forward_and_hooks_removed() -> None:
 @pytest.mark.parametrize("arch", ARCHS)
 def test_output_attentions_on_pruned_model(arch: str) -> None:
     """transformers 5 lists attentions only for layers whose attention ran: one [batch, present heads, T, T] entry per
-    layer that has heads, in layer order (an empty layer gives none; DeBERTa's own encoder loop gives None there),
-    equal to what `AttentionRecorder` records; gates and output_attentions do not change the logits."""
+    layer that has heads, in layer order (an empty layer gives none; DeBERTa's and MPNet's own encoder loops give None
+    there), equal to what `AttentionRecorder` records; gates and output_attentions do not change the logits."""
     model = pruned(arch)
     gates = random_gates(1)
     with torch.no_grad(), gated(model, gates):
@@ -145,7 +145,7 @@ def test_recorder_gradients_on_pruned_model() -> None:
         assert rec.probs[layer].grad.shape == rec.probs[layer].shape
 
 
-@pytest.mark.parametrize("arch", [a for a in ARCHS if has_sdpa(a)])
+@pytest.mark.parametrize("arch", SDPA_ARCHS)
 def test_recorder_works_on_sdpa_models(arch: str) -> None:
     """A model loaded with SDPA is switched to the recorded attention while attached (same probabilities and scaled
     logits as the eager model) and gets its own implementation back after, also when the block raises."""

@@ -27,11 +27,9 @@ from compressor.surgery.arch import (
 )
 from compressor.surgery.cost import encoder_flops
 from compressor.surgery.slicing import EmptyAttention, PlanError, empty_layers, prune_heads, pruned_copy, validate_plan
-from compressor.testing import ARCHS, has_sdpa, tiny_batch, tiny_model, tiny_unsupported_model
+from compressor.testing import ARCH_ATTN, ARCHS, tiny_batch, tiny_model, tiny_unsupported_model
 
 LAYERS, HEADS, HEAD_SIZE = 3, 4, 8
-# ELECTRA has SDPA since 5.0; DeBERTa-v2 has none
-ARCH_ATTN = [(a, attention) for attention in ("eager", "sdpa") for a in ARCHS if attention == "eager" or has_sdpa(a)]
 BATCH = {k: v for k, v in tiny_batch(batch=3, seq=9).items() if k != "labels"}
 
 

@@ -59,12 +59,10 @@ def _check_shape(name: str, gates: torch.Tensor, expected: tuple[int, int]) -> N
         raise ValueError(f"{name}: expected shape {expected}, got {tuple(gates.shape)}")
 
 
-def _skip_hook(
-    heads: torch.Tensor, neurons: torch.Tensor, layer: int, ids: tuple[list[int], list[int]], as_tuple: bool = False
-):
+def _skip_hook(heads: torch.Tensor, neurons: torch.Tensor, layer: int, ids: tuple[list[int], list[int]]):
     """Forward hook: when every present head and neuron of `layer` is gated to 0, the layer returns its input
-    (transformers 5 layers return the hidden states alone; `(input, None)` with `as_tuple`, as `SkippedLayer` does
-    for families whose layers return (hidden states, attention)). `ids` are the present (head, neuron) ids."""
+    (transformers 5 layers return the hidden states alone; tuple-returning ones keep their tuple). `ids` are the
+    present (head, neuron) ids."""
     h_index, n_index = (torch.tensor(i, dtype=torch.long) for i in ids)
 
     def hook(_module: nn.Module, args: tuple, kwargs: dict, output):
@@ -73,7 +71,7 @@ def _skip_hook(
         if live:
             return output
         hidden = args[0] if args else next(kwargs[k] for k in ("hidden_states", "hidden_state", "x") if k in kwargs)
-        return (hidden, None) if as_tuple else hidden
+        return (hidden, *output[1:]) if isinstance(output, tuple) else hidden  # tuple layers (MPNet): input first
 
     return hook
 
@@ -106,7 +104,7 @@ def gated(
             handles.append(proj.register_forward_pre_hook(_gate_hook(neurons, layer, cells, 1)))
         if neurons is not None and (heads or cells):
             head_gates = gates if gates is not None else full_gates(model).to(neurons.device)
-            hook = _skip_hook(head_gates, neurons, layer, (heads, cells), spec.layer_returns_tuple)
+            hook = _skip_hook(head_gates, neurons, layer, (heads, cells))
             handles.append(module.register_forward_hook(hook, with_kwargs=True, prepend=True))  # before output capture
     try:
         yield gates if gates is not None else neurons

@@ -198,6 +198,9 @@ def load_model(spec: ModelSpec, label_names: list[str] | None = None, attention:
     """
     config = load_config(spec)
     source = resolve_model_path(spec)
+    family = declared(config.model_type)
+    if attention == "sdpa" and family is not None and not family.sdpa:  # no SDPA path in transformers (MPNet, DeBERTa)
+        attention = "eager"
     if (Path(source) / PLAN_FILE).exists():
         return load_pruned(source, attn_implementation=attention)
     kwargs = {}

@@ -20,6 +20,7 @@ from torch import nn
 
 LAYOUT_KEY = "compressor_layout"
 LAYOUT_VERSION = 1
+HEAD_IDS = "compressor_head_ids"  # buffer of a pruned attention's present original head ids (shared-bias families)
 
 
 def _get(root: nn.Module, path: str) -> nn.Module:
@@ -31,6 +32,16 @@ def _get(root: nn.Module, path: str) -> nn.Module:
 def _set(root: nn.Module, path: str, value: nn.Module) -> None:
     parent, _, name = path.rpartition(".")
     setattr(_get(root, parent) if parent else root, name, value)
+
+
+def _parent(root: nn.Module, path: str) -> tuple[nn.Module, str]:
+    """The module holding `path`'s last name (missing ones made as empty containers) and that name."""
+    *parents, leaf = path.split(".")
+    for name in parents:
+        if not hasattr(root, name):
+            root.add_module(name, nn.Module())
+        root = getattr(root, name)
+    return root, leaf
 
 
 def empty_linear(in_features: int, out_features: int, like: nn.Linear) -> nn.Linear:
@@ -45,28 +56,33 @@ class EmptyAttention(nn.Module):
     """Attention block of a layer with no heads left: its output is W_O's bias (then residual and LayerNorm).
 
     Keeps the original sub-module names (`output.dense`, `output.LayerNorm` for BERT-like blocks, whose attention
-    block normalises; `out_lin` for DistilBERT, whose layer normalises) so state-dict keys stay the family's own.
+    block normalises in `output`; `attn.o`, `LayerNorm` for MPNet, whose block normalises itself; `out_lin` for
+    DistilBERT, whose layer normalises) so state-dict keys stay the family's own.
     Returns `(output, None)` like a transformers attention block; no attention map exists for zero heads.
     """
 
     def __init__(self, block: nn.Module, out_proj: str):
         super().__init__()
-        self.returns_normed = hasattr(block, "output")
+        self.returns_normed = hasattr(block, "output") or isinstance(getattr(block, "LayerNorm", None), nn.LayerNorm)
         dense = _get(block, out_proj)
         zero = empty_linear(0, dense.out_features, dense)
         if dense.bias is not None and not dense.bias.is_meta:
             with torch.no_grad():
                 zero.bias.copy_(dense.bias)
-        if self.returns_normed:
+        if hasattr(block, "output"):
             self.output = block.output
-        _set(self, out_proj, zero)
+        elif self.returns_normed:
+            self.LayerNorm, self.dropout = block.LayerNorm, block.dropout
+        parent, name = _parent(self, out_proj)
+        setattr(parent, name, zero)
         self._out_proj = out_proj
 
     def forward(self, hidden_states: torch.Tensor, *args, **kwargs) -> tuple[torch.Tensor, None]:
         """Shape-only tensor ops and no data-dependent branch, so ONNX tracing sees a constant graph."""
         bias = _get(self, self._out_proj).bias.expand_as(hidden_states)
         if self.returns_normed:
-            return self.output.LayerNorm(self.output.dropout(bias) + hidden_states), None
+            norm = self.output if hasattr(self, "output") else self
+            return norm.LayerNorm(norm.dropout(bias) + hidden_states), None
         return bias, None
 
 
@@ -76,19 +92,15 @@ class SkippedLayer(nn.Module):
     `marker` (a dotted path, e.g. the family's `output.dense.bias`) holds a zero-size buffer where the stock layer
     keeps a weight, so stock transformers meets a size mismatch and refuses the checkpoint instead of filling the
     removed layer with fresh random weights. Put in place with `skip_layer`, which keeps its output in
-    `output_hidden_states` (one entry per layer). `returns_tuple`: return `(input, None)` like layers of families
-    whose encoder unpacks (hidden states, attention) from each layer (DeBERTa).
+    `output_hidden_states` (one entry per layer). `returns_tuple`: `(input, None)` for encoders that unpack or index
+    their layers' tuples (DeBERTa, MPNet), as a layer without attention map returns.
     """
 
     def __init__(self, marker: str | None = None, returns_tuple: bool = False):
         super().__init__()
         self.returns_tuple = returns_tuple
         if marker:
-            *parents, leaf = marker.split(".")
-            node: nn.Module = self
-            for name in parents:
-                node.add_module(name, nn.Module())
-                node = getattr(node, name)
+            node, leaf = _parent(self, marker)
             node.register_buffer(leaf, torch.zeros(0))
 
     def forward(self, hidden_states: torch.Tensor, *args, **kwargs) -> torch.Tensor | tuple[torch.Tensor, None]:
@@ -125,6 +137,41 @@ def skip_layer(
     stack[index] = skipped
 
 
+def _argument_index(cls: type, arg: str) -> int:
+    """Position of `arg` among `cls.forward`'s arguments after `self` (refused in one line when it has none)."""
+    forward = cls.forward
+    while hasattr(forward, "__wrapped__"):  # decorated forwards: the arguments of the function they wrap
+        forward = forward.__wrapped__
+    names = forward.__code__.co_varnames[1 : forward.__code__.co_argcount]
+    if arg not in names:
+        raise ValueError(f"shared_bias: {cls.__name__}.forward has no argument '{arg}' to select heads from")
+    return names.index(arg)
+
+
+def _select_bias(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """Forward pre-hook: the shared bias ([batch, original heads, q, k]) narrowed to `module`'s present heads."""
+    (arg, pos), ids = module.compressor_shared_bias, getattr(module, HEAD_IDS)
+    if kwargs.get(arg) is not None:
+        kwargs[arg] = kwargs[arg].index_select(1, ids)
+    elif pos < len(args) and args[pos] is not None:
+        args = (*args[:pos], args[pos].index_select(1, ids), *args[pos + 1 :])
+    return args, kwargs
+
+
+def select_bias_heads(attn: nn.Module, arg: str, head_ids) -> None:
+    """Make `attn` take only the columns `head_ids` (its present heads' original ids, a persistent buffer) of the
+    bias it receives as argument `arg`, shared by every layer at the original head count (MPNet's position bias).
+    Called again it only replaces the ids."""
+    index = _argument_index(type(attn), arg)
+    ids = torch.as_tensor(list(head_ids), dtype=torch.long, device=next(attn.parameters()).device)
+    if HEAD_IDS in attn._buffers:
+        attn._buffers[HEAD_IDS] = ids
+        return
+    attn.compressor_shared_bias = (arg, index)
+    attn.register_buffer(HEAD_IDS, ids)
+    attn.register_forward_pre_hook(_select_bias, with_kwargs=True)
+
+
 def shrink_attention(layer: nn.Module, family: dict, heads: int, head_size: int) -> None:
     """Rebuild `layer`'s Q/K/V rows (and those of the family's other per-head Linears it has), and W_O columns, for
     `heads` heads (an `EmptyAttention` for none)."""
@@ -140,6 +187,8 @@ def shrink_attention(layer: nn.Module, family: dict, heads: int, head_size: int)
     _set(layer, family["out_proj"], empty_linear(width, out.out_features, out))
     setattr(attn, family["heads_attr"], heads)
     setattr(attn, family["width_attr"], width)
+    if family.get("shared_bias"):  # placeholder ids (invalid, so never silently used): the saved buffer loads over
+        select_bias_heads(attn, family["shared_bias"], [-1] * heads)
 
 
 def shrink_ffn(layer: nn.Module, family: dict, width: int) -> None:

@@ -33,7 +33,7 @@ from compressor.surgery.arch import (
     removed_layers,
     set_path,
 )
-from compressor.surgery.portable import EmptyAttention, SkippedLayer, empty_linear, skip_layer  # noqa: F401  (SkippedLayer re-exported)
+from compressor.surgery.portable import EmptyAttention, SkippedLayer, empty_linear, select_bias_heads, skip_layer  # noqa: F401  (SkippedLayer re-exported)
 
 Plan = dict[int, list[int]]
 
@@ -129,6 +129,8 @@ def prune_heads(model: nn.Module, plan: Plan) -> nn.Module:
         set_path(module, spec.out_proj, _slice_linear(get_path(module, spec.out_proj), index, dim=1))
         setattr(attn, spec.heads_attr, len(keep_pos))
         setattr(attn, spec.width_attr, len(keep_pos) * size)
+        if spec.shared_bias:
+            select_bias_heads(attn, spec.shared_bias, [current[i] for i in keep_pos])
     model.config.pruned_heads = {k: sorted(v) for k, v in sorted(recorded.items()) if v}
     return _drop_dead_layers(model)
 

@@ -43,6 +43,7 @@ DEBERTA_V2 = register(
         head_size_attr="attention_head_size",
         probs_dropout="dropout",
         ort_fuses_attention=False,
+        sdpa=False,
         head_rows=("pos_key_proj", "pos_query_proj"),
         layer_returns_tuple=True,
         extra_head_flops=relative_head_flops,

@@ -44,9 +44,13 @@ class ArchSpec:
     ort_fuses_attention: bool = True  # ORT's optimizer fuses this family's attention into Attention nodes
     head_rows: tuple[str, ...] = ()  # from self_attn: further Linears with one block of output rows per head, sliced
     # with Q/K/V where the module has them (DeBERTa's pos_key_proj / pos_query_proj of relative positions)
-    layer_returns_tuple: bool = False  # a layer returns (hidden_states, attention), not the hidden states alone
+    layer_returns_tuple: bool = False  # a layer returns a tuple (hidden states first) that the encoder indexes, not
+    # the hidden states alone (DeBERTa, MPNet)
     extra_head_flops: Callable[[object, int], int] | None = None  # (config, seq_len) → FLOPs of one head beyond its
     # Q/K/V/O rows, scores and weighted values (DeBERTa's relative-position terms); None: nothing more
+    sdpa: bool = True  # transformers has an SDPA path for the family (loads asking for SDPA fall back to eager if not)
+    shared_bias: str | None = None  # self_attn's forward argument carrying a [batch, original heads, q, k] bias
+    # computed once for all layers (MPNet's relative position bias); a pruned layer selects its present heads from it
 
     @property
     def attention_out(self) -> str:
@@ -64,6 +68,8 @@ class ArchSpec:
             out["head_rows"] = list(self.head_rows)
         if self.layer_returns_tuple:
             out["layer_tuple"] = True
+        if self.shared_bias:
+            out["shared_bias"] = self.shared_bias
         return out
 
 
@@ -85,6 +91,8 @@ def register(spec: ArchSpec, *model_types: str) -> ArchSpec:
         raise ValueError(f"ArchSpec.probs_dropout: expected a dotted path or None, got {spec.probs_dropout!r}")
     if isinstance(spec.head_rows, str) or not all(name.isidentifier() for name in spec.head_rows):
         raise ValueError(f"ArchSpec.head_rows: expected a tuple of attribute names, got {spec.head_rows!r}")
+    if spec.shared_bias is not None and not spec.shared_bias.isidentifier():
+        raise ValueError(f"ArchSpec.shared_bias: expected an argument name or None, got {spec.shared_bias!r}")
     for name in _ATTR_FIELDS:
         if not getattr(spec, name).isidentifier():
             raise ValueError(f"ArchSpec.{name}: expected an attribute name, got {getattr(spec, name)!r}")
