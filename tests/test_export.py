@@ -23,6 +23,16 @@ from compressor.surgery.slicing import prune_heads
 from compressor.testing import ARCHS, tiny_batch, tiny_model
 
 LAYERS, HEADS = 3, 4
+UNFUSED = {"modernbert"}  # ORT's optimizer fuses no attention of these families (rotary): exported unfused, with parity
+# int8's max |Δlogit| on the tiny models: 0.1, except where the random tiny model itself is more sensitive. int8-sized
+# weight noise (half a per-row int8 step) moves ModernBERT's logits by 0.04-0.12 in PyTorch alone, BERT's by 0.01-0.02.
+INT8_TOL = {"modernbert": 0.25}
+
+
+def int8_tol(arch_or_dir: str | Path) -> float:
+    return INT8_TOL.get(Path(arch_or_dir).name.removesuffix("-model"), 0.1)
+
+
 # Uneven heads per layer and layer 1 with no heads left.
 UNEVEN_EMPTY = {0: [1, 3], 1: [0, 1, 2, 3], 2: [0]}
 CHECK = [tiny_batch(batch=4, seq=11, seed=s) for s in range(3)]
@@ -80,7 +90,7 @@ def test_dynamic_axes_every_variant(exported, shape):
     model_dir, out, _ = exported
     batch = tiny_batch(*shape, seed=9)
     expected = reference_logits(model_dir, batch)
-    for name, tol in (("fp32", 1e-4), ("optimized", 1e-4), ("int8", 0.1)):
+    for name, tol in (("fp32", 1e-4), ("optimized", 1e-4), ("int8", int8_tol(model_dir))):
         got = ex.OnnxClassifier(out / name, threads=1)(batch)
         assert got.shape == expected.shape == (shape[0], 2)
         assert np.abs(got - expected).max() <= tol, name
@@ -91,23 +101,27 @@ def test_optimized_fuses_attention_with_per_layer_heads(exported):
     opt = result["optimized"]
     heads_left = [len(h) for h in present_heads(load_pruned(model_dir)) if h]
     assert opt["max_abs_diff"] <= 1e-4 and opt["agreement"] == 1.0
-    assert opt["attention_fusion"] == "full" and opt["attention_layers"] == len(heads_left) == 2
-    assert opt["fused_attention_nodes"] == 2
+    assert opt["attention_layers"] == len(heads_left) == 2
+    if model_dir.name.removesuffix("-model") in UNFUSED:
+        heads_left = []
+    assert opt["attention_fusion"] == ("full" if heads_left else "none")
+    assert opt["fused_attention_nodes"] == len(heads_left)
     assert sorted(opt["attention_heads_per_node"]) == sorted(heads_left)
     assert result["fp32"]["fused_attention_nodes"] == 0
 
 
 def test_int8_quantizes_optimized_graph_and_agrees(exported):
-    _, out, result = exported
+    model_dir, out, result = exported
     int8 = result["int8"]
     assert int8["quantized_from"] == "optimized"
     assert int8["size_bytes"] < 0.6 * result["fp32"]["size_bytes"]
     # Within 0.1 on CPUs without VNNI too: "auto" picks 7-bit weights there (full-range u8s8 GEMMs saturate: 0.36).
-    assert int8["agreement"] >= 0.75 and 0 < int8["max_abs_diff"] < 0.1
+    assert int8["agreement"] >= 0.75 and 0 < int8["max_abs_diff"] < int8_tol(model_dir)
     assert (int8["reduce_range"], int8["reduce_range_reason"]) == resolve_reduce_range("auto")
     assert ("7-bit range" in int8["weights"]) is int8["reduce_range"]
     ops = {node.op_type for node in __import__("onnx").load(str(out / "int8" / "model.onnx")).graph.node}
-    assert {"QAttention", "MatMulInteger"} <= ops
+    fused = model_dir.name.removesuffix("-model") not in UNFUSED
+    assert {"MatMulInteger", *(["QAttention"] if fused else [])} <= ops
 
 
 def test_int8_keeps_excluded_nodes_in_fp32(exported, tmp_path):
@@ -153,10 +167,12 @@ def test_every_unit_kind_exports_and_runs_in_a_bare_session(tmp_path, arch):
     tokenizer = AutoTokenizer.from_pretrained(make_tokenizer_dir(tmp_path / "tok"))
     model_dir = save_pruned(model, tmp_path / "model", tokenizer)
     result = ex.export_onnx(model_dir, tmp_path / "onnx", ["fp32", "optimized", "int8"], CHECK)
-    assert result["optimized"]["attention_fusion"] == "full" and result["optimized"]["fused_attention_nodes"] == 2
+    fused = arch not in UNFUSED
+    assert result["optimized"]["attention_fusion"] == ("full" if fused else "none")
+    assert result["optimized"]["fused_attention_nodes"] == (2 if fused else 0)
     batch = tiny_batch(batch=5, seq=13, seed=11)
     expected = ex.torch_logits(model, batch)
-    for name, tol in (("fp32", 1e-4), ("optimized", 1e-4), ("int8", 0.1)):
+    for name, tol in (("fp32", 1e-4), ("optimized", 1e-4), ("int8", int8_tol(arch))):
         session = ort.InferenceSession(result[name]["file"], providers=["CPUExecutionProvider"])
         feed = {i.name: batch.get(i.name, torch.zeros_like(batch["input_ids"])).numpy() for i in session.get_inputs()}
         assert np.abs(session.run(["logits"], feed)[0] - expected).max() <= tol, name
@@ -169,7 +185,7 @@ def test_every_variant_dir_is_self_contained(exported):
     model_dir, out, _ = exported
     batch = {k: v for k, v in CHECK[1].items() if k != "labels"}
     expected = reference_logits(model_dir, batch)
-    for name, tol in (("fp32", 1e-4), ("optimized", 1e-4), ("int8", 0.1)):
+    for name, tol in (("fp32", 1e-4), ("optimized", 1e-4), ("int8", int8_tol(model_dir))):
         AutoTokenizer.from_pretrained(out / name)
         assert AutoConfig.from_pretrained(out / name).num_labels == expected.shape[1]
         session = ort.InferenceSession(str(out / name / "model.onnx"), providers=["CPUExecutionProvider"])

@@ -3,7 +3,7 @@ shape readers built on it (`shape`). Adding a family means adding one module her
 `compressor.testing.ARCHS`); importing this package registers every family.
 """
 
-from compressor.surgery.arch import bert, distilbert  # noqa: F401  (registration)
+from compressor.surgery.arch import bert, distilbert, modernbert  # noqa: F401  (registration)
 from compressor.surgery.arch.shape import (
     config_head_counts,
     get_path,
