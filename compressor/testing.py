@@ -16,6 +16,7 @@ from transformers import (
     DistilBertConfig,
     ElectraConfig,
     GPT2Config,
+    ModernBertConfig,
     MPNetConfig,
     RobertaConfig,
     XLMRobertaConfig,
@@ -23,7 +24,7 @@ from transformers import (
 
 from compressor.surgery.arch import arch_spec
 
-ARCHS = ("bert", "roberta", "xlm-roberta", "camembert", "electra", "distilbert", "deberta-v2", "mpnet")
+ARCHS = ("bert", "roberta", "xlm-roberta", "camembert", "electra", "distilbert", "deberta-v2", "modernbert", "mpnet")
 SDPA_ARCHS = tuple(arch for arch in ARCHS if arch_spec(arch).sdpa)  # those transformers builds with SDPA attention
 ARCH_ATTN = [
     (arch, attention) for attention in ("eager", "sdpa") for arch in (ARCHS if attention == "eager" else SDPA_ARCHS)
@@ -36,6 +37,18 @@ def tiny_config(arch: str = "bert", layers: int = 3, heads: int = 4, head_size: 
     common = {"vocab_size": VOCAB, "num_labels": num_labels}
     if arch == "distilbert":
         return DistilBertConfig(dim=hidden, n_layers=layers, n_heads=heads, hidden_dim=2 * hidden + 3, **common)
+    if arch == "modernbert":  # layers 0, 3, ... global, the others a sliding window of ±2 tokens (local_attention 4)
+        special = {"pad_token_id": 0, "bos_token_id": 2, "cls_token_id": 2, "eos_token_id": 3, "sep_token_id": 3}
+        return ModernBertConfig(
+            hidden_size=hidden,
+            num_hidden_layers=layers,
+            num_attention_heads=heads,
+            intermediate_size=2 * hidden + 3,
+            max_position_embeddings=64,
+            local_attention=4,
+            **special,
+            **common,
+        )
     if arch == "deberta-v2":  # DeBERTa-v3's shape: shared relative keys, log buckets, no token types or abs. positions
         return DebertaV2Config(
             hidden_size=hidden,

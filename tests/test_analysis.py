@@ -360,7 +360,7 @@ def test_cli_analyze_recipe_without_finished_run_uses_recipe_model(tiny_model_di
     assert result["examples"] == 4 and result["relations"] == [] and result["counts"]["analysed_heads"] == 12
 
 
-@pytest.mark.parametrize("arch", ["bert", "roberta", "distilbert"])
+@pytest.mark.parametrize("arch", ["bert", "roberta", "distilbert", "modernbert"])
 def test_sdpa_models_give_the_same_maps_as_eager(arch, tiny):
     from compressor.testing import tiny_model
 

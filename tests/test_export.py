@@ -23,6 +23,15 @@ from compressor.surgery.slicing import prune_heads
 from compressor.testing import ARCHS, tiny_batch, tiny_model
 
 LAYERS, HEADS = 3, 4
+# int8's max |Δlogit| on the tiny models: 0.1, except where the random tiny model itself is more sensitive. int8-sized
+# weight noise (half a per-row int8 step) moves ModernBERT's logits by 0.04-0.12 in PyTorch alone, BERT's by 0.01-0.02.
+INT8_TOL = {"modernbert": 0.25}
+
+
+def int8_tol(arch_or_dir: str | Path) -> float:
+    return INT8_TOL.get(Path(arch_or_dir).name.removesuffix("-model"), 0.1)
+
+
 # Uneven heads per layer and layer 1 with no heads left.
 UNEVEN_EMPTY = {0: [1, 3], 1: [0, 1, 2, 3], 2: [0]}
 CHECK = [tiny_batch(batch=4, seq=11, seed=s) for s in range(3)]
@@ -47,7 +56,8 @@ def exported(request, tmp_path_factory):
 
 
 def fuses(arch: str) -> bool:
-    """Whether ORT fuses `arch`'s attention (none for DeBERTa's disentangled attention or MPNet's position bias)."""
+    """Whether ORT fuses `arch`'s attention (none for DeBERTa's disentangled attention, MPNet's position bias or
+    ModernBERT's rotary attention)."""
     return arch_spec(arch).ort_fuses_attention
 
 
@@ -93,7 +103,7 @@ def test_dynamic_axes_every_variant(exported, shape):
     model_dir, out, _ = exported
     batch = tiny_batch(*shape, seed=9)
     expected = reference_logits(model_dir, batch)
-    for name, tol in (("fp32", 1e-4), ("optimized", 1e-4), ("int8", 0.1)):
+    for name, tol in (("fp32", 1e-4), ("optimized", 1e-4), ("int8", int8_tol(model_dir))):
         got = ex.OnnxClassifier(out / name, threads=1)(batch)
         assert got.shape == expected.shape == (shape[0], 2)
         assert np.abs(got - expected).max() <= tol, name
@@ -122,7 +132,7 @@ def test_int8_quantizes_optimized_graph_and_agrees(exported):
     # The weights shrink ~4×; the file less where a tiny graph's nodes outweigh its weights (DeBERTa: 800 nodes; MPNet).
     assert weight_bytes(out / "int8") < 0.6 * weight_bytes(out / "fp32")
     # Within 0.1 on CPUs without VNNI too: "auto" picks 7-bit weights there (full-range u8s8 GEMMs saturate: 0.36).
-    assert int8["agreement"] >= 0.75 and 0 < int8["max_abs_diff"] < 0.1
+    assert int8["agreement"] >= 0.75 and 0 < int8["max_abs_diff"] < int8_tol(model_dir)
     assert (int8["reduce_range"], int8["reduce_range_reason"]) == resolve_reduce_range("auto")
     assert ("7-bit range" in int8["weights"]) is int8["reduce_range"]
     ops = {node.op_type for node in __import__("onnx").load(str(out / "int8" / "model.onnx")).graph.node}
@@ -178,7 +188,7 @@ def test_every_unit_kind_exports_and_runs_in_a_bare_session(tmp_path, arch):
     assert (fusion == "full") if fuses(arch) else fusion.startswith("n/a")
     batch = tiny_batch(batch=5, seq=13, seed=11)
     expected = ex.torch_logits(model, batch)
-    for name, tol in (("fp32", 1e-4), ("optimized", 1e-4), ("int8", 0.1)):
+    for name, tol in (("fp32", 1e-4), ("optimized", 1e-4), ("int8", int8_tol(arch))):
         session = ort.InferenceSession(result[name]["file"], providers=["CPUExecutionProvider"])
         feed = {i.name: batch.get(i.name, torch.zeros_like(batch["input_ids"])).numpy() for i in session.get_inputs()}
         assert np.abs(session.run(["logits"], feed)[0] - expected).max() <= tol, name
@@ -191,7 +201,7 @@ def test_every_variant_dir_is_self_contained(exported):
     model_dir, out, _ = exported
     batch = {k: v for k, v in CHECK[1].items() if k != "labels"}
     expected = reference_logits(model_dir, batch)
-    for name, tol in (("fp32", 1e-4), ("optimized", 1e-4), ("int8", 0.1)):
+    for name, tol in (("fp32", 1e-4), ("optimized", 1e-4), ("int8", int8_tol(model_dir))):
         AutoTokenizer.from_pretrained(out / name)
         assert AutoConfig.from_pretrained(out / name).num_labels == expected.shape[1]
         session = ort.InferenceSession(str(out / name / "model.onnx"), providers=["CPUExecutionProvider"])

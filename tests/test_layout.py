@@ -120,7 +120,7 @@ def test_each_architecture_family_is_declared_once_in_its_own_module() -> None:
     declared_in = {spec.__module__ for spec in ARCHITECTURES.values()}
     assert declared_in == {"compressor.surgery.arch.spec"}  # a frozen dataclass; the modules below hold them
     modules = {p.stem for p in (PACKAGE / "surgery" / "arch").glob("*.py")} - {"__init__", "spec", "shape"}
-    assert modules == {"bert", "distilbert", "deberta_v2", "mpnet"}
+    assert modules == {"bert", "distilbert", "deberta_v2", "modernbert", "mpnet"}
     with pytest.raises(ValueError, match="already declared"):
         register(ARCHITECTURES["bert"], "bert")
     with pytest.raises(ValueError, match="ArchSpec.query: expected a dotted attribute path"):

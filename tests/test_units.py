@@ -83,10 +83,16 @@ def test_skipped_layer_is_identity(arch: str) -> None:
     used(**INPUTS, output_hidden_states=True)
     remove_layers(used, range(LAYERS))
     for model in (fresh, used):
+        last: list[torch.Tensor] = []
+        hook = layers(model)[-1].register_forward_hook(
+            lambda _m, _a, output, last=last: last.append(output[0] if isinstance(output, tuple) else output)
+        )
         with torch.no_grad():
             out = model(**INPUTS, output_hidden_states=True)
+        hook.remove()
         assert len(out.hidden_states) == LAYERS + 1
-        for before, after in zip(out.hidden_states, out.hidden_states[1:], strict=False):
+        states = [*out.hidden_states[:-1], *last]  # the last entry is the encoder's output (ModernBERT: final norm)
+        for before, after in zip(states, states[1:], strict=False):
             torch.testing.assert_close(before, after, atol=0, rtol=0)
 
 
@@ -219,7 +225,7 @@ def test_ffn_paths_point_at_the_feed_forward_linears() -> None:
     for arch in ARCHS:
         spec, layer = arch_spec(base(arch)), layers(base(arch))[0]
         width = len(every(arch))
-        assert get_path(layer, spec.ffn_in).out_features == width
+        assert get_path(layer, spec.ffn_in).out_features == spec.ffn_in_blocks * width  # gated: input + gate
         assert get_path(layer, spec.ffn_out).in_features == width
 
 

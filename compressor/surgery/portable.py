@@ -53,7 +53,8 @@ def empty_linear(in_features: int, out_features: int, like: nn.Linear) -> nn.Lin
 
 
 class EmptyAttention(nn.Module):
-    """Attention block of a layer with no heads left: its output is W_O's bias (then residual and LayerNorm).
+    """Attention block of a layer with no heads left: its output is W_O's bias, zeros where W_O has none (then
+    residual and LayerNorm).
 
     Keeps the original sub-module names (`output.dense`, `output.LayerNorm` for BERT-like blocks, whose attention
     block normalises in `output`; `attn.o`, `LayerNorm` for MPNet, whose block normalises itself; `out_lin` for
@@ -79,7 +80,8 @@ class EmptyAttention(nn.Module):
 
     def forward(self, hidden_states: torch.Tensor, *args, **kwargs) -> tuple[torch.Tensor, None]:
         """Shape-only tensor ops and no data-dependent branch, so ONNX tracing sees a constant graph."""
-        bias = _get(self, self._out_proj).bias.expand_as(hidden_states)
+        bias = _get(self, self._out_proj).bias
+        bias = torch.zeros_like(hidden_states) if bias is None else bias.expand_as(hidden_states)
         if self.returns_normed:
             norm = self.output if hasattr(self, "output") else self
             return norm.LayerNorm(norm.dropout(bias) + hidden_states), None
@@ -125,14 +127,23 @@ def _capture_hidden_state(model: nn.Module, replaced: nn.Module, skipped: Skippe
         install_output_capuring_hook(skipped, "hidden_states", spec.index, spec.capture_initial_hidden_state)
 
 
+def removal_marker(layer: nn.Module, ffn_out: str) -> str:
+    """The `SkippedLayer` marker for `layer`: W_2's bias, or its weight where W_2 has no bias (ModernBERT)."""
+    return ffn_out + (".bias" if getattr(_get(layer, ffn_out), "bias", None) is not None else ".weight")
+
+
 def skip_layer(
     model: nn.Module, stack: nn.ModuleList, index: int, marker: str | None = None, returns_tuple: bool = False
 ) -> None:
     """Replace `stack[index]` (a layer of `model`) by a `SkippedLayer` with `marker` (and `returns_tuple`); one
-    already skipped is left as it is."""
+    already skipped is left as it is. The layer's plain attributes (str, int, bool) stay readable on it: an encoder
+    loop may read them (ModernBERT picks each layer's mask by its `attention_type`)."""
     if isinstance(stack[index], SkippedLayer):
         return
     skipped = SkippedLayer(marker, returns_tuple)
+    for name, value in vars(stack[index]).items():
+        if not name.startswith("_") and name != "training" and isinstance(value, (str, int, bool)):
+            setattr(skipped, name, value)
     _capture_hidden_state(model, stack[index], skipped)
     stack[index] = skipped
 
@@ -174,27 +185,30 @@ def select_bias_heads(attn: nn.Module, arg: str, head_ids) -> None:
 
 def shrink_attention(layer: nn.Module, family: dict, heads: int, head_size: int) -> None:
     """Rebuild `layer`'s Q/K/V rows (and those of the family's other per-head Linears it has), and W_O columns, for
-    `heads` heads (an `EmptyAttention` for none)."""
+    `heads` heads (an `EmptyAttention` for none); a fused Q/K/V Linear (`fused_qkv`) gets the three blocks of rows."""
     if heads == 0:
         _set(layer, family["attention"], EmptyAttention(_get(layer, family["attention"]), family["attention_out"]))
         return
     attn, width = _get(layer, family["self_attn"]), heads * head_size
     extra = [name for name in family.get("head_rows", ()) if isinstance(getattr(attn, name, None), nn.Linear)]
-    for name in (family["query"], family["key"], family["value"], *extra):
+    fused = dict.fromkeys((family["query"], family["key"], family["value"]))
+    for name in (*fused, *extra):
+        blocks = 3 if family.get("fused_qkv") and name in fused else 1
         old = getattr(attn, name)
-        setattr(attn, name, empty_linear(old.in_features, width, old))
+        setattr(attn, name, empty_linear(old.in_features, width * blocks, old))
     out = _get(layer, family["out_proj"])
     _set(layer, family["out_proj"], empty_linear(width, out.out_features, out))
-    setattr(attn, family["heads_attr"], heads)
-    setattr(attn, family["width_attr"], width)
+    for attr, value in ((family["heads_attr"], heads), (family["width_attr"], width)):
+        if attr:  # None: the family's forward reads the head count off the weights
+            setattr(attn, attr, value)
     if family.get("shared_bias"):  # placeholder ids (invalid, so never silently used): the saved buffer loads over
         select_bias_heads(attn, family["shared_bias"], [-1] * heads)
 
 
 def shrink_ffn(layer: nn.Module, family: dict, width: int) -> None:
-    """Rebuild `layer`'s FFN for `width` neurons (W_1 rows, W_2 columns)."""
+    """Rebuild `layer`'s FFN for `width` neurons (W_1 rows, both halves of a gated W_1; W_2 columns)."""
     first, second = _get(layer, family["ffn_in"]), _get(layer, family["ffn_out"])
-    _set(layer, family["ffn_in"], empty_linear(first.in_features, width, first))
+    _set(layer, family["ffn_in"], empty_linear(first.in_features, width * (2 if family.get("gated_ffn") else 1), first))
     _set(layer, family["ffn_out"], empty_linear(width, second.out_features, second))
 
 
@@ -210,7 +224,8 @@ def apply_layout(model: nn.Module, layout: dict) -> nn.Module:
     full_ffn = int(layout["ffn_size"])
     for index, block in enumerate(layout["blocks"]):
         if block.get("removed"):
-            skip_layer(model, stack, index, family["ffn_out"] + ".bias", bool(family.get("layer_tuple")))
+            marker = removal_marker(stack[index], family["ffn_out"])
+            skip_layer(model, stack, index, marker, bool(family.get("layer_tuple")))
             continue
         if int(block["heads"]) != full_heads:
             shrink_attention(stack[index], family, int(block["heads"]), size)

@@ -41,12 +41,12 @@ def magnitude(ctx: ScoreContext) -> torch.Tensor:
                 continue
             attn = get_path(module, spec.self_attn)
             squared = torch.zeros(len(heads))
-            for name in (spec.query, spec.key, spec.value):
+            for name in spec.qkv:  # a fused Q/K/V Linear holds [Q | K | V] blocks of heads × size rows
                 linear = get_path(attn, name)
                 rows = linear.weight.float().pow(2).sum(1)
                 if linear.bias is not None:
                     rows = rows + linear.bias.float().pow(2)
-                squared += rows.reshape(len(heads), size).sum(1).cpu()
+                squared += rows.reshape(-1, len(heads), size).sum((0, 2)).cpu()
             out = get_path(module, spec.out_proj).weight.float()  # [hidden, heads * size]
             squared += out.pow(2).sum(0).reshape(len(heads), size).sum(1).cpu()
             scores[layer, heads] = squared.sqrt()
@@ -61,9 +61,10 @@ def _neuron_magnitude(ctx: ScoreContext) -> torch.Tensor:
             if not ids:
                 continue
             first, second = get_path(module, spec.ffn_in), get_path(module, spec.ffn_out)
-            squared = first.weight.float().pow(2).sum(1) + second.weight.float().pow(2).sum(0)
+            rows = first.weight.float().pow(2).sum(1)  # a gated W_1: [input | gate] halves, a row in each
             if first.bias is not None:
-                squared = squared + first.bias.float().pow(2)
+                rows = rows + first.bias.float().pow(2)
+            squared = rows.reshape(-1, len(ids)).sum(0) + second.weight.float().pow(2).sum(0)
             scores[layer, ids] = squared.sqrt().cpu()
     return scores
 

@@ -3,7 +3,7 @@ and the shape readers built on it (`shape`). Adding a family means adding one mo
 `compressor.testing.ARCHS`); importing this package registers every family.
 """
 
-from compressor.surgery.arch import bert, deberta_v2, distilbert, mpnet  # noqa: F401  (registration)
+from compressor.surgery.arch import bert, deberta_v2, distilbert, modernbert, mpnet  # noqa: F401  (registration)
 from compressor.surgery.arch.shape import (
     config_head_counts,
     get_path,

@@ -31,8 +31,8 @@ class ArchSpec:
     key: str
     value: str
     out_proj: str  # from a layer: the projection W_O that mixes heads back into the residual stream
-    heads_attr: str  # head-count attribute on self_attn
-    width_attr: str  # heads * head_size attribute on self_attn
+    heads_attr: str | None  # head-count attribute on self_attn (None: the forward infers it from the projections)
+    width_attr: str | None  # heads * head_size attribute on self_attn (None: as heads_attr)
     head_size_attr: str
     ffn_in: str = "intermediate.dense"  # from a layer: the FFN's first Linear (one output row per neuron)
     ffn_out: str = "output.dense"  # from a layer: the FFN's output Linear (one input column per neuron)
@@ -51,6 +51,25 @@ class ArchSpec:
     sdpa: bool = True  # transformers has an SDPA path for the family (loads asking for SDPA fall back to eager if not)
     shared_bias: str | None = None  # self_attn's forward argument carrying a [batch, original heads, q, k] bias
     # computed once for all layers (MPNet's relative position bias); a pruned layer selects its present heads from it
+    fused_qkv: bool = False  # query, key and value name ONE Linear whose output rows are [Q | K | V], each
+    # heads × head_size in head order (ModernBERT's Wqkv): a head is three row blocks of it
+    gated_ffn: bool = False  # ffn_in's output rows are [input | gate] halves of the FFN width (GLU): neuron i is
+    # rows i and i + width of ffn_in, plus column i of ffn_out
+
+    @property
+    def qkv(self) -> tuple[str, ...]:
+        """The distinct Q/K/V Linears (one when fused), from self_attn."""
+        return tuple(dict.fromkeys((self.query, self.key, self.value)))
+
+    @property
+    def qkv_blocks(self) -> int:
+        """Row blocks of heads × head_size in each of `qkv`'s Linears (3 when fused, else 1)."""
+        return 3 if self.fused_qkv else 1
+
+    @property
+    def ffn_in_blocks(self) -> int:
+        """Row blocks of the FFN width in ffn_in (2 when gated, else 1)."""
+        return 2 if self.gated_ffn else 1
 
     @property
     def attention_out(self) -> str:
@@ -70,12 +89,14 @@ class ArchSpec:
             out["layer_tuple"] = True
         if self.shared_bias:
             out["shared_bias"] = self.shared_bias
+        out.update({name: True for name in ("fused_qkv", "gated_ffn") if getattr(self, name)})
         return out
 
 
 ARCHITECTURES: dict[str, ArchSpec] = {}  # config.model_type → declaration, filled by the family modules
 _PATH_FIELDS = ("layers", "attention", "self_attn", "query", "key", "value", "out_proj", "ffn_in", "ffn_out")
 _ATTR_FIELDS = ("heads_attr", "width_attr", "head_size_attr")
+_OPTIONAL_ATTRS = ("heads_attr", "width_attr")  # None where the attention module keeps no such attribute
 
 
 def register(spec: ArchSpec, *model_types: str) -> ArchSpec:
@@ -94,8 +115,11 @@ def register(spec: ArchSpec, *model_types: str) -> ArchSpec:
     if spec.shared_bias is not None and not spec.shared_bias.isidentifier():
         raise ValueError(f"ArchSpec.shared_bias: expected an argument name or None, got {spec.shared_bias!r}")
     for name in _ATTR_FIELDS:
-        if not getattr(spec, name).isidentifier():
-            raise ValueError(f"ArchSpec.{name}: expected an attribute name, got {getattr(spec, name)!r}")
+        value = getattr(spec, name)
+        if not (value is None and name in _OPTIONAL_ATTRS) and not (isinstance(value, str) and value.isidentifier()):
+            raise ValueError(f"ArchSpec.{name}: expected an attribute name, got {value!r}")
+    if spec.fused_qkv and len(spec.qkv) != 1:
+        raise ValueError(f"ArchSpec.fused_qkv: query, key and value must name the one fused Linear, got {spec.qkv}")
     for model_type in model_types:
         if model_type in ARCHITECTURES:
             raise ValueError(f"register: model_type '{model_type}' is already declared")
