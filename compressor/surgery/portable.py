@@ -23,15 +23,17 @@ LAYOUT_VERSION = 1
 HEAD_IDS = "compressor_head_ids"  # buffer of a pruned attention's present original head ids (shared-bias families)
 
 
-def _get(root: nn.Module, path: str) -> nn.Module:
+def get_path(root: nn.Module, path: str) -> nn.Module:
+    """The sub-module at dotted `path` (list indices as digits)."""
     for part in path.split("."):
         root = root[int(part)] if part.isdigit() else getattr(root, part)
     return root
 
 
-def _set(root: nn.Module, path: str, value: nn.Module) -> None:
+def set_path(root: nn.Module, path: str, value: nn.Module) -> None:
+    """Replace the sub-module at dotted `path` by `value`."""
     parent, _, name = path.rpartition(".")
-    setattr(_get(root, parent) if parent else root, name, value)
+    setattr(get_path(root, parent) if parent else root, name, value)
 
 
 def _parent(root: nn.Module, path: str) -> tuple[nn.Module, str]:
@@ -65,7 +67,7 @@ class EmptyAttention(nn.Module):
     def __init__(self, block: nn.Module, out_proj: str):
         super().__init__()
         self.returns_normed = hasattr(block, "output") or isinstance(getattr(block, "LayerNorm", None), nn.LayerNorm)
-        dense = _get(block, out_proj)
+        dense = get_path(block, out_proj)
         zero = empty_linear(0, dense.out_features, dense)
         if dense.bias is not None and not dense.bias.is_meta:
             with torch.no_grad():
@@ -80,7 +82,7 @@ class EmptyAttention(nn.Module):
 
     def forward(self, hidden_states: torch.Tensor, *args, **kwargs) -> tuple[torch.Tensor, None]:
         """Shape-only tensor ops and no data-dependent branch, so ONNX tracing sees a constant graph."""
-        bias = _get(self, self._out_proj).bias
+        bias = get_path(self, self._out_proj).bias
         bias = torch.zeros_like(hidden_states) if bias is None else bias.expand_as(hidden_states)
         if self.returns_normed:
             norm = self.output if hasattr(self, "output") else self
@@ -129,7 +131,7 @@ def _capture_hidden_state(model: nn.Module, replaced: nn.Module, skipped: Skippe
 
 def removal_marker(layer: nn.Module, ffn_out: str) -> str:
     """The `SkippedLayer` marker for `layer`: W_2's bias, or its weight where W_2 has no bias (ModernBERT)."""
-    return ffn_out + (".bias" if getattr(_get(layer, ffn_out), "bias", None) is not None else ".weight")
+    return ffn_out + (".bias" if getattr(get_path(layer, ffn_out), "bias", None) is not None else ".weight")
 
 
 def skip_layer(
@@ -187,17 +189,19 @@ def shrink_attention(layer: nn.Module, family: dict, heads: int, head_size: int)
     """Rebuild `layer`'s Q/K/V rows (and those of the family's other per-head Linears it has), and W_O columns, for
     `heads` heads (an `EmptyAttention` for none); a fused Q/K/V Linear (`fused_qkv`) gets the three blocks of rows."""
     if heads == 0:
-        _set(layer, family["attention"], EmptyAttention(_get(layer, family["attention"]), family["attention_out"]))
+        set_path(
+            layer, family["attention"], EmptyAttention(get_path(layer, family["attention"]), family["attention_out"])
+        )
         return
-    attn, width = _get(layer, family["self_attn"]), heads * head_size
+    attn, width = get_path(layer, family["self_attn"]), heads * head_size
     extra = [name for name in family.get("head_rows", ()) if isinstance(getattr(attn, name, None), nn.Linear)]
     fused = dict.fromkeys((family["query"], family["key"], family["value"]))
     for name in (*fused, *extra):
         blocks = 3 if family.get("fused_qkv") and name in fused else 1
         old = getattr(attn, name)
         setattr(attn, name, empty_linear(old.in_features, width * blocks, old))
-    out = _get(layer, family["out_proj"])
-    _set(layer, family["out_proj"], empty_linear(width, out.out_features, out))
+    out = get_path(layer, family["out_proj"])
+    set_path(layer, family["out_proj"], empty_linear(width, out.out_features, out))
     for attr, value in ((family["heads_attr"], heads), (family["width_attr"], width)):
         if attr:  # None: the family's forward reads the head count off the weights
             setattr(attn, attr, value)
@@ -207,9 +211,11 @@ def shrink_attention(layer: nn.Module, family: dict, heads: int, head_size: int)
 
 def shrink_ffn(layer: nn.Module, family: dict, width: int) -> None:
     """Rebuild `layer`'s FFN for `width` neurons (W_1 rows, both halves of a gated W_1; W_2 columns)."""
-    first, second = _get(layer, family["ffn_in"]), _get(layer, family["ffn_out"])
-    _set(layer, family["ffn_in"], empty_linear(first.in_features, width * (2 if family.get("gated_ffn") else 1), first))
-    _set(layer, family["ffn_out"], empty_linear(width, second.out_features, second))
+    first, second = get_path(layer, family["ffn_in"]), get_path(layer, family["ffn_out"])
+    set_path(
+        layer, family["ffn_in"], empty_linear(first.in_features, width * (2 if family.get("gated_ffn") else 1), first)
+    )
+    set_path(layer, family["ffn_out"], empty_linear(width, second.out_features, second))
 
 
 def apply_layout(model: nn.Module, layout: dict) -> nn.Module:
@@ -217,7 +223,7 @@ def apply_layout(model: nn.Module, layout: dict) -> nn.Module:
     if layout.get("version") != LAYOUT_VERSION:
         raise ValueError(f"{LAYOUT_KEY}: version {layout.get('version')!r} is not {LAYOUT_VERSION}; update compressor")
     family, size = layout["family"], int(layout["head_size"])
-    stack = _get(model.base_model, family["layers"])
+    stack = get_path(model.base_model, family["layers"])
     if len(stack) != len(layout["blocks"]):
         raise ValueError(f"{LAYOUT_KEY}: {len(layout['blocks'])} blocks for a model of {len(stack)} layers")
     full_heads = int(layout["num_heads"])

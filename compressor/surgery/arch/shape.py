@@ -8,17 +8,7 @@ import torch
 from torch import nn
 
 from compressor.surgery.arch.spec import arch_spec
-
-
-def get_path(root: nn.Module, path: str) -> nn.Module:
-    for part in path.split("."):
-        root = root[int(part)] if part.isdigit() else getattr(root, part)
-    return root
-
-
-def set_path(root: nn.Module, path: str, value: nn.Module) -> None:
-    parent, _, name = path.rpartition(".")
-    setattr(get_path(root, parent) if parent else root, name, value)
+from compressor.surgery.portable import get_path, set_path  # noqa: F401  (one implementation, shipped with models)
 
 
 def layers(model: nn.Module) -> nn.ModuleList:
