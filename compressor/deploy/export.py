@@ -10,7 +10,7 @@ Layout of `out_dir` (each variant directory loads in a bare `onnxruntime.Inferen
 `config.json` sit beside every graph)::
 
     out_dir/fp32/model.onnx        torch → ONNX, dynamic batch and sequence axes
-    out_dir/optimized/model.onnx   onnxruntime.transformers optimizer (fused Attention where layers keep equal heads)
+    out_dir/optimized/model.onnx   onnxruntime.transformers optimizer (one fused Attention per layer, where ORT fuses)
     out_dir/int8/model.onnx        dynamic int8 quantisation of the optimised graph (else of fp32)
     out_dir/int8_static/model.onnx static QDQ int8 of the same graph, calibrated on training examples
     out_dir/export.json            what `export_onnx` returned
