@@ -156,7 +156,7 @@ def as_sdpa(model: nn.Module) -> nn.Module:
     transformers builds the attention modules of these architectures at construction time, so the copy is rebuilt
     from the config (eager where SDPA is unsupported), pruned the same way and given the same weights, in memory.
     """
-    from compressor.surgery.checkpoint import _build as build_classifier  # its SDPA→eager fallback (ELECTRA)
+    from compressor.surgery.checkpoint import _build as build_classifier  # eager where the family has no SDPA
     from compressor.surgery.checkpoint import _original_shape
 
     config = copy.deepcopy(model.config)

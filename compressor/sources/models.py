@@ -19,7 +19,7 @@ from transformers.utils import logging as hf_logging
 from compressor.core.errors import UserError
 from compressor.recipe import ModelSpec, RecipeError
 from compressor.sources.builtins import builtin_path
-from compressor.surgery.arch import UnsupportedArchitectureError, arch_spec, declared
+from compressor.surgery.arch import UnsupportedArchitectureError, arch_spec, declared, supported_attention
 from compressor.surgery.checkpoint import PLAN_FILE, WEIGHTS_FILE, WEIGHTS_INDEX, load_pruned
 
 
@@ -198,9 +198,7 @@ def load_model(spec: ModelSpec, label_names: list[str] | None = None, attention:
     """
     config = load_config(spec)
     source = resolve_model_path(spec)
-    family = declared(config.model_type)
-    if attention == "sdpa" and family is not None and not family.sdpa:  # no SDPA path in transformers (MPNet, DeBERTa)
-        attention = "eager"
+    attention = supported_attention(config.model_type, attention)  # eager for families without SDPA
     if (Path(source) / PLAN_FILE).exists():
         return load_pruned(source, attn_implementation=attention)
     kwargs = {}

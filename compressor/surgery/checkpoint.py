@@ -40,6 +40,7 @@ from compressor.surgery.arch import (
     pruned_heads,
     pruned_neurons,
     removed_layers,
+    supported_attention,
 )
 from compressor.surgery.cost import model_stats
 from compressor.surgery.portable import LAYOUT_KEY, LAYOUT_VERSION, apply_layout
@@ -270,16 +271,12 @@ def _read_weights(model_dir: Path) -> dict[str, torch.Tensor]:
 
 
 def _build(config, attn_implementation: str, dtype: torch.dtype) -> nn.Module:
-    """The unpruned classifier for `config`; falls back to eager where SDPA is unsupported (ELECTRA in 4.57)."""
-    try:
-        return AutoModelForSequenceClassification.from_config(
-            config, attn_implementation=attn_implementation, dtype=dtype
-        )
-    except ValueError as err:
-        if attn_implementation != "sdpa" or "does not support" not in str(err):
-            raise
+    """The unpruned classifier for `config`; eager where SDPA is asked for and the family has none (DeBERTa-v2,
+    MPNet: `ArchSpec.sdpa`)."""
+    implementation = supported_attention(config.model_type, attn_implementation)
+    if implementation != attn_implementation:
         log.info("%s has no SDPA attention; loading with eager attention", config.model_type)
-        return AutoModelForSequenceClassification.from_config(config, attn_implementation="eager", dtype=dtype)
+    return AutoModelForSequenceClassification.from_config(config, attn_implementation=implementation, dtype=dtype)
 
 
 _SAVED_KEYS = ("pruned_heads", "pruned_neurons", "removed_layers", "compressor_ffn_size", LAYOUT_KEY, "auto_map")

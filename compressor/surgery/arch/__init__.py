@@ -21,7 +21,14 @@ from compressor.surgery.arch.shape import (
     removed_layers,
     set_path,
 )
-from compressor.surgery.arch.spec import ARCHITECTURES, ArchSpec, UnsupportedArchitectureError, arch_spec, declared
+from compressor.surgery.arch.spec import (
+    ARCHITECTURES,
+    ArchSpec,
+    UnsupportedArchitectureError,
+    arch_spec,
+    declared,
+    supported_attention,
+)
 
 __all__ = [
     "ARCHITECTURES",
@@ -44,4 +51,5 @@ __all__ = [
     "pruned_neurons",
     "removed_layers",
     "set_path",
+    "supported_attention",
 ]

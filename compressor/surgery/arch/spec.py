@@ -151,3 +151,9 @@ def arch_spec(model_or_type: nn.Module | str) -> ArchSpec:
             "supported for head pruning; expected an encoder-only classifier"
         )
     return ARCHITECTURES[model_type]
+
+
+def supported_attention(model_type: str, requested: str) -> str:
+    """`requested`, or "eager" where SDPA is asked for and the family declares none in transformers (`sdpa`)."""
+    spec = declared(model_type)
+    return "eager" if requested == "sdpa" and spec is not None and not spec.sdpa else requested
