@@ -37,25 +37,19 @@ def tiny_config(arch: str = "bert", layers: int = 3, heads: int = 4, head_size: 
     common = {"vocab_size": VOCAB, "num_labels": num_labels}
     if arch == "distilbert":
         return DistilBertConfig(dim=hidden, n_layers=layers, n_heads=heads, hidden_dim=2 * hidden + 3, **common)
+    sizes = {
+        "hidden_size": hidden,
+        "num_hidden_layers": layers,
+        "num_attention_heads": heads,
+        "intermediate_size": 2 * hidden + 3,
+        "max_position_embeddings": 64,
+        **common,
+    }
     if arch == "modernbert":  # layers 0, 3, ... global, the others a sliding window of ±2 tokens (local_attention 4)
         special = {"pad_token_id": 0, "bos_token_id": 2, "cls_token_id": 2, "eos_token_id": 3, "sep_token_id": 3}
-        return ModernBertConfig(
-            hidden_size=hidden,
-            num_hidden_layers=layers,
-            num_attention_heads=heads,
-            intermediate_size=2 * hidden + 3,
-            max_position_embeddings=64,
-            local_attention=4,
-            **special,
-            **common,
-        )
+        return ModernBertConfig(local_attention=4, **special, **sizes)
     if arch == "deberta-v2":  # DeBERTa-v3's shape: shared relative keys, log buckets, no token types or abs. positions
         return DebertaV2Config(
-            hidden_size=hidden,
-            num_hidden_layers=layers,
-            num_attention_heads=heads,
-            intermediate_size=2 * hidden + 3,
-            max_position_embeddings=64,
             relative_attention=True,
             position_buckets=8,
             pos_att_type=["p2c", "c2p"],
@@ -63,7 +57,7 @@ def tiny_config(arch: str = "bert", layers: int = 3, heads: int = 4, head_size: 
             share_att_key=True,
             position_biased_input=False,
             type_vocab_size=0,
-            **common,
+            **sizes,
         )
     cls = {
         "bert": BertConfig,
@@ -76,15 +70,7 @@ def tiny_config(arch: str = "bert", layers: int = 3, heads: int = 4, head_size: 
     extra = {"embedding_size": hidden} if arch == "electra" else {}
     if arch_spec(arch).padding_positions:
         extra["pad_token_id"] = 1
-    return cls(
-        hidden_size=hidden,
-        num_hidden_layers=layers,
-        num_attention_heads=heads,
-        intermediate_size=2 * hidden + 3,
-        max_position_embeddings=64,
-        **extra,
-        **common,
-    )
+    return cls(**extra, **sizes)
 
 
 def has_sdpa(arch: str) -> bool:
