@@ -10,10 +10,10 @@ import sys
 
 import typer
 
-from compressor.commands import analyze, bench, export, run, validate
+from compressor.commands import analyze, bench, export, pick, run, validate
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__.splitlines()[0])
-for module in (run, validate, export, bench, analyze):
+for module in (run, validate, export, bench, pick, analyze):
     module.register(app)
 
 

@@ -116,3 +116,25 @@ def test_as_sdpa_copies_a_pruned_model_in_memory_with_equal_logits(arch, tmp_pat
     batch = model_inputs(tiny_batch())
     with torch.inference_mode():
         assert torch.allclose(fast(**batch).logits, model(**batch).logits, atol=1e-5)
+
+
+def test_prune_family_in_memory_gives_each_member_its_own_weights(task):
+    """`values` in the API: one member per target, each with the weights of the step that reached it (not the
+    final ones), and its pruned copy equals its masked model."""
+    model, tok, train, val = task
+    spec = SPEC.model_copy(update={"target": None, "budget": {"kind": "heads", "values": [0.25, 0.5]}, "steps": 2})
+    spec = PruneSpec.model_validate(spec.model_dump())
+    result = compressor.prune(model, tok, train, spec, validation=val, seed=0)
+    members = result.members
+    assert [(m.target, m.step) for m in members] == [(0.25, 1), (0.5, 2)]
+    assert [int(m.masks.heads.sum()) for m in members] == [9, 6]
+    first = result.member_model(members[0])
+    assert first is not model and result.member_model(members[1]) is model
+    changed = [k for k, v in first.state_dict().items() if not torch.equal(v, model.state_dict()[k])]
+    assert changed, "the first member kept the final weights; step 2's fine-tune should have changed some"
+    batch = next(iter(sample_batches(val, tok, 16, 16, seed=0)))
+    with torch.inference_mode(), gated(first, members[0].masks.head_gates()):
+        masked = first(**model_inputs(batch)).logits
+    with torch.inference_mode():
+        small = members[0].masks.pruned_copy(first)
+        assert torch.allclose(small(**model_inputs(batch)).logits, masked, atol=1e-5)

@@ -101,3 +101,39 @@ def plot_heads(result: dict, path: Path) -> Path:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+FRONTIER_MARKERS = {"member": "o", "original": "s", "baseline": "x"}
+
+
+def plot_frontier(rows: list[dict], path: Path) -> Path:
+    """Test accuracy vs speed-up of every frontier row (`bench.frontier`), one colour per runtime, one marker per
+    role; Pareto-optimal points ringed and joined, members labelled."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    runtimes = sorted({r["runtime"] for r in rows})
+    colours = dict(zip(runtimes, plt.rcParams["axes.prop_cycle"].by_key()["color"], strict=False))
+    seen = set()
+    for r in rows:
+        if r["speedup"] is None or r["accuracy"] is None:
+            continue
+        key = (r["role"], r["runtime"])
+        label = f"{r['role']} · {r['runtime']}" if key not in seen else None
+        seen.add(key)
+        ax.scatter(r["speedup"], 100 * r["accuracy"], marker=FRONTIER_MARKERS[r["role"]], color=colours[r["runtime"]],
+                   label=label, zorder=3)  # fmt: skip
+        if r["role"] == "member":
+            ax.annotate(r["model"], (r["speedup"], 100 * r["accuracy"]), fontsize=7, xytext=(3, 3),
+                        textcoords="offset points")  # fmt: skip
+    best = sorted((r for r in rows if r["pareto"]), key=lambda r: r["speedup"])
+    if best:
+        ax.plot([r["speedup"] for r in best], [100 * r["accuracy"] for r in best], color="black", lw=0.8, ls=":")
+        ax.scatter([r["speedup"] for r in best], [100 * r["accuracy"] for r in best], s=120, facecolors="none",
+                   edgecolors="black", label="Pareto-optimal", zorder=2)  # fmt: skip
+    ax.axvline(1.0, color="grey", lw=0.8, ls="--")
+    batch, seq = rows[0]["batch"], rows[0]["seq_len"]
+    ax.set_xlabel(f"speed-up vs the PyTorch original at batch {batch}, {seq} tokens (median)")
+    ax.set_ylabel("test accuracy (%)")
+    ax.set_title("Speed/quality frontier")
+    return _save(fig, ax, path)

@@ -20,9 +20,9 @@ def run(
     from compressor.recipe import load_recipe
 
     overrides = {"output_dir": output_dir} if output_dir else None
-    report = run_recipe(load_recipe(recipe, overrides), force=force)
-    if report:
-        typer.echo(f"report: {Path(report['pruned']['model_dir']).parent / 'report.md'}")
+    parsed = load_recipe(recipe, overrides)
+    if run_recipe(parsed, force=force):  # empty on the processes that only helped (accelerate launch)
+        typer.echo(f"report: {Path(parsed.output_dir) / 'report.md'}")
 
 
 def register(app: typer.Typer) -> None:

@@ -16,6 +16,7 @@ until the gate passes (mixed precision, chosen on the validation split).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
@@ -174,8 +175,11 @@ def quantize_static_graph(
 
     from compressor.deploy.inference import quiet_ort
 
+    src, dest = Path(src).resolve(), Path(dest).resolve()
     dest.parent.mkdir(parents=True, exist_ok=True)
-    with quiet_ort(), tempfile.TemporaryDirectory(dir=dest.parent) as tmp:
+    with quiet_ort(), tempfile.TemporaryDirectory(dir=dest.parent) as tmp, contextlib.chdir(tmp):
+        # In the scratch directory: when symbolic shape inference is incomplete, ONNX Runtime dumps its partial
+        # graph and external-data files into the working directory (once seen in this repository's root).
         typed = Path(tmp) / "typed.onnx"
         if _has_contrib_ops(src):
             # Symbolic shape inference types the outputs of fused contrib ops; without it the quantiser cannot place

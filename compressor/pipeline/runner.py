@@ -36,6 +36,7 @@ from compressor.recovery.distill import TeacherTargets, load_or_compute, step_ex
 from compressor.recovery.evaluate import evaluate
 from compressor.recovery.loop import prune
 from compressor.recovery.train import train
+from compressor.report.family import write_family_report
 from compressor.report.summary import write_run_report
 from compressor.sources import TaskData, load_model, load_task_data, load_tokenizer
 from compressor.sources.batches import tokenize
@@ -212,6 +213,8 @@ def run_recipe(recipe: Recipe, force: bool = False, accelerator: Accelerator | N
             accelerator=accelerator, hook=hook, teacher=teacher,
         )  # fmt: skip
     run.result.model.cpu()
+    if recipe.prune.resolved_budget.is_family:
+        return _finish_family(run, start, teacher, base_info, original, t0)
     if recipe.prune.baseline == "layer_drop":
         with run.timed("layer-drop baseline: fine-tune"):
             run.baseline = _baseline(run, start, teacher)
@@ -226,6 +229,45 @@ def run_recipe(recipe: Recipe, force: bool = False, accelerator: Accelerator | N
     atomic.write_text(out / DONE_FILE, json.dumps(run.report, indent=2, default=str))
     outdir.finish(out)  # the run it replaced (with --force) goes only now; the lock is released
     log.info("done in %.0fs: %s", run.report["seconds"], out / "report.md")
+    accelerator.wait_for_everyone()
+    return run.report
+
+
+def _finish_family(
+    run: RunState, start: torch.nn.Module, teacher: TeacherTargets | None, base_info: dict, original: dict, t0: float
+) -> dict:
+    """After the loop of a family run: make each member shippable (`family.run_member`, skipping members an earlier
+    try finished), then one bench of them all, the frontier and the report."""
+    from compressor.pipeline import family
+    from compressor.pipeline.stages import analysis_stage
+
+    recipe, accelerator = run.recipe, run.accelerator
+    run.report = _report_head(run, base_info, original)
+    make_baseline = partial(_baseline, original=start, teacher=teacher) if recipe.prune.baseline else None
+    sections = []
+    for member in run.result.members:
+        state = family.member_state(run, member)
+        if (done := family.completed(state.out)) is not None:
+            log.info("member %s: kept from an earlier try (%s)", state.out.name, state.out)
+            sections.append(done)
+            continue
+        sections.append(family.run_member(state, member, make_baseline))
+        run.timings |= {f"member {state.out.name}: {k}": v for k, v in state.timings.items()}
+        accelerator.wait_for_everyone()
+    if not run.main:
+        accelerator.wait_for_everyone()
+        return {}
+    with run.timed("family bench"):
+        run.report |= family.family_report(run, sections)
+    if recipe.analysis.enabled:
+        with run.timed("analysis"):
+            run.report["analysis"] = analysis_stage(run)
+    run.report["seconds"] = time.perf_counter() - t0
+    run.report["timings"] = run.timings
+    write_family_report(run.report, run.out)
+    atomic.write_text(run.out / DONE_FILE, json.dumps(run.report, indent=2, default=str))
+    outdir.finish(run.out)
+    log.info("done in %.0fs: %s", run.report["seconds"], run.out / "report.md")
     accelerator.wait_for_everyone()
     return run.report
 

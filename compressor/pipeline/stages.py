@@ -219,32 +219,41 @@ def bench_stage(state: RunState) -> dict:
 
 def _original_onnx(state: RunState, threads: int | None, flops: dict) -> list:
     """For a speed-up budget on an ONNX runtime: the original exported to that variant (under `onnx-original/`),
-    so the asked speed-up can be measured against the original on the same runtime. Its int8 is built exactly as
-    the pruned model's (`_original_variants`, the recipe's int8 options), so the ratio measures pruning alone."""
-    import tempfile
-
+    so the asked speed-up can be measured against the original on the same runtime (`export_original`)."""
     from compressor import bench
-    from compressor.deploy.export import export_onnx
 
     budget = state.recipe.prune.budget
     if budget is None or budget.kind != "speedup" or budget.runtime == "pytorch":
         return []
-    variant, spec = budget.runtime.removeprefix("onnx-"), state.recipe.export
-    checks = sample_batches(state.splits["validation"], state.tokenizer, 128, 32, seed=1)
-    variants, int8 = _original_variants(state, variant)
-    with tempfile.TemporaryDirectory() as tmp:
-        save_pruned(state.original, Path(tmp) / "model", state.tokenizer)
-        out = export_onnx(
-            Path(tmp) / "model", state.out / "onnx-original", variants, checks, spec.atol, spec.opset, int8
-        )
+    variant = budget.runtime.removeprefix("onnx-")
+    out = export_original(state, [variant])
     name = f"{budget.runtime}-original"
     return [
         bench.onnx_candidate(name, out[variant]["dir"], threads, flops, [len(h) for h in present_heads(state.original)])
     ]
 
 
-def _original_variants(state: RunState, variant: str) -> tuple[list[str], Int8Options | None]:
-    """The ONNX variants to build of the original for `variant`, and their int8 options: an int8 variant is
+def export_original(state: RunState, variants: list[str]) -> dict:
+    """The original exported to `variants` under `<output_dir>/onnx-original/` (the export's manifest per variant).
+    Its int8 variants are built exactly as the pruned model's (`_original_variants`: the recipe's int8 options, from
+    the optimised graph when the recipe asks for it), so a ratio between them measures pruning alone."""
+    import tempfile
+
+    from compressor.deploy.export import export_onnx
+
+    if not variants:
+        return {}
+    spec = state.recipe.export
+    checks = sample_batches(state.splits["validation"], state.tokenizer, 128, 32, seed=1)
+    wanted, int8 = _original_variants(state, variants)
+    with tempfile.TemporaryDirectory() as tmp:
+        save_pruned(state.original, Path(tmp) / "model", state.tokenizer)
+        out = export_onnx(Path(tmp) / "model", state.out / "onnx-original", wanted, checks, spec.atol, spec.opset, int8)
+    return {variant: out[variant] for variant in variants if variant in out}
+
+
+def _original_variants(state: RunState, variants: list[str]) -> tuple[list[str], Int8Options | None]:
+    """The ONNX variants to build of the original for `variants`, and their int8 options: an int8 variant is
     quantised from the optimised graph when the pruned model's is (the recipe asks for `optimized`), with the
     recipe's per-channel, reduce-range, excluded-node and calibration settings; no validation gate (the original is
     measured, never shipped)."""
@@ -252,11 +261,12 @@ def _original_variants(state: RunState, variant: str) -> tuple[list[str], Int8Op
     from compressor.deploy.quantize import int8_options
 
     spec = state.recipe.export
-    if variant not in INT8_VARIANTS:
-        return [variant], None
-    graphs = ["optimized"] if "optimized" in spec.variants else []
-    int8 = int8_options(spec.int8, [variant], state.splits["train"], state.splits["validation"], state.tokenizer)
-    return [*graphs, variant], dataclasses.replace(int8, validation=())
+    quantized = [v for v in variants if v in INT8_VARIANTS]
+    if not quantized:
+        return list(variants), None
+    graphs = ["optimized"] if "optimized" in spec.variants and "optimized" not in variants else []
+    int8 = int8_options(spec.int8, quantized, state.splits["train"], state.splits["validation"], state.tokenizer)
+    return [*graphs, *variants], dataclasses.replace(int8, validation=())
 
 
 def bench_spec_for(recipe: Recipe) -> BenchSpec:

@@ -10,7 +10,7 @@ a share of the unit's FLOP-proportional time, so no unit looks free).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -21,6 +21,7 @@ from compressor.pruning.latency import LatencyTable, Widths, load_or_build
 from compressor.pruning.selection import (
     check_feasible,
     check_flop_budget,
+    family_amounts,
     flop_schedule,
     schedule,
     select_heads,
@@ -49,11 +50,21 @@ def check_budget(config, spec: PruneSpec) -> None:
         check_flop_budget(costs, shape, budget.value, spec.units, spec.min_heads_per_layer, spec.uniform_ffn)
 
 
-def max_steps(spec: PruneSpec) -> int:
-    """`spec.steps`, plus up to `TOP_UP_STEPS` more at the final goal for a speed-up budget that measures itself
-    (`calibrate`): the table's correction is only known after a step, so the last scheduled one can land short."""
+def planned_steps(spec: PruneSpec) -> int:
+    """Scheduled steps: `spec.steps`, or one per target when a family asks for more targets than that."""
+    return max(spec.steps, len(spec.resolved_budget.targets))
+
+
+def top_ups(spec: PruneSpec) -> int:
+    """Extra steps a target may take when the step scheduled to reach it lands short: `TOP_UP_STEPS` for a speed-up
+    budget that measures itself (`calibrate`: the table's correction is only known after a step), else none."""
     budget = spec.resolved_budget
-    return spec.steps + (TOP_UP_STEPS if budget.kind == "speedup" and budget.calibrate else 0)
+    return TOP_UP_STEPS if budget.kind == "speedup" and budget.calibrate else 0
+
+
+def max_steps(spec: PruneSpec) -> int:
+    """The most steps a run can take: the scheduled ones plus every target's top-ups."""
+    return planned_steps(spec) + top_ups(spec) * len(spec.resolved_budget.targets)
 
 
 def widths_of(alive: dict[str, torch.Tensor], dims) -> Widths:
@@ -75,6 +86,7 @@ class Budget:
     total_flops: int
     table: LatencyTable | None = None
     calibration: float = 1.0  # measured / predicted speed-up at the last check (`calibrate`); 1 until measured
+    members: dict[int, float] = field(default_factory=dict)  # goal index → the target (recipe units) it reaches
 
     @property
     def kind(self) -> str:
@@ -100,14 +112,41 @@ class Budget:
         self.calibration = measured / predicted
         return self.calibration
 
-    def goal(self, step: int) -> float:
-        """Step `step`'s cumulative goal (0-based); a top-up step past the schedule keeps the final one."""
-        return self.goals[min(step, len(self.goals) - 1)]
+    def goal(self, index: int) -> float:
+        """The cumulative goal at schedule index `index` (0-based; a top-up step repeats its target's index)."""
+        return self.goals[min(index, len(self.goals) - 1)]
 
-    def met(self, alive: dict[str, torch.Tensor]) -> bool:
-        """Whether the final goal is already reached (a speed-up budget stops pruning early then)."""
-        speedup = self.expected_speedup(alive)
-        return speedup is not None and speedup >= self.goals[-1]
+    def reached(self, alive: dict[str, torch.Tensor]) -> float:
+        """Where `alive` stands on the goals' scale: heads removed, FLOPs removed, or the expected speed-up."""
+        if self.kind == "heads":
+            return float((~alive["heads"]).sum())
+        if self.kind == "flops":
+            return float(self.total_flops - masked_flops(self.model, alive, self.costs.seq_len))
+        return self.expected_speedup(alive) or 1.0
+
+    def closing(self, index: int, tries: int, closed: list[float], alive: dict[str, torch.Tensor]) -> list[float]:
+        """The targets a step at goal `index` closes (its members are taken from this step), having run `tries`
+        steps at that index: under a speed-up budget every open target the masks are expected to meet, and the
+        step's own target once its top-ups are spent (landing short); otherwise exactly the step's own target."""
+        own = self.members.get(index)
+        if self.kind != "speedup":
+            return [own] if own is not None else []
+        speed = self.reached(alive)
+        out = [t for i, t in sorted(self.members.items()) if t not in closed and speed >= self.goals[i]]
+        if own is not None and own not in closed + out and tries > top_ups(self.spec):
+            out.append(own)
+        return sorted(out)
+
+    def next_index(self, index: int | None, closed: list[float], alive: dict[str, torch.Tensor]) -> int | None:
+        """The goal index of the next step after one at `index` (None: before the first), or None when every target
+        is closed. An open target is tried again (a top-up); a speed-up budget skips goals the masks already meet."""
+        if index is not None and self.members.get(index) is not None and self.members[index] not in closed:
+            return index
+        speed = self.reached(alive) if self.kind == "speedup" else None
+        for i in range(0 if index is None else index + 1, len(self.goals)):
+            if speed is None or speed < self.goals[i]:
+                return i
+        return None
 
     def target_remove(self, step: int, alive: dict[str, torch.Tensor]) -> dict[str, int]:
         """Units of each kind in `alive` this step will remove: exactly (head budget, heads only) or estimated from
@@ -176,15 +215,30 @@ def plan_budget(model: nn.Module, spec: PruneSpec, cache_dir: str | Path | None 
     costs = unit_costs(model, budget.seq_len)
     total = masked_flops(model, {}, budget.seq_len)
     table = None
+    if budget.kind == "speedup":
+        table = load_or_build(model.config, budget.runtime, budget.batch_size, budget.seq_len, cache_dir=cache_dir)
+        _check_reachable(table, spec, budget)
+    goals, members = _goals(spec, _heads_total(model) if budget.kind == "heads" else total)
+    return Budget(model, spec, goals, costs, total, table, members=members)
+
+
+def _goals(spec: PruneSpec, total: int) -> tuple[list[float], dict[int, float]]:
+    """Cumulative goals per scheduled step (heads removed, FLOPs removed, or speed-up) and the index reaching each
+    target. One target keeps the single-run schedules; a family shares the steps among its targets
+    (`selection.family_amounts`)."""
+    budget = spec.resolved_budget
+    if budget.is_family:
+        scale = "speedup" if budget.kind == "speedup" else spec.schedule
+        amounts, ends = family_amounts(budget.targets, spec.steps, scale)
+        goals = [a if budget.kind == "speedup" else float(round(a * total)) for a in amounts]
+        return goals, dict(zip(ends, budget.targets, strict=True))
     if budget.kind == "heads":
-        goals = [float(g) for g in schedule(_heads_total(model), budget.value, spec.steps, spec.schedule)]
+        goals = [float(g) for g in schedule(total, budget.value, spec.steps, spec.schedule)]
     elif budget.kind == "flops":
         goals = [float(g) for g in flop_schedule(total, budget.value, spec.steps, spec.schedule)]
     else:
-        table = load_or_build(model.config, budget.runtime, budget.batch_size, budget.seq_len, cache_dir=cache_dir)
         goals = [budget.value ** ((k + 1) / spec.steps) for k in range(spec.steps)]
-        _check_reachable(table, spec, budget)
-    return Budget(model, spec, goals, costs, total, table)
+    return goals, {len(goals) - 1: budget.value}
 
 
 def _heads_total(model: nn.Module) -> int:

@@ -7,6 +7,7 @@ is met, overshooting it by less than one unit.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -22,6 +23,53 @@ def removed_fractions(target: float, steps: int, shape: str = "linear") -> list[
     if shape == "geometric":
         return [1 - (1 - target) ** ((k + 1) / steps) for k in range(steps - 1)] + [target]
     return [target * (k + 1) / steps for k in range(steps)]
+
+
+def family_amounts(targets: list[float], steps: int, scale: str) -> tuple[list[float], list[int]]:
+    """Cumulative amounts per step through several ascending `targets` (a model family), and the index of the step
+    that reaches each target exactly.
+
+    `scale` says how amounts move: "linear" (fractions removed, equal amounts per step), "geometric" (fractions
+    removed, the same share of what is left per step) or "speedup" (factors, the same relative gain per step). The
+    `max(steps, len(targets))` steps are shared among the segments between targets in proportion to each segment's
+    length on that scale (at least one each, largest remainders first), so no segment is rushed.
+    """
+    position = {
+        "linear": lambda a: a,
+        "geometric": lambda a: -math.log1p(-a),
+        "speedup": math.log,
+    }[scale]
+    starts = [0.0 if scale != "speedup" else 1.0, *targets[:-1]]
+    lengths = [position(b) - position(a) for a, b in zip(starts, targets, strict=True)]
+    counts = _share(max(steps, len(targets)), lengths)
+    amounts, members = [], []
+    for a, b, n in zip(starts, targets, counts, strict=True):
+        for j in range(1, n):
+            amounts.append(_between(a, b, j / n, scale))
+        amounts.append(b)
+        members.append(len(amounts) - 1)
+    return amounts, members
+
+
+def _share(total: int, lengths: list[float]) -> list[int]:
+    """`total` steps over segments of `lengths`: one each, the rest by largest remainder of the proportional share."""
+    spare = total - len(lengths)
+    whole = sum(lengths) or 1.0
+    exact = [spare * x / whole for x in lengths]
+    counts = [1 + int(e) for e in exact]
+    order = sorted(range(len(lengths)), key=lambda i: (-(exact[i] - int(exact[i])), i))
+    for i in order[: total - sum(counts)]:
+        counts[i] += 1
+    return counts
+
+
+def _between(a: float, b: float, t: float, scale: str) -> float:
+    """The amount a share `t` of the way from `a` to `b` on `scale`."""
+    if scale == "speedup":
+        return a * (b / a) ** t
+    if scale == "geometric":
+        return 1 - (1 - a) * ((1 - b) / (1 - a)) ** t
+    return a + (b - a) * t
 
 
 def schedule(total_heads: int, target: float, steps: int, shape: str = "linear") -> list[int]:
@@ -239,6 +287,8 @@ def check_against_model(recipe: Recipe, total_heads: int, max_positions: int | N
     budget, p = recipe.prune.resolved_budget, recipe.prune  # FLOP / speed-up budgets remove many small units
     goal = round(budget.value * total_heads) if budget.kind == "heads" else None
     cumulative = schedule(total_heads, budget.value, p.steps, p.schedule) if goal else []
+    if goal and budget.is_family:  # the family's own schedule (`family_amounts`), each target one step's goal
+        cumulative = [round(a * total_heads) for a in family_amounts(budget.targets, p.steps, p.schedule)[0]]
     if any(b <= a for a, b in zip([0, *cumulative], cumulative, strict=False)):
         raise RecipeError(
             f"prune.steps: {recipe.prune.steps} steps for {goal} heads to remove (target {budget.value} of "

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, FiniteFloat, field_validator, model_validator
 
 from compressor.recipe.base import Strict, criteria
 
@@ -71,28 +71,68 @@ class BudgetSpec(Strict):
     value: float = Field(
         0.5, allow_inf_nan=False, description="heads/flops: fraction removed, in (0, 1); speedup: factor, in (1, 100]"
     )
+    values: list[FiniteFloat] | None = Field(
+        None,
+        min_length=1,
+        max_length=16,
+        description="several targets, ascending: one run prunes through them in order and saves a model at each "
+        "(a model family); `value` is then the last",
+    )
     runtime: Literal["pytorch", "onnx-fp32", "onnx-int8"] = "pytorch"
     batch_size: int = Field(32, ge=1)
     seq_len: int = Field(64, ge=8, le=4096)
     calibrate: bool = True
 
+    @property
+    def targets(self) -> list[float]:
+        """Every target the run saves a model at, ascending: `values`, or `[value]`."""
+        return list(self.values) if self.values else [self.value]
+
+    @property
+    def is_family(self) -> bool:
+        """Whether the run saves several models (`values` with more than one target)."""
+        return len(self.targets) > 1
+
     def describe(self) -> str:
-        """One phrase for humans, e.g. '2.0x speed-up on pytorch (batch 32, 64 tokens)' or '50% of heads'."""
+        """One phrase for humans, e.g. '2.0x speed-up on pytorch (batch 32, 64 tokens)', '50% of heads', or
+        '1.5x, 2.0x, 3.0x speed-up on pytorch (...)' for a family."""
         if self.kind == "speedup":
-            return f"{self.value}x speed-up on {self.runtime} (batch {self.batch_size}, {self.seq_len} tokens)"
-        return f"{self.value:.0%} of {'heads' if self.kind == 'heads' else 'encoder FLOPs'}"
+            amounts = ", ".join(f"{v}x" for v in self.targets)
+            return f"{amounts} speed-up on {self.runtime} (batch {self.batch_size}, {self.seq_len} tokens)"
+        amounts = ", ".join(f"{v:.0%}" for v in self.targets)
+        return f"{amounts} of {'heads' if self.kind == 'heads' else 'encoder FLOPs'}"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _value_is_last(cls, data: Any) -> Any:
+        """With `values`, `value` defaults to the last (largest) target; given both, they must agree."""
+        if not isinstance(data, dict) or not isinstance(data.get("values"), list) or not data["values"]:
+            return data
+        last = data["values"][-1]
+        if data.get("value") is None:
+            return {**data, "value": last}
+        if isinstance(last, int | float) and float(data["value"]) != float(last):
+            raise ValueError(f"value: {data['value']} is not the last of values {data['values']}; give one of them")
+        return data
 
     @model_validator(mode="after")
     def _value_in_range(self) -> BudgetSpec:
-        if self.kind == "speedup" and not 1 < self.value <= 100:
-            raise ValueError(
-                f"value: for kind 'speedup' expected a speed-up factor above 1 and at most 100, got {self.value}"
-            )
-        if self.kind != "speedup" and not 0 < self.value < 1:
-            raise ValueError(
-                f"value: for kind '{self.kind}' expected a fraction removed between 0 and 1, got {self.value}"
-            )
+        for value in self.targets:
+            self._check_amount(value)
+        if self.values and any(b <= a for a, b in zip(self.values, self.values[1:], strict=False)):
+            raise ValueError(f"values: expected distinct targets in ascending order, got {self.values}")
         return self
+
+    def _check_amount(self, value: float) -> None:
+        field = "values" if self.values else "value"
+        if self.kind == "speedup" and not 1 < value <= 100:
+            raise ValueError(
+                f"{field}: for kind 'speedup' expected a speed-up factor above 1 and at most 100, got {value}"
+            )
+        if self.kind != "speedup" and not 0 < value < 1:
+            raise ValueError(
+                f"{field}: for kind '{self.kind}' expected a fraction removed between 0 and 1, got {value}"
+            )
 
 
 class PruneSpec(Strict):

@@ -1,6 +1,7 @@
 """Per-step checkpoints of the pruning loop: every finished step is saved atomically under `state/step_NNN/`
 (weights, each step's scores and masks, the log; `step.json` marks completion), and a rerun resumes from the
-newest one, ending exactly where an uninterrupted run would.
+newest one, ending exactly where an uninterrupted run would. A step that closes a family member keeps its
+checkpoint as that member's weights (`StepRecord.weights`), so the members need no copy in memory.
 """
 
 from __future__ import annotations
@@ -8,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -44,10 +46,12 @@ class StepCheckpoints:
             records["neurons"] = torch.stack([r.masks.neurons for r in state.steps])
             records["neuron_scores"] = torch.stack([r.neuron_scores.float().cpu() for r in state.steps])
         meta = {"step": len(state.steps) - 1, "alive": state.masks.heads.int().tolist(), "log": state.log}
-        with atomic.directory(self.root / f"step_{len(state.steps) - 1:03d}") as tmp:
+        final = self.root / f"step_{len(state.steps) - 1:03d}"
+        with atomic.directory(final) as tmp:
             save_file(weights, str(tmp / "model.safetensors"))
             save_file(records, str(tmp / RECORDS_FILE))
             (tmp / "step.json").write_text(json.dumps(meta))
+        state.steps[-1].weights = _weights_of(final, state.steps[-1].entry)
 
     def resume(self, model: torch.nn.Module, fresh: PruneState) -> PruneState:
         done = sorted(p for p in self.root.glob("step_*") if (p / "step.json").exists()) if self.root.exists() else []
@@ -60,10 +64,17 @@ class StepCheckpoints:
         scores, heads = _records(last, meta["log"], fresh.masks.heads)
         neurons, neuron_scores = _neuron_records(last, len(heads), fresh.masks.neurons is not None)
         steps = [
-            StepRecord(e, s, Masks(h, n), ns)
-            for e, s, h, n, ns in zip(meta["log"], scores, heads, neurons, neuron_scores, strict=True)
+            StepRecord(e, s, Masks(h, n), ns, _weights_of(self.root / f"step_{i:03d}", e))
+            for i, (e, s, h, n, ns) in enumerate(zip(meta["log"], scores, heads, neurons, neuron_scores, strict=True))
         ]
         return PruneState(steps[-1].masks, steps)
+
+
+def _weights_of(step_dir: Path, entry: dict):
+    """For a step that closes a family member: a loader of its checkpointed weights (None for other steps)."""
+    if "members" not in entry:
+        return None
+    return partial(load_file, str(step_dir / "model.safetensors"))
 
 
 def _neuron_records(step_dir: Path, count: int, pruned: bool) -> tuple[list, list]:

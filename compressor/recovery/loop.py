@@ -17,9 +17,10 @@ Persistence is the caller's business: `compressor run` passes a `StepHook` that 
 
 from __future__ import annotations
 
+import copy
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Protocol
@@ -99,12 +100,23 @@ class Masks:
 
 @dataclass
 class StepRecord:
-    """One finished pruning step: its JSON log entry, the scores it selected on, and the masks after it."""
+    """One finished pruning step: its JSON log entry, the scores it selected on, the masks after it and, for a step
+    that closes a family member (`entry["members"]`), how to get its weights back (`weights()`)."""
 
     entry: dict
     scores: torch.Tensor  # head scores
     masks: Masks
     neuron_scores: torch.Tensor | None = None
+    weights: Callable[[], dict[str, torch.Tensor]] | None = None
+
+
+@dataclass(frozen=True)
+class Member:
+    """One model of a family: the target it answers, the 1-based step whose model it is, and that step's masks."""
+
+    target: float
+    step: int
+    masks: Masks
 
 
 @dataclass
@@ -140,11 +152,29 @@ class PruneResult:
     scores: list[torch.Tensor]
     steps: list[dict]
     step_masks: list[Masks]
+    records: list[StepRecord] = field(default_factory=list)
 
     def pruned(self) -> nn.Module:
         """A copy of `model` with the masked units sliced out, empty layers removed (equal logits to the masked
         model)."""
         return self.masks.pruned_copy(self.model)
+
+    @property
+    def members(self) -> list[Member]:
+        """Every target's model, ascending (one, the final model, unless the budget lists several `values`)."""
+        return [Member(target, r.entry["step"], r.masks) for r in self.records for target in r.entry.get("members", [])]
+
+    def member_model(self, member: Member) -> nn.Module:
+        """The masked model of `member` with its step's weights (the final model itself for the last step);
+        `Masks.pruned_copy` or `member.masks` then remove or gate its units."""
+        if member.step == len(self.records):
+            return self.model
+        record = self.records[member.step - 1]
+        if record.weights is None:
+            raise RuntimeError(f"member at {member.target}: the weights of step {member.step} were not kept")
+        model = copy.deepcopy(self.model)
+        model.load_state_dict(record.weights())
+        return model
 
 
 @dataclass(frozen=True)
@@ -198,23 +228,31 @@ def prune(
     state = hook.resume(model, fresh) if hook is not None else fresh
     if (last := next((e["calibration"] for e in reversed(state.log) if "calibration" in e), None)) is not None:
         budget.calibration = last  # a resumed run keeps the correction its finished steps measured
-    bar = tqdm(total=config.steps, initial=len(state.steps), desc="prune steps", leave=False,
+    bar = tqdm(total=len(budget.goals), initial=len(state.steps), desc="prune steps", leave=False,
                disable=not accelerator.is_local_main_process)  # fmt: skip
-    for step in range(len(state.steps), max_steps(config)):
-        if budget.met(state.masks.alive()):
-            log.info("budget: the goal is met after %d steps (latency table, corrected by measurement); stopping", step)
-            break
-        if step >= config.steps:
-            bar.total = step + 1
-            log.info(
-                "budget: measured short of %.2fx after the scheduled steps; top-up step %d", budget.goal(step), step + 1
-            )
-        state.steps.append(_step(loop, state.masks, step))
-        state.masks = state.steps[-1].masks
+    closed = _closed(state.log, budget, state.masks.alive())
+    index = budget.next_index(_goal_index(state.log, budget), closed, state.masks.alive())
+    while index is not None:
+        tries = 1 + _tries(state.log, index, budget)
+        if tries > 1:
+            bar.total += 1
+            log.info("budget: measured short of %.2fx; top-up step %d at that target", budget.goal(index), tries - 1)
+        record = _step(loop, state.masks, len(state.steps), index)
+        record.entry["goal_index"], record.entry["goal"] = index, budget.goal(index)
+        if members := budget.closing(index, tries, closed, record.masks.alive()):
+            record.entry["members"] = members  # this step's model is the family member at each of these targets
+            closed += members
+            log.info("budget: member %s taken after step %d", ", ".join(_target(budget, t) for t in members),
+                     record.entry["step"])  # fmt: skip
+            if hook is None:  # the API writes nothing: keep the member's weights (a hook's checkpoint keeps them)
+                record.weights = _snapshot(accelerator.unwrap_model(model))
+        state.steps.append(record)
+        state.masks = record.masks
         if hook is not None:
             hook.after_step(accelerator.unwrap_model(model), state)
         accelerator.wait_for_everyone()
         bar.update(1)
+        index = budget.next_index(index, closed, state.masks.alive())
     bar.close()
     return PruneResult(
         model=accelerator.unwrap_model(model),
@@ -223,7 +261,47 @@ def prune(
         scores=[s.scores for s in state.steps],
         steps=state.log,
         step_masks=[s.masks for s in state.steps],
+        records=state.steps,
     )
+
+
+def _goal_index(steps_log: list[dict], budget: Budget) -> int | None:
+    """The goal index of the last finished step (None before the first); logs written before family runs had one
+    goal per step, then top-ups at the last."""
+    if not steps_log:
+        return None
+    entry = steps_log[-1]
+    return entry.get("goal_index", min(entry["step"] - 1, len(budget.goals) - 1))
+
+
+def _closed(steps_log: list[dict], budget: Budget, alive: dict[str, torch.Tensor]) -> list[float]:
+    """The targets finished steps closed. A log from before families (no `goal_index`) had one target, closed
+    where the old loop stopped: its goal met, or its top-ups spent."""
+    if steps_log and "goal_index" not in steps_log[-1]:
+        index = _goal_index(steps_log, budget)
+        return budget.closing(index, _tries(steps_log, index, budget), [], alive)
+    return [t for e in steps_log for t in e.get("members", [])]
+
+
+def _tries(steps_log: list[dict], index: int, budget: Budget) -> int:
+    """How many of the last finished steps ran at goal `index` (a top-up repeats its target's index)."""
+    count = 0
+    for position in range(len(steps_log), 0, -1):
+        if _goal_index(steps_log[:position], budget) != index:
+            break
+        count += 1
+    return count
+
+
+def _target(budget: Budget, target: float) -> str:
+    """A target in words: '2.0x', or '50%' of heads / FLOPs."""
+    return f"{target}x" if budget.kind == "speedup" else f"{target:.0%}"
+
+
+def _snapshot(model: nn.Module) -> Callable[[], dict[str, torch.Tensor]]:
+    """The model's weights now, on the CPU, for a family member later steps would otherwise train away."""
+    weights = {k: v.detach().clone().cpu() for k, v in model.state_dict().items()}
+    return lambda: weights
 
 
 def _teacher_targets(
@@ -249,9 +327,9 @@ def _teacher_targets(
     return load_or_compute(None, source, train_ds, tokenizer, accelerator, distill, examples)
 
 
-def _score(loop: _Loop, masks: Masks, step: int) -> tuple[dict[str, torch.Tensor], dict]:
-    """Scores of the criterion per unit kind ([layers, units], dead units -inf, identical on every process) and
-    its diagnostics."""
+def _score(loop: _Loop, masks: Masks, step: int, index: int) -> tuple[dict[str, torch.Tensor], dict]:
+    """Step `step`'s scores, aiming at goal `index`, of the criterion per unit kind ([layers, units], dead units
+    -inf, identical on every process) and its diagnostics."""
     acc, p, seed = loop.accelerator, loop.config, loop.seed
     extras = {"special_token_ids": sorted(loop.tokenizer.all_special_ids)}
     scores = score_all(
@@ -261,7 +339,7 @@ def _score(loop: _Loop, masks: Masks, step: int) -> tuple[dict[str, torch.Tensor
         loop.score_batches,
         p.criterion.params,
         accelerator=acc,
-        target_remove=loop.budget.target_remove(step, masks.alive()),
+        target_remove=loop.budget.target_remove(index, masks.alive()),
         train_batches=partial(
             sample_batches, loop.train, loop.tokenizer, TRAIN_SCORE_EXAMPLES, p.score_batch_size, seed + step, acc
         ),
@@ -273,8 +351,8 @@ def _score(loop: _Loop, masks: Masks, step: int) -> tuple[dict[str, torch.Tensor
     return scores, {k: v for k, v in extras.items() if k != "special_token_ids"}  # e.g. l0's sparsity reached
 
 
-def _select(loop: _Loop, step: int, scores: dict[str, torch.Tensor], masks: Masks) -> tuple[UnitPlan, list[dict]]:
-    """This step's new removals: with several unit kinds and `allocation: measured`, each slice of the step goes
+def _select(loop: _Loop, index: int, scores: dict[str, torch.Tensor], masks: Masks) -> tuple[UnitPlan, list[dict]]:
+    """New removals toward goal `index`: with several unit kinds and `allocation: measured`, each slice of the step goes
     to the kind whose removal measurably costs the least loss (`compressor.pruning.allocation`); else the budget's own
     selection on the criterion's scores."""
     p = loop.config
@@ -283,8 +361,8 @@ def _select(loop: _Loop, step: int, scores: dict[str, torch.Tensor], masks: Mask
         def loss(alive: dict[str, torch.Tensor]) -> float:
             return masked_loss(loop.model, loop.score_batches, alive, loop.accelerator)
 
-        return select_measured(loop.budget, step, scores, masks.alive(), loss, p.allocation_parts)
-    return loop.budget.select(step, scores, masks.alive()), []
+        return select_measured(loop.budget, index, scores, masks.alive(), loss, p.allocation_parts)
+    return loop.budget.select(index, scores, masks.alive()), []
 
 
 def _validate(loop: _Loop, masks: Masks) -> dict | None:
@@ -294,15 +372,16 @@ def _validate(loop: _Loop, masks: Masks) -> dict | None:
     return evaluate(loop.model, loop.validation, loop.tokenizer, loop.accelerator, gates, masks.neuron_gates())
 
 
-def _step(loop: _Loop, masks: Masks, step: int) -> StepRecord:
-    """Score, select and mask the units of this step's share of the budget, then fine-tune with the new masks."""
+def _step(loop: _Loop, masks: Masks, step: int, index: int) -> StepRecord:
+    """Step `step` (0-based): score, select and mask the units that reach goal `index` of the schedule, then
+    fine-tune with the new masks."""
     t0 = time.perf_counter()
     p = loop.config
     set_seed(loop.seed + 1000 * (step + 1))
     t_score = time.perf_counter()
-    scores, diagnostics = _score(loop, masks, step)
+    scores, diagnostics = _score(loop, masks, step, index)
     score_seconds = time.perf_counter() - t_score
-    plan, slices = _select(loop, step, scores, masks)
+    plan, slices = _select(loop, index, scores, masks)
     masks = Masks.of(apply_plan_to_masks(plan, masks.alive()))
     entry = {
         "step": step + 1,
@@ -339,7 +418,7 @@ def _step(loop: _Loop, masks: Masks, step: int) -> StepRecord:
             entry["val_after_finetune"] = after_finetune
     entry["score_seconds"] = score_seconds
     entry["seconds"] = time.perf_counter() - t0
-    _log_step(entry, p.steps)
+    _log_step(entry, len(loop.budget.goals))
     return StepRecord(entry=entry, scores=scores["heads"], masks=masks, neuron_scores=scores.get("neurons"))
 
 
@@ -377,7 +456,7 @@ def _log_step(entry: dict, steps: int) -> None:
     log.info(
         "step %d%s: %d heads left %s | val acc after prune %s, after fine-tune %s (%.0fs)",
         entry["step"],
-        f"/{steps}" if entry["step"] <= steps else f" (top-up after {steps} scheduled)",
+        f"/{steps}" if entry["step"] <= steps else f" ({steps} scheduled + top-ups)",
         entry["heads_left"],
         entry["heads_per_layer"],
         _fmt(accuracy.get("val_after_prune")),

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from compressor.bench.frontier import frontier, single_run_points
 from compressor.core import atomic
 from compressor.deploy.quantize import smoothing_note
 from compressor.report.card import describe_distillation
@@ -371,6 +372,10 @@ def write_run_report(report: dict, out: Path) -> Path:
     """Write report.md; also fills `report["distillation"]` and `report["recommendation"]` for report.json."""
     report.setdefault("distillation", distillation(report))
     report.setdefault("recommendation", recommendation(report))
+    if report.get("bench", {}).get("summary"):  # the same frontier a family run has, so `compressor pick` reads both
+        budget = report.get("budget", {})
+        batch = budget.get("batch_size") if budget.get("kind") == "speedup" else None
+        report.setdefault("frontier", frontier(report["bench"]["summary"], single_run_points(report), batch))
     path = Path(out) / "report.md"
     atomic.write_text(path, render(report))
     return path

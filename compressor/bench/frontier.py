@@ -1,0 +1,109 @@
+"""The speed/quality frontier of a run, and the pick a user makes from it.
+
+A *point* is one benchmarked candidate seen as a choice: which model (a family member, the original, or a layer-drop
+baseline), on which runtime (PyTorch or an ONNX variant), where it lies on disk, and whether it may be shipped (an
+int8 variant that failed its gate may not). `frontier` joins the points with the benchmark's summary (speed-up over
+the PyTorch original at one batch size, test accuracy, McNemar's exact test against the original) and marks the
+Pareto-optimal ones: no other point is at least as fast and at least as accurate, and better in one. `pick` is the
+fastest shippable member within an accuracy drop; the report's recommendation, `report.json` and `compressor pick`
+all call it, so they cannot disagree.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+ROLES = ("member", "original", "baseline")
+
+
+@dataclass(frozen=True)
+class Point:
+    """One candidate as a choice. `name`: its bench name; `model`: the member's label, "original" or, for a
+    baseline, the member it is compared with; `role`: one of `ROLES`; `runtime`: "pytorch" or "onnx-<variant>";
+    `path`: what `compressor pick` copies (a model directory or an ONNX variant's directory), None for the original."""
+
+    name: str
+    model: str
+    role: str
+    runtime: str
+    path: str | None
+    rejected: bool = False
+
+
+def frontier(summary: dict, points: list[Point], batch: int | None = None) -> list[dict]:
+    """One row per point the benchmark measured: its speed-up at `batch` (default: each candidate's headline batch)
+    and the headline length, per batch size too, test accuracy, the drop from the original in points, McNemar's p
+    against the original, and whether it is Pareto-optimal. Rows are sorted fastest first."""
+    original = summary.get("pytorch-original", {}).get("accuracy")
+    rows = []
+    for point in points:
+        if point.name not in summary:
+            continue
+        s = summary[point.name]
+        by_batch = s["speedup"][str(s["headline_seq_len"])]
+        speed = by_batch.get(str(batch)) if batch is not None else s["headline_speedup"]
+        accuracy = s.get("accuracy")
+        rows.append(
+            {
+                **asdict(point),
+                "speedup": speed,
+                "speedup_by_batch": by_batch,
+                "batch": batch if batch is not None else s["headline_batch"],
+                "seq_len": s["headline_seq_len"],
+                "accuracy": accuracy,
+                "drop_points": None if accuracy is None or original is None else 100 * (original - accuracy),
+                "mcnemar_p": s.get("mcnemar_p"),
+                "size_bytes": s.get("size_bytes"),
+            }
+        )
+    for row in rows:
+        row["pareto"] = _pareto(row, rows)
+    return sorted(rows, key=lambda r: -(r["speedup"] or 0.0))
+
+
+def _pareto(row: dict, rows: list[dict]) -> bool:
+    """Whether no other row is at least as fast and as accurate, and strictly better in one of the two."""
+    if row["speedup"] is None or row["accuracy"] is None:
+        return False
+    for other in rows:
+        if other is row or other["speedup"] is None or other["accuracy"] is None:
+            continue
+        if other["speedup"] >= row["speedup"] and other["accuracy"] >= row["accuracy"]:
+            if other["speedup"] > row["speedup"] or other["accuracy"] > row["accuracy"]:
+                return False
+    return True
+
+
+def pick(rows: list[dict], max_drop: float | None, batch: int | None = None, runtime: str | None = None) -> dict | None:
+    """The fastest shippable member (not a rejected int8 variant) whose test accuracy is at most `max_drop` points
+    below the original's (None: any), at `batch` (default: the batch the rows were made at), on `runtime` when
+    given. None when no member qualifies."""
+    best, best_speed = None, 0.0
+    for row in rows:
+        if row["role"] != "member" or row["rejected"] or (runtime is not None and row["runtime"] != runtime):
+            continue
+        if max_drop is not None and (row["drop_points"] is None or row["drop_points"] > max_drop + 1e-9):
+            continue
+        speed = row["speedup_by_batch"].get(str(batch)) if batch is not None else row["speedup"]
+        if speed is not None and speed > best_speed:
+            best, best_speed = row, speed
+    return None if best is None else {**best, "speedup": best_speed, "batch": batch or best["batch"]}
+
+
+def single_run_points(report: dict) -> list[Point]:
+    """The points of a one-target run's bench (its candidates keep their single-run names), so `compressor pick`
+    and the frontier read any run."""
+    names = report.get("bench", {}).get("summary", {})
+    exported = report.get("export", {})
+    points = []
+    for name in names:
+        if name == "pytorch-original" or (name.startswith("onnx-") and name.endswith("-original")):
+            points.append(Point(name, "original", "original", name.removesuffix("-original"), None))
+        elif name == "pytorch-pruned":
+            points.append(Point(name, "pruned", "member", "pytorch", report.get("pruned", {}).get("model_dir")))
+        elif name == "pytorch-layer-drop":
+            points.append(Point(name, "pruned", "baseline", "pytorch", None))
+        elif name.startswith("onnx-") and name.removeprefix("onnx-") in exported:
+            info = exported[name.removeprefix("onnx-")]
+            points.append(Point(name, "pruned", "member", name, info.get("dir"), info.get("status") == "rejected"))
+    return points

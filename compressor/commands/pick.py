@@ -1,0 +1,110 @@
+"""`compressor pick RUN_DIR --max-drop 1.0 [--runtime onnx-int8] [--batch-size 32] [--out DIR]`: the fastest model of
+a finished run within an accuracy drop, read from the frontier in its `report.json` (`compressor.bench.frontier`,
+the same call the report's recommendation makes), optionally copied to a directory of the user's."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import typer
+
+from compressor.core.errors import UserError, one_line_errors
+
+NOTHING_QUALIFIES = 1  # exit code when the run has no member within the drop (a result, not a usage error)
+
+
+def read_frontier(run_dir: Path) -> list[dict]:
+    """The frontier rows of the finished run in `run_dir` (a family run's, else a one-target run's)."""
+    path = run_dir / "report.json"
+    if not path.is_file():
+        raise UserError(f"RUN_DIR: '{run_dir}' holds no report.json; expected the output_dir of a finished run")
+    try:
+        report = json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise UserError(f"RUN_DIR: '{path}' is not valid JSON ({err.msg}); expected a compressor report") from None
+    rows = report.get("family", {}).get("frontier") or report.get("frontier")
+    if not rows:
+        raise UserError(f"RUN_DIR: the run in '{run_dir}' has no frontier (was bench disabled?); expected a benchmark")
+    return rows
+
+
+def parse_drop(text: str) -> float | None:
+    """'1.0' → 1.0 points; 'none' → no limit."""
+    if text.strip().lower() == "none":
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        raise UserError(f"--max-drop: expected accuracy points (e.g. 1.0) or 'none', got '{text}'") from None
+    if not value >= 0:
+        raise UserError(f"--max-drop: expected a non-negative number of points, got {text}")
+    return value
+
+
+def check_choice(rows: list[dict], runtime: str | None, batch: int | None) -> None:
+    """A runtime and batch size the run measured, or one line naming the option and what the run has."""
+    members = [r for r in rows if r["role"] == "member"]
+    runtimes = sorted({r["runtime"] for r in members})
+    if runtime is not None and runtime not in runtimes:
+        raise UserError(f"--runtime: the run has no member on '{runtime}'; expected one of {', '.join(runtimes)}")
+    batches = sorted({int(b) for r in members for b in r["speedup_by_batch"]})
+    if batch is not None and batch not in batches:
+        raise UserError(f"--batch-size: the run measured batch sizes {batches}; expected one of them, got {batch}")
+
+
+def copy_choice(source: Path, out: Path) -> Path:
+    """Copy the picked model or ONNX variant directory to `out` (which must not exist or be empty), whole or not at
+    all: into a sibling temporary directory first, renamed when complete."""
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise UserError(f"--out: '{out}' exists and is not an empty directory; expected a new directory")
+    if not source.is_dir():
+        raise UserError(f"RUN_DIR: the picked model's directory '{source}' is missing; was the run moved in part?")
+    tmp = out.with_name(f".{out.name}.partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(source, tmp)
+    if out.exists():
+        out.rmdir()
+    tmp.rename(out)
+    return out
+
+
+@one_line_errors
+def pick(
+    run_dir: Path = typer.Argument(..., help="a finished run's output_dir"),
+    max_drop: str = typer.Option("1.0", help="accuracy points below the original allowed, or 'none'"),
+    runtime: str | None = typer.Option(None, help="only this runtime: pytorch, onnx-fp32, onnx-int8, ..."),
+    batch_size: int | None = typer.Option(None, help="compare speed at this batch size (default: the run's)"),
+    out: Path | None = typer.Option(None, help="copy the picked model (or ONNX variant) directory here"),
+    as_json: bool = typer.Option(False, "--json", help="print the picked frontier row as JSON"),
+) -> None:
+    """Print the fastest model and runtime of a run within --max-drop points of the original; exit 1 if none."""
+    from compressor.bench.frontier import pick as choose
+
+    rows = read_frontier(run_dir)
+    drop = parse_drop(max_drop)
+    check_choice(rows, runtime, batch_size)
+    chosen = choose(rows, drop, batch_size, runtime)
+    if chosen is None:
+        typer.echo(f"no member{' on ' + runtime if runtime else ''} is within {max_drop} points of the original",
+                   err=True)  # fmt: skip
+        raise typer.Exit(NOTHING_QUALIFIES)
+    source = Path(chosen["path"])
+    source = source if source.is_absolute() else run_dir / source
+    if out is not None:
+        copy_choice(source, out)
+    if as_json:
+        typer.echo(json.dumps(chosen, indent=2))
+        return
+    copied = f"; copied to {out}" if out is not None else ""
+    p_value = "–" if chosen["mcnemar_p"] is None else f"{chosen['mcnemar_p']:.3g}"
+    typer.echo(
+        f"{chosen['name']}: {chosen['speedup']:.2f}x the PyTorch original at batch {chosen['batch']}, "
+        f"{chosen['seq_len']} tokens; test accuracy {100 * chosen['accuracy']:.2f}% "
+        f"({-chosen['drop_points']:+.2f} points; McNemar p {p_value}); {source}{copied}"
+    )
+
+
+def register(app: typer.Typer) -> None:
+    app.command("pick")(pick)

@@ -1,0 +1,132 @@
+"""The report of a family run (`prune.budget.values`): the speed/quality frontier first, then the members.
+
+Written from the same dict as `report.json`; the recommendation is `bench.frontier.pick` at the recipe's
+`bench.max_drop`, the same call `compressor pick` makes.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from compressor.bench.plots import plot_frontier
+from compressor.core import atomic
+from compressor.report.summary import _pct, _steps_table, _timings_table, _x, distillation
+
+FRONTIER_PNG = "frontier.png"
+
+
+def _frontier_table(rows: list[dict]) -> list[str]:
+    """Every point, fastest first: model, runtime, speed-up, accuracy, drop, McNemar p, Pareto mark."""
+    lines = [
+        "| model | runtime | speed-up | test accuracy (%) | Δ vs original (points) | McNemar p | Pareto | where |",
+        "|---|---|---:|---:|---:|---:|:---:|---|",
+    ]
+    for r in rows:
+        model = r["model"] if r["role"] != "baseline" else f"layer-drop at {r['model']}"
+        drop = "–" if r["drop_points"] is None else f"{-r['drop_points']:+.2f}"
+        p = "–" if r["mcnemar_p"] is None else f"{r['mcnemar_p']:.3g}"
+        status = " (int8 gate failed: never picked)" if r["rejected"] else ""
+        where = f"`{r['path']}`" if r["path"] else "–"
+        lines.append(
+            f"| {model} | {r['runtime']}{status} | {_x(r['speedup'])} | {_pct(r['accuracy'])} | {drop} | {p} | "
+            f"{'✓' if r['pareto'] else ''} | {where} |"
+        )
+    return lines
+
+
+def _pick_line(section: dict, max_drop: float | None) -> str:
+    """The recommendation: the fastest shippable member within `bench.max_drop` of the original."""
+    chosen = section.get("pick")
+    within = "any accuracy" if max_drop is None else f"within {100 * max_drop:.2f} points of the original"
+    if chosen is None:
+        return f"**Recommendation: none**: no member on any runtime is {within} (bench.max_drop)."
+    return (
+        f"**Recommendation: `{chosen['name']}`**, the fastest member {within}: {chosen['speedup']:.2f}× the PyTorch "
+        f"original at batch {chosen['batch']}, {chosen['seq_len']} tokens, test accuracy {_pct(chosen['accuracy'])}% "
+        f"({-chosen['drop_points']:+.2f}). Same choice from the command line: `compressor pick <run dir> --max-drop "
+        f"{'none' if max_drop is None else f'{100 * max_drop:g}'} --out DIR`."
+    )
+
+
+def _members_table(members: list[dict]) -> list[str]:
+    """One row per member: target, measured speed-up, step, units, FLOP ratio, layer-drop comparison."""
+    lines = [
+        "| member | target | measured | within 10% | after step | heads | FFN neurons | FLOP ratio | test acc (%) "
+        "| layer-drop acc (%) | member − layer-drop (p) |",
+        "|---|---:|---:|:---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for m in members:
+        p, budget, base = m["pruned"], m.get("budget", {}), m.get("baseline")
+        within = {True: "✓", False: "✗"}.get(budget.get("within_10pct"), "–")
+        compare = "–"
+        if base:
+            compare = f"{100 * base['pruned_minus_baseline']:+.2f} ({base['mcnemar_p']:.3g})"
+        lines.append(
+            f"| {m['label']} | {m['target']:g} | {_x(budget.get('measured_speedup'))} | {within} | {m['step']} | "
+            f"{p['heads_left']} | {p.get('ffn_neurons', '–')} | {p['flop_ratio']:.2f} | {_pct(p['test']['accuracy'])} "
+            f"| {_pct(base['baseline_accuracy']) if base else '–'} | {compare} |"
+        )
+    return lines
+
+
+def render_family(report: dict) -> str:
+    """report.md of a family run."""
+    section, o = report["family"], report["original"]
+    max_drop = report.get("bench", {}).get("max_drop")
+    lines = [
+        f"# compressor run: {report['name']} (a family of {len(section['members'])} models)",
+        "",
+        f"Model `{report['model_source']}` on `{report['data_source']}` (labels: {', '.join(report['labels'])}); "
+        f"original test accuracy {_pct(o['test']['accuracy'])}%. Targets: "
+        f"{', '.join(f'{t:g}' for t in section['targets'])} ({section['kind']}"
+        f"{' on ' + section['runtime'] if section['kind'] == 'speedup' else ''}).",
+        "",
+    ]
+    if "frontier" in section:
+        lines += [
+            _pick_line(section, max_drop),
+            "",
+            "## Frontier",
+            "",
+            "Every member on every runtime beside the original, the original's own ONNX exports (int8 of the "
+            "unpruned model: the alternative that needs no pruning) and each member's layer-drop baseline, timed in "
+            "the same interleaved rounds. Speed-ups are against the PyTorch original; McNemar's exact test is "
+            "against the original on the same test examples.",
+            "",
+            *_frontier_table(section["frontier"]),
+            "",
+            f"![speed/quality frontier]({FRONTIER_PNG})",
+            "",
+            "Full benchmark (all batch sizes, spread, memory): [bench/report.md](bench/report.md).",
+        ]
+    lines += ["", "## Members", "", *_members_table(section["members"])]
+    lines += [
+        "",
+        "Each member's model, ONNX variants, model card and layer-drop baseline are under `members/<member>/`.",
+        "",
+        "## Pruning steps",
+        "",
+        f"Recovery distillation: {'on' if distillation(report) else 'off'}. Members are taken after the step marked "
+        "in the members table.",
+        "",
+        *_steps_table(report["steps"]),
+        "",
+        f"Total time: {report.get('seconds', 0):.0f} s.",
+        "",
+    ]
+    if report.get("timings"):
+        lines += ["## Where the time went", "", *_timings_table(report["timings"], report.get("seconds")), ""]
+    return "\n".join(lines)
+
+
+def write_family_report(report: dict, out: Path) -> Path:
+    """Write report.md (and the frontier chart) of a family run; fills `report["distillation"]` and
+    `report["recommendation"]` (the pick) for report.json."""
+    section = report["family"]
+    report.setdefault("distillation", distillation(report))
+    report.setdefault("recommendation", section.get("pick"))
+    if section.get("frontier"):
+        plot_frontier(section["frontier"], Path(out) / FRONTIER_PNG)
+    path = Path(out) / "report.md"
+    atomic.write_text(path, render_family(report))
+    return path
