@@ -85,6 +85,8 @@ def test_a_short_target_takes_top_ups_then_closes_and_met_goals_are_skipped():
     assert short.closing(1, 1, [], {}) == [] and short.next_index(1, [], {}) == 1  # a top-up at 1.5x
     assert short.closing(1, 3, [], {}) == [1.5]  # top-ups spent: the member is taken as it is
     assert short.next_index(1, [1.5], {}) == 2
+    close = _speed_budget(goals, members, speed=1.48)  # within SPEEDUP_SLACK (2%) below 1.5x: met, no top-up
+    assert close.closing(1, 1, [], {}) == [1.5] and close.next_index(1, [1.5], {}) == 2
     ahead = _speed_budget(goals, members, speed=1.8)
     assert ahead.closing(1, 1, [], {}) == [1.5]  # met (and beyond): closed, and 1.7x is skipped
     assert ahead.next_index(1, [1.5], {}) == 3
@@ -120,6 +122,9 @@ def test_family_run_saves_each_member_and_its_frontier(tmp_path, tiny_model_dir,
         assert {f"{label}/pytorch", f"{label}/onnx-fp32", f"{label}/onnx-int8", f"{label}/layer-drop"} <= names
         assert (out / "members" / label / "member.json").exists()
     assert any(r["pareto"] for r in family["frontier"])
+    first, second = (m["baseline"] for m in family["members"])
+    assert first["continued_from_layers_dropped"] is None  # the first starts from the original ...
+    assert second["continued_from_layers_dropped"] == first["layers_dropped"] <= second["layers_dropped"]  # ... then on
     assert all(r["path"] is None or not r["path"].startswith("/") for r in family["frontier"])
     assert report["recommendation"]["name"] == family["pick"]["name"]
     md = (out / "report.md").read_text()
@@ -228,4 +233,8 @@ def test_family_resumes_mid_loop_and_mid_members(tmp_path, tiny_model_dir, tiny_
         assert [a[k] for k in keys] == [b[k] for k in keys]
         assert a["pruned"]["heads_per_layer"] == b["pruned"]["heads_per_layer"]
         assert a["pruned"]["test"]["accuracy"] == pytest.approx(b["pruned"]["test"]["accuracy"], abs=1e-6)
+        # the second baseline continues the first, reloaded from disk after the kill: same as uninterrupted
+        assert a["baseline"]["baseline_accuracy"] == pytest.approx(b["baseline"]["baseline_accuracy"], abs=1e-6)
+        for key in ("steps", "train_loss"):
+            assert a["baseline"]["finetune"][key] == pytest.approx(b["baseline"]["finetune"][key], abs=1e-6)
     assert {r["name"] for r in resumed["family"]["frontier"]} == {r["name"] for r in reference["family"]["frontier"]}

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import datasets
 import numpy as np
 from accelerate import Accelerator
+from accelerate.utils import set_seed
 from torch import nn
 
 from compressor.pruning.units import apply_unit_plan
@@ -35,10 +36,11 @@ def layers_to_drop(original: nn.Module, target_flops: int, seq_len: int) -> int:
     return min(range(1, layers), key=lambda k: (abs(total - k * per_layer - target_flops), -k))
 
 
-def drop_top_layers(original: nn.Module, count: int) -> nn.Module:
-    """A copy of `original` with its top `count` layers removed whole (identity), the rest untouched."""
+def drop_top_layers(original: nn.Module, count: int, already: int = 0) -> nn.Module:
+    """A copy of `original` with its top `count` layers removed whole (identity), the rest untouched. `already`:
+    how many top layers `original` has lost before (a family's previous baseline); they are not touched again."""
     layers, heads, width = num_layers(original), original_num_heads(original), original_ffn_size(original)
-    top = range(layers - count, layers)
+    top = range(layers - count, layers - already)
     plan = {"heads": {k: list(range(heads)) for k in top}, "neurons": {k: list(range(width)) for k in top}}
     return apply_unit_plan(copy.deepcopy(original), plan).eval()
 
@@ -88,15 +90,26 @@ def layer_drop_baseline(
     *,
     seed: int = 0,
     teacher: TeacherTargets | None = None,
+    start: Baseline | None = None,
 ) -> Baseline:
     """Drop the top layers of `original` to the FLOPs nearest `target_flops` and fine-tune the copy with the
     recovery budget of `steps` pruning steps of `finetune` (on every process under `accelerate launch`).
 
     `teacher` (the pruning run's cached targets) makes the baseline distil exactly as the pruning steps did; the
-    examples it draws beyond theirs get their logits from `original` (the teacher), computed here."""
+    examples it draws beyond theirs get their logits from `original` (the teacher), computed here.
+
+    `start` continues a family's previous baseline instead of starting from `original`: its fine-tuned model loses
+    the further top layers this target needs and trains for the `steps` pruning took since that member, so each
+    baseline has had, in all, the recovery budget of the member it is compared with (as the members have: they too
+    are one model pruned and trained on)."""
     count = layers_to_drop(original, target_flops, seq_len)
-    model = drop_top_layers(original, count).to(accelerator.device)
-    spec = recovery_spec(finetune, steps, len(train_ds))
+    if start is None:
+        model = drop_top_layers(original, count)
+    else:
+        count = max(count, start.layers_dropped)
+        model = drop_top_layers(start.model, count, already=start.layers_dropped)
+    model = model.to(accelerator.device)
+    spec = recovery_spec(finetune, steps, len(train_ds)) if steps > 0 else None
     info = {
         "kind": "layer_drop",
         "layers_dropped": count,
@@ -104,11 +117,13 @@ def layer_drop_baseline(
         "target_flops_per_example": int(target_flops),
         "seq_len": seq_len,
         "finetune": None,
+        "continued_from_layers_dropped": None if start is None else start.layers_dropped,
     }
     if spec is not None:
         if teacher is not None:  # it draws more examples than any step: the teacher adds the ones it lacks
             drawn = baseline_examples(len(train_ds), finetune, steps, seed)
             teacher = fill(teacher, original, train_ds, tokenizer, accelerator, drawn)
+        set_seed(seed)  # dropout as well as the draw: the same baseline whatever ran before (a resumed run too)
         info["finetune"] = train(
             model, train_ds, tokenizer, spec, accelerator, seed=seed, desc="baseline", teacher=teacher
         )

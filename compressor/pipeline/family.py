@@ -86,6 +86,15 @@ def completed(member_dir: Path) -> dict | None:
     return json.loads(path.read_text()) if path.exists() else None
 
 
+def saved_baseline(section: dict) -> Baseline | None:
+    """A finished member's layer-drop baseline, loaded back so the next member's baseline continues from it."""
+    base = section.get("baseline")
+    if base is None:
+        return None
+    model = load_pruned(base["model_dir"], attn_implementation="eager").eval()
+    return Baseline(model, base["layers_dropped"], {k: v for k, v in base.items() if k != "model_dir"})
+
+
 def run_member(state: RunState, member: Member, make_baseline: Callable[[RunState], Baseline] | None) -> dict:
     """Make one member shippable in `state.out` (a fresh directory) and return its report section; `member.json` is
     written last. Every process takes part in the baseline's fine-tune; only the main one writes."""

@@ -243,16 +243,21 @@ def _finish_family(
 
     recipe, accelerator = run.recipe, run.accelerator
     run.report = _report_head(run, base_info, original)
-    make_baseline = partial(_baseline, original=start, teacher=teacher) if recipe.prune.baseline else None
-    sections = []
-    for member in run.result.members:
+    sections, previous, steps_before = [], None, 0
+    for index, member in enumerate(run.result.members):
         state = family.member_state(run, member)
         if (done := family.completed(state.out)) is not None:
             log.info("member %s: kept from an earlier try (%s)", state.out.name, state.out)
             sections.append(done)
+            previous, steps_before = family.saved_baseline(done), member.step
             continue
+        make_baseline = None
+        if recipe.prune.baseline:  # the family's baselines are one layer-dropped model trained on, like its members
+            make_baseline = partial(_family_baseline, original=start, teacher=teacher, previous=previous,
+                                    steps_before=steps_before, index=index)  # fmt: skip
         sections.append(family.run_member(state, member, make_baseline))
         run.timings |= {f"member {state.out.name}: {k}": v for k, v in state.timings.items()}
+        previous, steps_before = state.baseline, member.step
         accelerator.wait_for_everyone()
     if not run.main:
         accelerator.wait_for_everyone()
@@ -297,6 +302,26 @@ def _baseline(run: RunState, original: torch.nn.Module, teacher: TeacherTargets 
     return layer_drop_baseline(
         original, masked_flops(result.model, result.masks.alive(), seq), seq, run.splits["train"], run.tokenizer,
         recipe.prune.finetune, len(result.steps), run.accelerator, seed=recipe.seed, teacher=teacher,
+    )  # fmt: skip
+
+
+def _family_baseline(
+    state: RunState,
+    original: torch.nn.Module,
+    teacher: TeacherTargets | None,
+    previous,
+    steps_before: int,
+    index: int,
+):
+    """A family member's layer-drop baseline: the previous member's baseline (or the original) loses the further
+    top layers this member's FLOPs need and trains for the steps pruning took since that member
+    (`layer_drop_baseline(start=...)`), each segment on its own seeded draw."""
+    recipe, result = state.recipe, state.result
+    seq = recipe.prune.resolved_budget.seq_len
+    return layer_drop_baseline(
+        original, masked_flops(result.model, result.masks.alive(), seq), seq, state.splits["train"], state.tokenizer,
+        recipe.prune.finetune, len(result.steps) - steps_before, state.accelerator, seed=recipe.seed + index,
+        teacher=teacher, start=previous,
     )  # fmt: skip
 
 

@@ -11,7 +11,8 @@ ones the budget's step selects (`compressor.pruning.budget`: a head count, a FLO
 (with `config.finetune`) fine-tunes with the masks. A speed-up budget loads or measures its latency table (the only
 file the API may write, cached under `$COMPRESSOR_CACHE/latency`) and stops once the table predicts the goal met.
 The model is changed in place (its weights fine-tuned, masked units gated only while scoring and training);
-`PruneResult` holds the masks, the cumulative plan, every step's scores and the step log.
+`PruneResult` holds the masks, the cumulative plan, every step's scores and the step log. With several targets
+(`budget.values`) it also holds the family: `members` (the step that reached each target) and `member_model`.
 Persistence is the caller's business: `compressor run` passes a `StepHook` that checkpoints each step and resumes.
 """
 
