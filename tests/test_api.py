@@ -98,7 +98,8 @@ def test_prune_without_validation_or_finetune_logs_no_accuracy(task):
     )
     result = compressor.prune(model, tok, train, spec)
     keys = {"step", "removed", "heads_left", "heads_per_layer", "scores", "score_seconds", "seconds"}
-    assert set(result.steps[0]) == keys
+    assert set(result.steps[0]) == keys | {"goal", "goal_index", "members"}  # one step: it closes the one target
+    assert result.steps[0]["members"] == [0.5] and [m.step for m in result.members] == [1]
     assert result.masks.heads.sum() == 6
 
 

@@ -77,6 +77,7 @@ def test_speedup_budget_run_end_to_end(tmp_path, tiny_model_dir, tiny_csv, cache
     for text in ("## Budget", "| asked | 1.60× |", "## Baseline: dropping top layers", "accuracy_vs_speedup.png"):
         assert text in md
     _check_figures(report, tmp_path)
+    _check_pick(tmp_path / "speed", report, tmp_path / "picked")
     model_dir = tmp_path / "speed" / "model"
     tok = AutoTokenizer.from_pretrained(model_dir)
     batch = tok(["the film was great fun", "a dull and boring plot"], padding=True, return_tensors="pt")
@@ -105,6 +106,22 @@ def _check_figures(report: dict, tmp_path) -> None:
     assert row["baseline"]["layers_dropped"] == report["baseline"]["layers_dropped"]
     assert row["goals"] == {"budget_within_10pct": report["budget"]["within_10pct"]}  # no goals set for 1.6×
     assert script.main(["--runs", str(tmp_path / "missing")]) == 2
+
+
+def _check_pick(run_dir, report: dict, out) -> None:
+    """A one-target run's report.json carries the frontier too (paths relative to the run directory), and
+    `compressor pick` copies the PyTorch model it picks to a directory that loads."""
+    from typer.testing import CliRunner
+
+    from compressor.cli import app
+
+    assert {r["name"] for r in report["frontier"]} >= {"pytorch-original", "pytorch-pruned", "onnx-fp32"}
+    assert all(r["path"] is None or not r["path"].startswith("/") for r in report["frontier"])
+    result = CliRunner().invoke(app, ["pick", str(run_dir), "--max-drop", "none", "--runtime", "pytorch",
+                                      "--out", str(out)])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert result.output.startswith("pytorch-pruned: ")
+    assert sorted(p.name for p in out.iterdir()) == sorted(p.name for p in (run_dir / "model").iterdir())
 
 
 def _present(model):

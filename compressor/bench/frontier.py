@@ -12,6 +12,7 @@ all call it, so they cannot disagree.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 ROLES = ("member", "original", "baseline")
 
@@ -107,3 +108,14 @@ def single_run_points(report: dict) -> list[Point]:
             info = exported[name.removeprefix("onnx-")]
             points.append(Point(name, "pruned", "member", name, info.get("dir"), info.get("status") == "rejected"))
     return points
+
+
+def relative_to_run(rows: list[dict], root: str | Path) -> list[dict]:
+    """The rows with each path made relative to the run directory `root` (paths outside it stay as they are), so
+    `report.json` names no path of the machine it ran on and `compressor pick` finds them wherever the run is."""
+    base = Path(root).resolve()
+    for row in rows:
+        if row.get("path"):
+            path = Path(row["path"]).resolve()
+            row["path"] = str(path.relative_to(base)) if path.is_relative_to(base) else row["path"]
+    return rows

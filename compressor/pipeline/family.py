@@ -23,13 +23,14 @@ from pathlib import Path
 from compressor import bench
 from compressor.bench.baseline import Baseline
 from compressor.bench.candidates import as_sdpa
-from compressor.bench.frontier import Point, frontier, pick
+from compressor.bench.frontier import Point, frontier, pick, relative_to_run
 from compressor.core import atomic
 from compressor.pipeline.stages import (
     STAGES,
     RunState,
     bench_spec_for,
     export_original,
+    measured_speedup,
     run_stages,
 )
 from compressor.pruning.selection import mask_to_plan
@@ -170,21 +171,7 @@ def member_budget(budget: BudgetSpec, member: dict, speedups: dict) -> dict:
     out = {"target": member["target"], "flop_ratio": member["pruned"]["flop_ratio"]}
     if budget.kind != "speedup":
         return out
-    row = _row(speedups, f"{member['label']}/{budget.runtime}", budget)
-    reference = "pytorch-original" if budget.runtime == "pytorch" else f"{budget.runtime}-original"
-    base = 1.0 if budget.runtime == "pytorch" else (_row(speedups, reference, budget) or {}).get("median")
-    if row is not None and base:
-        measured = row["median"] / base
-        out |= {
-            "measured_speedup": measured,
-            "measured_vs": reference,
-            "within_10pct": abs(measured - member["target"]) <= 0.1 * member["target"],
-        }
-    return out
-
-
-def _row(speedups: dict, name: str, budget: BudgetSpec) -> dict | None:
-    return speedups.get(name, {}).get(str(budget.seq_len), {}).get(str(budget.batch_size))
+    return out | measured_speedup(speedups, f"{member['label']}/{budget.runtime}", budget, member["target"])
 
 
 def family_report(run: RunState, members: list[dict]) -> dict:
@@ -198,16 +185,7 @@ def family_report(run: RunState, members: list[dict]) -> dict:
         batch = budget.batch_size if budget.kind == "speedup" else None
         table = frontier(result["summary"], points, batch)
         max_drop = result["max_drop"]
-        _relative_paths(table, run.out)
+        relative_to_run(table, run.out)
         section["frontier"] = table
         section["pick"] = pick(table, None if max_drop is None else 100 * max_drop, batch)
     return {"bench": result, "family": section} if result else {"family": section}
-
-
-def _relative_paths(points: list[dict], root: Path) -> None:
-    """Paths in the frontier relative to the run directory, so `report.json` names no path of this machine and the
-    run directory can move."""
-    for point in points:
-        if point.get("path"):
-            path = Path(point["path"])
-            point["path"] = str(path.relative_to(root)) if path.is_relative_to(root) else str(path)

@@ -296,18 +296,25 @@ def budget_stage(state: RunState) -> dict:
     out["predicted_speedup"] = steps[-1].get("predicted_speedup") if steps else None
     out["measured_in_run"] = steps[-1].get("measured_speedup") if steps else None  # the last step's own check
     speedups = state.report.get("bench", {}).get("speedups", {})
-    row = _speedup_row(speedups, RUNTIME_CANDIDATES[budget.runtime], budget)
+    return out | measured_speedup(speedups, RUNTIME_CANDIDATES[budget.runtime], budget, budget.value)
+
+
+def measured_speedup(speedups: dict, candidate: str, budget, target: float) -> dict:
+    """`candidate`'s speed-up measured by the bench at the budget's batch size and length, against the original on
+    the budget's runtime (the PyTorch original, or the original's export to that ONNX variant), with its spread and
+    whether it is within 10% of `target`; empty when the bench did not measure both."""
+    row = _speedup_row(speedups, candidate, budget)
     reference = "pytorch-original" if budget.runtime == "pytorch" else f"{budget.runtime}-original"
     base = 1.0 if budget.runtime == "pytorch" else (_speedup_row(speedups, reference, budget) or {}).get("median")
-    if row is not None and base:
-        measured = row["median"] / base
-        out |= {
-            "measured_speedup": measured,
-            "measured_vs": reference,
-            "measured_iqr": [row["q1"] / base, row["q3"] / base],
-        }
-        out["within_10pct"] = abs(measured - budget.value) <= 0.1 * budget.value
-    return out
+    if row is None or not base:
+        return {}
+    measured = row["median"] / base
+    return {
+        "measured_speedup": measured,
+        "measured_vs": reference,
+        "measured_iqr": [row["q1"] / base, row["q3"] / base],
+        "within_10pct": abs(measured - target) <= 0.1 * target,
+    }
 
 
 def _speedup_row(speedups: dict, candidate: str, budget) -> dict | None:

@@ -157,6 +157,33 @@ class Budget:
                 return i
         return None
 
+    def index_of(self, steps_log: list[dict]) -> int | None:
+        """The goal index of the last finished step in `steps_log` (None before the first); logs written before
+        families had one goal per step, then top-ups at the last."""
+        if not steps_log:
+            return None
+        entry = steps_log[-1]
+        return entry.get("goal_index", min(entry["step"] - 1, len(self.goals) - 1))
+
+    def tries_at(self, steps_log: list[dict], index: int) -> int:
+        """How many of the last finished steps ran at goal `index` (a top-up repeats its target's index)."""
+        count = 0
+        while count < len(steps_log) and self.index_of(steps_log[: len(steps_log) - count]) == index:
+            count += 1
+        return count
+
+    def closed_by(self, steps_log: list[dict], alive: dict[str, torch.Tensor]) -> list[float]:
+        """The targets the finished steps closed. A log from before families (no `goal_index`) had one target,
+        closed where the old loop stopped: its goal met, or its top-ups spent."""
+        if steps_log and "goal_index" not in steps_log[-1]:
+            index = self.index_of(steps_log)
+            return self.closing(index, self.tries_at(steps_log, index), [], alive)
+        return [t for e in steps_log for t in e.get("members", [])]
+
+    def describe(self, target: float) -> str:
+        """A target in words: '2.0x', or '50%' of heads / FLOPs."""
+        return f"{target}x" if self.kind == "speedup" else f"{target:.0%}"
+
     @staticmethod
     def _meets(speed: float, goal: float) -> bool:
         """Whether an expected speed-up meets `goal`, within `SPEEDUP_SLACK` below it."""

@@ -42,6 +42,7 @@ from compressor.pruning.units import UnitPlan, apply_plan_to_masks, masks_to_pla
 from compressor.recipe import PruneSpec
 from compressor.recovery.distill import TeacherTargets, load_or_compute, step_examples
 from compressor.recovery.evaluate import evaluate
+from compressor.recovery.steplog import log_step
 from compressor.recovery.train import train
 from compressor.sources.batches import sample_batches
 from compressor.surgery.arch import num_layers, original_ffn_size, original_num_heads
@@ -231,10 +232,10 @@ def prune(
         budget.calibration = last  # a resumed run keeps the correction its finished steps measured
     bar = tqdm(total=len(budget.goals), initial=len(state.steps), desc="prune steps", leave=False,
                disable=not accelerator.is_local_main_process)  # fmt: skip
-    closed = _closed(state.log, budget, state.masks.alive())
-    index = budget.next_index(_goal_index(state.log, budget), closed, state.masks.alive())
+    closed = budget.closed_by(state.log, state.masks.alive())
+    index = budget.next_index(budget.index_of(state.log), closed, state.masks.alive())
     while index is not None:
-        tries = 1 + _tries(state.log, index, budget)
+        tries = 1 + budget.tries_at(state.log, index)
         if tries > 1:
             bar.total += 1
             log.info("budget: measured short of %.2fx; top-up step %d at that target", budget.goal(index), tries - 1)
@@ -243,7 +244,7 @@ def prune(
         if members := budget.closing(index, tries, closed, record.masks.alive()):
             record.entry["members"] = members  # this step's model is the family member at each of these targets
             closed += members
-            log.info("budget: member %s taken after step %d", ", ".join(_target(budget, t) for t in members),
+            log.info("budget: member %s taken after step %d", ", ".join(map(budget.describe, members)),
                      record.entry["step"])  # fmt: skip
             if hook is None:  # the API writes nothing: keep the member's weights (a hook's checkpoint keeps them)
                 record.weights = _snapshot(accelerator.unwrap_model(model))
@@ -264,39 +265,6 @@ def prune(
         step_masks=[s.masks for s in state.steps],
         records=state.steps,
     )
-
-
-def _goal_index(steps_log: list[dict], budget: Budget) -> int | None:
-    """The goal index of the last finished step (None before the first); logs written before family runs had one
-    goal per step, then top-ups at the last."""
-    if not steps_log:
-        return None
-    entry = steps_log[-1]
-    return entry.get("goal_index", min(entry["step"] - 1, len(budget.goals) - 1))
-
-
-def _closed(steps_log: list[dict], budget: Budget, alive: dict[str, torch.Tensor]) -> list[float]:
-    """The targets finished steps closed. A log from before families (no `goal_index`) had one target, closed
-    where the old loop stopped: its goal met, or its top-ups spent."""
-    if steps_log and "goal_index" not in steps_log[-1]:
-        index = _goal_index(steps_log, budget)
-        return budget.closing(index, _tries(steps_log, index, budget), [], alive)
-    return [t for e in steps_log for t in e.get("members", [])]
-
-
-def _tries(steps_log: list[dict], index: int, budget: Budget) -> int:
-    """How many of the last finished steps ran at goal `index` (a top-up repeats its target's index)."""
-    count = 0
-    for position in range(len(steps_log), 0, -1):
-        if _goal_index(steps_log[:position], budget) != index:
-            break
-        count += 1
-    return count
-
-
-def _target(budget: Budget, target: float) -> str:
-    """A target in words: '2.0x', or '50%' of heads / FLOPs."""
-    return f"{target}x" if budget.kind == "speedup" else f"{target:.0%}"
 
 
 def _snapshot(model: nn.Module) -> Callable[[], dict[str, torch.Tensor]]:
@@ -419,7 +387,7 @@ def _step(loop: _Loop, masks: Masks, step: int, index: int) -> StepRecord:
             entry["val_after_finetune"] = after_finetune
     entry["score_seconds"] = score_seconds
     entry["seconds"] = time.perf_counter() - t0
-    _log_step(entry, len(loop.budget.goals))
+    log_step(entry, len(loop.budget.goals))
     return StepRecord(entry=entry, scores=scores["heads"], masks=masks, neuron_scores=scores.get("neurons"))
 
 
@@ -450,30 +418,3 @@ def _unit_entry(masks: Masks, plan: UnitPlan) -> dict:
         "neurons_per_layer": [int(n) for n in neurons],
         "layers_left": int(((neurons > 0) | masks.heads.any(1)).sum()),
     }
-
-
-def _log_step(entry: dict, steps: int) -> None:
-    accuracy = {k: entry[k]["accuracy"] for k in ("val_after_prune", "val_after_finetune") if k in entry}
-    log.info(
-        "step %d%s: %d heads left %s | val acc after prune %s, after fine-tune %s (%.0fs)",
-        entry["step"],
-        f"/{steps}" if entry["step"] <= steps else f" ({steps} scheduled + top-ups)",
-        entry["heads_left"],
-        entry["heads_per_layer"],
-        _fmt(accuracy.get("val_after_prune")),
-        _fmt(accuracy.get("val_after_finetune", accuracy.get("val_after_prune"))),
-        entry["seconds"],
-    )
-    if "neurons_left" in entry:
-        log.info(
-            "step %d: %d FFN neurons left %s, %d layers | %s",
-            entry["step"],
-            entry["neurons_left"],
-            entry["neurons_per_layer"],
-            entry["layers_left"],
-            {k: entry[k] for k in ("flops_left_fraction", "predicted_speedup", "measured_speedup") if k in entry},
-        )
-
-
-def _fmt(x: float | None) -> str:
-    return "–" if x is None else f"{x:.4f}"

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from compressor.bench.frontier import frontier, single_run_points
+from compressor.bench.frontier import frontier, relative_to_run, single_run_points
 from compressor.core import atomic
 from compressor.deploy.quantize import smoothing_note
 from compressor.report.card import describe_distillation
@@ -375,7 +375,8 @@ def write_run_report(report: dict, out: Path) -> Path:
     if report.get("bench", {}).get("summary"):  # the same frontier a family run has, so `compressor pick` reads both
         budget = report.get("budget", {})
         batch = budget.get("batch_size") if budget.get("kind") == "speedup" else None
-        report.setdefault("frontier", frontier(report["bench"]["summary"], single_run_points(report), batch))
+        rows = frontier(report["bench"]["summary"], single_run_points(report), batch)
+        report.setdefault("frontier", relative_to_run(rows, out))
     path = Path(out) / "report.md"
     atomic.write_text(path, render(report))
     return path
