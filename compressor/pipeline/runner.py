@@ -223,13 +223,19 @@ def run_recipe(recipe: Recipe, force: bool = False, accelerator: Accelerator | N
         return {}
     run.report = _report_head(run, base_info, original)
     run_stages(run)
+    return _finish(run, t0, write_run_report)
+
+
+def _finish(run: RunState, t0: float, write_report) -> dict:
+    """Write the report (`write_report(report, out)`) and, last and atomically, the done marker; release the run
+    directory. Returns the report."""
     run.report["seconds"] = time.perf_counter() - t0
     run.report["timings"] = run.timings
-    write_run_report(run.report, out)
-    atomic.write_text(out / DONE_FILE, json.dumps(run.report, indent=2, default=str))
-    outdir.finish(out)  # the run it replaced (with --force) goes only now; the lock is released
-    log.info("done in %.0fs: %s", run.report["seconds"], out / "report.md")
-    accelerator.wait_for_everyone()
+    write_report(run.report, run.out)
+    atomic.write_text(run.out / DONE_FILE, json.dumps(run.report, indent=2, default=str))
+    outdir.finish(run.out)  # the run it replaced (with --force) goes only now; the lock is released
+    log.info("done in %.0fs: %s", run.report["seconds"], run.out / "report.md")
+    run.accelerator.wait_for_everyone()
     return run.report
 
 
@@ -245,12 +251,13 @@ def _finish_family(
     run.report = _report_head(run, base_info, original)
     sections, previous, steps_before = [], None, 0
     for index, member in enumerate(run.result.members):
-        state = family.member_state(run, member)
-        if (done := family.completed(state.out)) is not None:
-            log.info("member %s: kept from an earlier try (%s)", state.out.name, state.out)
+        member_dir = run.out / family.MEMBERS_DIR / family.member_label(recipe.prune.resolved_budget, member.target)
+        if (done := family.completed(member_dir)) is not None:
+            log.info("member %s: kept from an earlier try (%s)", member_dir.name, member_dir)
             sections.append(done)
             previous, steps_before = family.saved_baseline(done), member.step
             continue
+        state = family.member_state(run, member)
         make_baseline = None
         if recipe.prune.baseline:  # the family's baselines are one layer-dropped model trained on, like its members
             make_baseline = partial(_family_baseline, original=start, teacher=teacher, previous=previous,
@@ -267,14 +274,7 @@ def _finish_family(
     if recipe.analysis.enabled:
         with run.timed("analysis"):
             run.report["analysis"] = analysis_stage(run)
-    run.report["seconds"] = time.perf_counter() - t0
-    run.report["timings"] = run.timings
-    write_family_report(run.report, run.out)
-    atomic.write_text(run.out / DONE_FILE, json.dumps(run.report, indent=2, default=str))
-    outdir.finish(run.out)
-    log.info("done in %.0fs: %s", run.report["seconds"], run.out / "report.md")
-    accelerator.wait_for_everyone()
-    return run.report
+    return _finish(run, t0, write_family_report)
 
 
 def _teacher(run: RunState, model: torch.nn.Module) -> TeacherTargets | None:
