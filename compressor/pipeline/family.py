@@ -62,9 +62,6 @@ def member_state(run: RunState, member: Member) -> RunState:
         model=result.member_model(member),
         masks=member.masks,
         plan=mask_to_plan(member.masks.heads),
-        scores=result.scores[: member.step],
-        steps=result.steps[: member.step],
-        step_masks=result.step_masks[: member.step],
         records=result.records[: member.step],
     )
     label = member_label(run.recipe.prune.resolved_budget, member.target)

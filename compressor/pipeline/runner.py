@@ -23,7 +23,7 @@ import yaml
 from accelerate import Accelerator
 from accelerate.utils import InitProcessGroupKwargs, set_seed
 
-from compressor.bench.baseline import baseline_examples, layer_drop_baseline
+from compressor.bench.baseline import Baseline, baseline_examples, layer_drop_baseline
 from compressor.core import atomic, outdir
 from compressor.core.errors import UserError
 from compressor.core.machine import cache_root
@@ -260,7 +260,7 @@ def _finish_family(
         state = family.member_state(run, member)
         make_baseline = None
         if recipe.prune.baseline:  # the family's baselines are one layer-dropped model trained on, like its members
-            make_baseline = partial(_family_baseline, original=start, teacher=teacher, previous=previous,
+            make_baseline = partial(_baseline, original=start, teacher=teacher, previous=previous,
                                     steps_before=steps_before, index=index)  # fmt: skip
         sections.append(family.run_member(state, member, make_baseline))
         run.timings |= {f"member {state.out.name}: {k}": v for k, v in state.timings.items()}
@@ -293,34 +293,24 @@ def _teacher(run: RunState, model: torch.nn.Module) -> TeacherTargets | None:
     )
 
 
-def _baseline(run: RunState, original: torch.nn.Module, teacher: TeacherTargets | None):
+def _baseline(
+    run: RunState,
+    original: torch.nn.Module,
+    teacher: TeacherTargets | None,
+    previous: Baseline | None = None,
+    steps_before: int = 0,
+    index: int = 0,
+) -> Baseline:
     """The layer-dropping baseline at the pruned model's FLOPs, fine-tuned on every process like the steps were
-    (with the same teacher targets when distillation is on)."""
+    (with the same teacher targets when distillation is on). In a family, member `index`'s baseline continues the
+    previous member's (`previous`, after `steps_before` steps): it loses the further top layers this member's FLOPs
+    need and trains for the steps pruning took since (`layer_drop_baseline(start=...)`), on its own seeded draw."""
     recipe, result = run.recipe, run.result
     seq = recipe.prune.resolved_budget.seq_len
     log.info("baseline: dropping top layers to the pruned model's FLOPs and fine-tuning alike")
     return layer_drop_baseline(
         original, masked_flops(result.model, result.masks.alive(), seq), seq, run.splits["train"], run.tokenizer,
-        recipe.prune.finetune, len(result.steps), run.accelerator, seed=recipe.seed, teacher=teacher,
-    )  # fmt: skip
-
-
-def _family_baseline(
-    state: RunState,
-    original: torch.nn.Module,
-    teacher: TeacherTargets | None,
-    previous,
-    steps_before: int,
-    index: int,
-):
-    """A family member's layer-drop baseline: the previous member's baseline (or the original) loses the further
-    top layers this member's FLOPs need and trains for the steps pruning took since that member
-    (`layer_drop_baseline(start=...)`), each segment on its own seeded draw."""
-    recipe, result = state.recipe, state.result
-    seq = recipe.prune.resolved_budget.seq_len
-    return layer_drop_baseline(
-        original, masked_flops(result.model, result.masks.alive(), seq), seq, state.splits["train"], state.tokenizer,
-        recipe.prune.finetune, len(result.steps) - steps_before, state.accelerator, seed=recipe.seed + index,
+        recipe.prune.finetune, len(result.steps) - steps_before, run.accelerator, seed=recipe.seed + index,
         teacher=teacher, start=previous,
     )  # fmt: skip
 

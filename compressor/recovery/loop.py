@@ -42,7 +42,7 @@ from compressor.pruning.units import UnitPlan, apply_plan_to_masks, masks_to_pla
 from compressor.recipe import PruneSpec
 from compressor.recovery.distill import TeacherTargets, load_or_compute, step_examples
 from compressor.recovery.evaluate import evaluate
-from compressor.recovery.steplog import log_step
+from compressor.recovery.steplog import log_step, unit_entry
 from compressor.recovery.train import train
 from compressor.sources.batches import sample_batches
 from compressor.surgery.arch import num_layers, original_ffn_size, original_num_heads
@@ -146,15 +146,28 @@ class StepHook(Protocol):
 @dataclass
 class PruneResult:
     """What `prune` returns. `model` is the fine-tuned model with its heads still present (masked heads hold
-    weights that `masks` switches off); `pruned()` removes them physically."""
+    weights that `masks` switches off); `pruned()` removes them physically. `records` are the finished steps; the
+    step log, scores and masks per step are read off them."""
 
     model: nn.Module
     masks: Masks
     plan: dict[int, list[int]]
-    scores: list[torch.Tensor]
-    steps: list[dict]
-    step_masks: list[Masks]
-    records: list[StepRecord] = field(default_factory=list)
+    records: list[StepRecord]
+
+    @property
+    def steps(self) -> list[dict]:
+        """The step log (one JSON entry per step)."""
+        return [r.entry for r in self.records]
+
+    @property
+    def scores(self) -> list[torch.Tensor]:
+        """Each step's head scores."""
+        return [r.scores for r in self.records]
+
+    @property
+    def step_masks(self) -> list[Masks]:
+        """The masks after each step."""
+        return [r.masks for r in self.records]
 
     def pruned(self) -> nn.Module:
         """A copy of `model` with the masked units sliced out, empty layers removed (equal logits to the masked
@@ -260,9 +273,6 @@ def prune(
         model=accelerator.unwrap_model(model),
         masks=state.masks,
         plan=mask_to_plan(state.masks.heads),
-        scores=[s.scores for s in state.steps],
-        steps=state.log,
-        step_masks=[s.masks for s in state.steps],
         records=state.steps,
     )
 
@@ -360,7 +370,7 @@ def _step(loop: _Loop, masks: Masks, step: int, index: int) -> StepRecord:
         "scores": [[None if s == float("-inf") else round(float(s), 6) for s in row] for row in scores["heads"]],
     }
     if masks.neurons is not None:
-        entry |= _unit_entry(masks, plan)
+        entry |= unit_entry(masks.heads, masks.neurons, plan)
     if p.resolved_budget.kind != "heads":  # FLOP and speed-up budgets log their progress, with or without neurons
         entry |= _calibrate(loop, masks) | loop.budget.progress(masks.alive())
     if (after_prune := _validate(loop, masks)) is not None:
@@ -407,14 +417,3 @@ def _calibrate(loop: _Loop, masks: Masks) -> dict:
         measured = broadcast_object_list(measured)
     factor = loop.budget.calibrate(masks.alive(), measured[0])
     return {"measured_speedup": round(measured[0], 4), "calibration": factor}  # unrounded: a resume reuses it
-
-
-def _unit_entry(masks: Masks, plan: UnitPlan) -> dict:
-    """The step log's neuron and layer fields (runs that prune neurons)."""
-    neurons = masks.neurons.sum(1)
-    return {
-        "removed_neurons": {str(k): len(v) for k, v in plan.get("neurons", {}).items()},
-        "neurons_left": int(neurons.sum()),
-        "neurons_per_layer": [int(n) for n in neurons],
-        "layers_left": int(((neurons > 0) | masks.heads.any(1)).sum()),
-    }

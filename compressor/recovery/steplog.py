@@ -1,10 +1,25 @@
-"""The pruning loop's one-line-per-step progress log (what `compressor run` prints and writes to run.log)."""
+"""The pruning loop's step log: the neuron fields of an entry, and the one line per step that `compressor run`
+prints and writes to run.log."""
 
 from __future__ import annotations
 
 import logging
 
+import torch
+
 log = logging.getLogger("compressor")
+
+
+def unit_entry(heads: torch.Tensor, neurons: torch.Tensor, plan: dict) -> dict:
+    """The step log's neuron and layer fields (runs that prune neurons), from the head and neuron masks after the
+    step and its unit plan of new removals."""
+    per_layer = neurons.sum(1)
+    return {
+        "removed_neurons": {str(k): len(v) for k, v in plan.get("neurons", {}).items()},
+        "neurons_left": int(per_layer.sum()),
+        "neurons_per_layer": [int(n) for n in per_layer],
+        "layers_left": int(((per_layer > 0) | heads.any(1)).sum()),
+    }
 
 
 def log_step(entry: dict, steps: int) -> None:
