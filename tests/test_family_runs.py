@@ -33,7 +33,7 @@ def test_run_end_to_end_on_a_newer_family(tmp_path, tiny_csv, cache_dir, arch) -
         "prune.units": ["heads", "neurons"],
         "prune.budget": {"kind": "flops", "value": 0.5, "seq_len": 16},
         "prune.target": None,
-        "export": {"variants": ["fp32", "int8"], "atol": 1e-4},
+        "export": {"variants": ["fp32", "int8"], "atol": 1e-4, "int8": {"smooth_alpha": 0.8, "smooth_scope": "all"}},
         "bench": {"batch_sizes": [1, 4], "seq_len": 16, "rounds": 2, "min_time_s": 0.01},
     }
     recipe = tiny_recipe(_model_dir(tmp_path, arch), tiny_csv, tmp_path / "out", **overrides)
@@ -44,6 +44,8 @@ def test_run_end_to_end_on_a_newer_family(tmp_path, tiny_csv, cache_dir, arch) -
     assert report["original"]["test"]["accuracy"] >= 0.8, "the base fine-tune learned the task"
     assert report["pruned"]["flop_ratio"] >= 1.8 and report["pruned"]["masked_vs_pruned_max_abs_diff"] <= 1e-5
     assert report["export"]["fp32"]["max_abs_diff"] <= 1e-4
+    smoothing = report["export"]["int8"]["smoothing"]  # SmoothQuant finds this family's MatMuls in its graph
+    assert smoothing["matmuls"] >= 3 * 4 and smoothing["scope"] == "all", smoothing
     model_dir = Path(report["pruned"]["model_dir"])
     tok = AutoTokenizer.from_pretrained(model_dir)
     batch = dict(tok(["the film was great fun", "a dull and boring plot"], padding=True, return_tensors="pt"))
