@@ -91,12 +91,13 @@ def test_speedup_budget_meets_the_predicted_goal_and_stops_there(task, tiny_tabl
     result = compressor.prune(model, tok, train, _spec(kind="speedup", value=2.0), validation=val)
     assert calls == [("pytorch", 32, 64)]  # one table for the whole run
     predicted = [s["predicted_speedup"] for s in result.steps]
-    assert predicted[0] >= 2.0**0.5 and predicted[-1] >= 2.0  # geometric schedule, goal met at the end
-    # stopped as soon as met: putting back the cheapest removed unit of the last step falls below the goal
+    aim = 1 + budget_mod.SPEEDUP_AIM  # each step selects a little past its goal (the landing jitters)
+    assert predicted[0] >= 2.0**0.5 * aim and predicted[-1] >= 2.0 * aim  # geometric schedule, goal met at the end
+    # stopped as soon as aimed: putting back the cheapest removed unit of the last step falls below the aim
     full = table.dims.full()
     widths = budget_mod.widths_of(result.masks.alive(), table.dims)
     assert table.speedup(full, widths) == pytest.approx(predicted[-1], abs=1e-3)
-    assert any(table.speedup(full, undo) < 2.0 for undo in _undos(widths, table.dims))
+    assert any(table.speedup(full, undo) < 2.0 * aim for undo in _undos(widths, table.dims))
     assert _masked_equals_pruned(result, val, tok) < 1e-4
 
 
@@ -150,7 +151,7 @@ def measured(tiny_table, monkeypatch):
 
 def test_measured_speedup_corrects_the_tables_later_goals(task, tiny_table, measured):
     """A real model 1.3x faster than the table predicts: every step logs the measurement and the correction, the
-    budget is held to the corrected prediction, and fewer units go than the table alone would remove."""
+    budget is held to the corrected prediction, and less goes than the table alone would remove."""
     model, tok, train, val = task
     table, _ = tiny_table
     calls, _ = measured
@@ -165,8 +166,9 @@ def test_measured_speedup_corrects_the_tables_later_goals(task, tiny_table, meas
     model.load_state_dict(state)
     plain = compressor.prune(model, tok, train, _spec(kind="speedup", value=2.0), validation=val)
     assert plain.steps[-1]["predicted_speedup"] >= 2.0
-    assert int(result.masks.neurons.sum()) + int(result.masks.heads.sum()) > int(plain.masks.neurons.sum()) + int(
-        plain.masks.heads.sum())  # fmt: skip
+    # less goes than the table alone would remove: counted in the table's milliseconds (unit counts depend on which
+    # kind the allocation picked, and a neuron block costs a fraction of a head here)
+    assert result.steps[-1]["predicted_speedup"] < plain.steps[-1]["predicted_speedup"]
 
 
 def test_a_budget_measured_short_after_its_last_step_takes_a_top_up_step(task, tiny_table, monkeypatch):

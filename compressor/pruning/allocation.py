@@ -91,7 +91,7 @@ def select_measured(
         _merge(plan, best["plan"])
         log.append({"kind": best["kind"], "loss_before": round(base, 5), "loss_after": round(best["loss"], 5)})
         current, base = best["alive"], best["loss"]
-    rest = budget.select_to(budget.goal(step), scores, current)  # a kind ran out: finish on the common scale
+    rest = budget.select_to(budget.aim(step), scores, current)  # a kind ran out: finish on the common scale
     if not _empty(rest):
         _merge(plan, rest)
         log.append({"kind": "rest", "loss_before": round(base, 5), "loss_after": None})
