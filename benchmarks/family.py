@@ -12,10 +12,18 @@ Reads `<family>/report.json` and `<single>/report.json` and prints, each against
   above the speed of the original's own int8, the most accurate member int8 and whether it is within 1.0 point;
 - the stretch goals: a member ≥ 3× on PyTorch within 0.5 point; an int8 variant ≥ 6× within 1.0 point.
 
-Usage (the lead's machine, machine to itself):
+The other members are compared with one-target runs of the family's own recipe at their target (`--compare`):
+`--write-singles DIR --targets 1.5 2 4` writes those recipes (the family recipe with one value, and as many steps as
+the family's schedule takes to reach that target, so each runs the same per-step budget the member had).
+
+Usage (the lead's machine, machine to itself, the runs one after another):
     .venv/bin/compressor run recipes/minilm_rt_3x.yaml
     .venv/bin/compressor run recipes/minilm_rt_family.yaml
-    .venv/bin/python benchmarks/family.py --family runs/minilm_rt_family --single runs/minilm_rt_3x
+    .venv/bin/python benchmarks/family.py --write-singles runs/singles --targets 1.5 2 4
+    for t in 1.5x 2x 4x; do .venv/bin/compressor run runs/singles/$t.yaml; done
+    .venv/bin/python benchmarks/family.py --family runs/minilm_rt_family --single runs/minilm_rt_3x \
+        --compare runs/minilm_rt_family_single_1.5x runs/minilm_rt_family_single_2x runs/minilm_rt_family_single_4x \
+        --else-running "..."
   → prints the figures and writes benchmarks/results/family.json
 """
 
@@ -23,10 +31,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from compressor.core.machine import cpu_summary  # noqa: E402
+
 WALL_GOAL = 1.5  # the family run costs at most this multiple of the one-target run
 SPEED_TOLERANCE = 0.10
 INT8_GOAL_POINTS = 1.0
@@ -151,12 +164,44 @@ def compare_member(family_dir: Path, single_dir: Path, family: dict, single: dic
     }
 
 
+def write_singles(family_recipe: Path, targets: list[float], out_dir: Path) -> list[Path]:
+    """One-target recipes from the family's: value `t`, the steps the family's schedule takes to reach `t`, and
+    their own name and output directory (`runs/<family name>_single_<label>`)."""
+    import yaml
+
+    from compressor.pipeline.family import member_label
+    from compressor.pruning.selection import family_amounts
+    from compressor.recipe import load_recipe
+    from compressor.recipe.yamlio import read_yaml
+
+    recipe, raw = load_recipe(family_recipe), read_yaml(family_recipe)
+    budget = recipe.prune.resolved_budget
+    scale = "speedup" if budget.kind == "speedup" else recipe.prune.schedule
+    _, ends = family_amounts(budget.targets, recipe.prune.steps, scale)
+    written = []
+    for target in targets:
+        if target not in budget.targets:
+            raise SystemExit(f"--targets: {target} is not one of the family's targets {budget.targets}")
+        label = member_label(budget, target)
+        single = {**raw, "name": f"{recipe.name}_single_{label}", "output_dir": f"runs/{recipe.name}_single_{label}"}
+        single["prune"] = {**raw["prune"], "steps": ends[budget.targets.index(target)] + 1}
+        single["prune"]["budget"] = {k: v for k, v in raw["prune"]["budget"].items() if k != "values"} | {
+            "value": target
+        }
+        path = out_dir / f"{label}.yaml"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(yaml.safe_dump(single, sort_keys=False))
+        load_recipe(path)  # refuse to write a recipe that does not validate
+        written.append(path)
+    return written
+
+
 def _cache_state(report: dict) -> str:
     timings = report.get("timings", {})
     return "base fine-tune run" if "base fine-tune" in timings else "base fine-tune cached"
 
 
-def figures(family_dir: Path, single_dir: Path) -> dict:
+def figures(family_dir: Path, single_dir: Path, compare: list[Path] = ()) -> dict:
     family, single = _load(family_dir), _load(single_dir)
     ratio = family["seconds"] / single["seconds"]
     return {
@@ -175,7 +220,7 @@ def figures(family_dir: Path, single_dir: Path) -> dict:
         },
         "original_accuracy": family["original"]["test"]["accuracy"],
         "members": members(family),
-        "member_vs_single": compare_member(family_dir, single_dir, family, single),
+        "member_vs_single": [compare_member(family_dir, run, family, _load(run)) for run in [single_dir, *compare]],
         "alternatives": against_alternatives(family),
         "stretch": stretch(family),
         "pick_at_max_drop": family["family"].get("pick") and _pick(family["family"]["pick"]),
@@ -199,7 +244,8 @@ def print_figures(f: dict) -> None:
             f"{m['minus_baseline_points']} ({m['baseline_p'] or 0:.3g}) | "
             f"{int8.get('speedup') or 0:.2f}x / {int8.get('drop_points') or 0:+.2f}"
         )
-    print("member vs single run:", json.dumps(f["member_vs_single"]))
+    for row in f["member_vs_single"]:
+        print("member vs one-target run:", json.dumps(row))
     print("alternatives:", json.dumps(f["alternatives"]))
     print("stretch:", json.dumps(f["stretch"]))
     print("pick at the recipe's max_drop:", json.dumps(f["pick_at_max_drop"]))
@@ -208,10 +254,28 @@ def print_figures(f: dict) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--family", default="runs/minilm_rt_family")
-    parser.add_argument("--single", default="runs/minilm_rt_3x")
+    parser.add_argument("--single", default="runs/minilm_rt_3x", help="the one-target run the wall time is against")
+    parser.add_argument("--compare", nargs="*", default=[], help="more one-target runs to compare members with")
+    parser.add_argument("--recipe", default=str(ROOT / "recipes" / "minilm_rt_family.yaml"))
+    parser.add_argument("--write-singles", metavar="DIR", help="write one-target recipes for --targets and stop")
+    parser.add_argument("--targets", nargs="*", type=float, default=[])
+    parser.add_argument("--else-running", help="what else ran on the machine during the runs")
+    parser.add_argument("--commit", help="the commit the runs ran at (default: this checkout's HEAD)")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "family.json"))
     args = parser.parse_args(argv)
-    result = figures(Path(args.family), Path(args.single))
+    if args.write_singles:
+        for path in write_singles(Path(args.recipe), args.targets, Path(args.write_singles)):
+            print(f"wrote {path}: run it with compressor run {path}")
+        return 0
+    if not args.else_running:
+        parser.error("--else-running: expected what else ran on the machine during the runs")
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    result = {
+        "commit": args.commit or head.stdout.strip(),
+        "cpu": cpu_summary(),
+        "else_running": args.else_running,
+        **figures(Path(args.family), Path(args.single), [Path(c) for c in args.compare]),
+    }
     print_figures(result)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
