@@ -220,7 +220,10 @@ def figures(family_dir: Path, single_dir: Path, compare: list[Path] = ()) -> dic
         },
         "original_accuracy": family["original"]["test"]["accuracy"],
         "members": members(family),
-        "member_vs_single": [compare_member(family_dir, run, family, _load(run)) for run in [single_dir, *compare]],
+        "member_vs_single": [
+            compare_member(family_dir, run, family, report)
+            for run, report in [(single_dir, single), *((c, _load(c)) for c in compare)]
+        ],
         "alternatives": against_alternatives(family),
         "stretch": stretch(family),
         "pick_at_max_drop": family["family"].get("pick") and _pick(family["family"]["pick"]),
