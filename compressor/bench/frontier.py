@@ -31,10 +31,12 @@ class Point:
     rejected: bool = False
 
 
-def frontier(summary: dict, points: list[Point], batch: int | None = None) -> list[dict]:
+def frontier(summary: dict, points: list[Point], batch: int | None = None, recovery: str | None = None) -> list[dict]:
     """One row per point the benchmark measured: its speed-up at `batch` (default: each candidate's headline batch)
     and the headline length, per batch size too, test accuracy, the drop from the original in points, McNemar's p
-    against the original, and whether it is Pareto-optimal. Rows are sorted fastest first."""
+    against the original, and whether it is Pareto-optimal. Rows are sorted fastest first. A member's row says how
+    it was repaired (`recovery`: the run's `prune.recovery` mode, e.g. "rescale" for members made without
+    training); other rows have None."""
     original = summary.get("pytorch-original", {}).get("accuracy")
     rows = []
     for point in points:
@@ -55,6 +57,7 @@ def frontier(summary: dict, points: list[Point], batch: int | None = None) -> li
                 "drop_points": None if accuracy is None or original is None else 100 * (original - accuracy),
                 "mcnemar_p": s.get("mcnemar_p"),
                 "size_bytes": s.get("size_bytes"),
+                "recovery": recovery if point.role == "member" else None,
             }
         )
     for row in rows:

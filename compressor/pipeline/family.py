@@ -180,7 +180,7 @@ def family_report(run: RunState, members: list[dict]) -> dict:
     section = {"targets": budget.targets, "kind": budget.kind, "runtime": budget.runtime, "members": members}
     if result:
         batch = budget.batch_size if budget.kind == "speedup" else None
-        table = frontier(result["summary"], points, batch)
+        table = frontier(result["summary"], points, batch, run.recipe.prune.resolved_recovery)
         max_drop = result["max_drop"]
         relative_to_run(table, run.out)
         section["frontier"] = table

@@ -35,6 +35,7 @@ from compressor.recovery.checkpoints import StepCheckpoints
 from compressor.recovery.distill import TeacherTargets, load_or_compute, step_examples
 from compressor.recovery.evaluate import evaluate
 from compressor.recovery.loop import prune
+from compressor.recovery.rescale import post_training_sample, recovery_summary
 from compressor.recovery.train import train
 from compressor.report.family import write_family_report
 from compressor.report.summary import write_run_report
@@ -191,9 +192,11 @@ def run_recipe(recipe: Recipe, force: bool = False, accelerator: Accelerator | N
     run = prepare(recipe, accelerator or make_accelerator(), force)
     run.timings["data + tokenise"] = round(time.perf_counter() - t0, 1)
     accelerator = run.accelerator
+    sample = post_training_sample(run.splits["train"], recipe.prune, recipe.seed)  # a too-large sample fails here
     started = time.perf_counter()
     model, base_info = base_model(run)
     run.timings[_base_phase(base_info)] = round(time.perf_counter() - started, 1)
+    run.splits["train"] = sample  # from here on a post-training run reads its sample only
     model = model.to(accelerator.device)
     with run.timed("original: evaluate"):
         original = {
@@ -280,7 +283,7 @@ def _finish_family(
 def _teacher(run: RunState, model: torch.nn.Module) -> TeacherTargets | None:
     """With distillation on, the teacher targets of the task-tuned `model` (before any step), cached under
     `state/teacher` so a resumed run reuses exactly the same ones."""
-    finetune = run.recipe.prune.finetune
+    finetune = run.recipe.prune.recovery_finetune
     if finetune is None or finetune.distill is None:
         return None
     train_ds, seed, steps = run.splits["train"], run.recipe.seed, max_steps(run.recipe.prune)  # top-ups too
@@ -310,7 +313,7 @@ def _baseline(
     log.info("baseline: dropping top layers to the pruned model's FLOPs and fine-tuning alike")
     return layer_drop_baseline(
         original, masked_flops(result.model, result.masks.alive(), seq), seq, run.splits["train"], run.tokenizer,
-        recipe.prune.finetune, len(result.steps) - steps_before, run.accelerator, seed=recipe.seed + index,
+        recipe.prune.recovery_finetune, len(result.steps) - steps_before, run.accelerator, seed=recipe.seed + index,
         teacher=teacher, start=previous,
     )  # fmt: skip
 
@@ -328,4 +331,5 @@ def _report_head(run: RunState, base_info: dict, original: dict) -> dict:
         "base_finetune": base_info,
         "original": original,
         "steps": run.result.steps,
+        "recovery": recovery_summary(recipe.prune, run.result.steps),
     }

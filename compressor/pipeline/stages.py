@@ -365,7 +365,7 @@ def card_stage(state: RunState) -> dict:
     from compressor.report.card import add_deployment_section
     from compressor.surgery.checkpoint import CARD_FILE
 
-    finetune = state.recipe.prune.finetune
+    finetune = state.recipe.prune.recovery_finetune
     distill = finetune.distill.model_dump() if finetune is not None and finetune.distill is not None else None
     add_deployment_section(state.model_dir, state.exported or None, distill)
     return {"file": str(state.model_dir / CARD_FILE), "distillation": distill}

@@ -171,9 +171,47 @@ class PruneSpec(Strict):
         """A plain `TrainSpec` (from Python) is a `FinetuneSpec` without distillation."""
         return value.model_dump() if isinstance(value, TrainSpec) and not isinstance(value, FinetuneSpec) else value
 
+    recovery: Literal["finetune", "rescale", "rescale_finetune", "none"] | None = Field(
+        None,
+        description="how each step repairs the model: fine-tune (`finetune`), fit per-unit scales by least squares "
+        "with no training (`rescale`), both (`rescale_finetune`), or nothing (`none`, one-shot); null: finetune, or "
+        "none with finetune: null. rescale and none are post-training modes: they read only sample_size training "
+        "examples and need a task-tuned model",
+    )
+    sample_size: int = Field(
+        2000, ge=1, le=10**7, description="post-training modes: the training examples scoring and the fit use (the "
+        "run reads no others); rescale_finetune: the examples of the fit",
+    )  # fmt: skip
     baseline: Literal["layer_drop"] | None = Field(
         "layer_drop", description="compare with dropping top layers to the pruned FLOPs, fine-tuned alike (null: off)"
     )
+
+    @property
+    def resolved_recovery(self) -> str:
+        """The recovery in force: `recovery`, or finetune / none from whether `finetune` is set."""
+        return self.recovery or ("finetune" if self.finetune is not None else "none")
+
+    @property
+    def post_training(self) -> bool:
+        """No training at all (recovery rescale or none, asked for by name): scoring and fitting read only
+        `sample_size` training examples."""
+        return self.recovery in ("rescale", "none")
+
+    @property
+    def rescales(self) -> bool:
+        """Whether each step fits per-unit scales (`compressor.recovery.rescale`)."""
+        return self.resolved_recovery in ("rescale", "rescale_finetune")
+
+    @property
+    def recovery_finetune(self) -> FinetuneSpec | None:
+        """The fine-tuning each step (and the layer-drop baseline) gets: `finetune`, or None when the recovery
+        mode does not train."""
+        return self.finetune if self.resolved_recovery in ("finetune", "rescale_finetune") else None
+
+    @property
+    def scoring_examples(self) -> int:
+        """Training examples the criterion scores on: the sample in post-training modes, else `score_examples`."""
+        return self.sample_size if self.post_training else self.score_examples
 
     @property
     def resolved_budget(self) -> BudgetSpec:
@@ -186,6 +224,12 @@ class PruneSpec(Strict):
         if isinstance(data, dict) and data.get("target") is not None and data.get("budget") is not None:
             raise ValueError("budget: give target (a head fraction) or budget, not both")
         return data
+
+    @model_validator(mode="after")
+    def _recovery_trains(self) -> PruneSpec:
+        if self.recovery in ("finetune", "rescale_finetune") and self.finetune is None:
+            raise ValueError(f"recovery: '{self.recovery}' fine-tunes; expected finetune settings, got finetune: null")
+        return self
 
     @model_validator(mode="after")
     def _units_fit(self) -> PruneSpec:

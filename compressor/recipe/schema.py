@@ -236,6 +236,17 @@ class Recipe(Strict):
     analysis: AnalysisSpec = Field(default_factory=AnalysisSpec)
 
     @model_validator(mode="after")
+    def _post_training_needs_a_task(self) -> Recipe:
+        """A post-training mode preserves what a task-tuned model knows: a fresh encoder has nothing to preserve.
+        A recipe that names `base_finetune` explicitly tunes the base first (cached) and prunes the result."""
+        if self.prune.post_training and not self.model.task_tuned and "base_finetune" not in self.model_fields_set:
+            raise ValueError(
+                f"prune.recovery: '{self.prune.recovery}' prunes a task-tuned model without training, but "
+                "model.task_tuned is false; expected task_tuned: true (or an explicit base_finetune section)"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _budget_runtime_exported(self) -> Recipe:
         """A speed-up on an ONNX runtime is measured on the run's own export of that variant."""
         budget = self.prune.budget

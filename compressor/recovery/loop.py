@@ -42,6 +42,7 @@ from compressor.pruning.units import UnitPlan, apply_plan_to_masks, masks_to_pla
 from compressor.recipe import PruneSpec
 from compressor.recovery.distill import TeacherTargets, load_or_compute, step_examples
 from compressor.recovery.evaluate import evaluate
+from compressor.recovery.rescale import Refit, post_training_sample
 from compressor.recovery.steplog import log_step, unit_entry
 from compressor.recovery.train import train
 from compressor.sources.batches import sample_batches
@@ -206,6 +207,7 @@ class _Loop:
     score_batches: list[dict]
     budget: Budget
     teacher: TeacherTargets | None = None
+    refit: Refit | None = None  # the least-squares rescale after each selection (None: off)
 
 
 def prune(
@@ -232,13 +234,15 @@ def prune(
     config = config or PruneSpec()
     accelerator = accelerator or Accelerator()
     model = model.to(accelerator.device)
+    train = post_training_sample(train, config, seed)
     targets = _teacher_targets(teacher, model, train, tokenizer, config, accelerator, seed)
     score_batches = sample_batches(
-        train, tokenizer, config.score_examples, config.score_batch_size, seed, accelerator, by_length=True
+        train, tokenizer, config.scoring_examples, config.score_batch_size, seed, accelerator, by_length=True
     )  # criteria sum over batches: length order pads least
+    refit = Refit.prepare(accelerator.unwrap_model(model), train, tokenizer, config, seed) if config.rescales else None
     with accelerator.main_process_first():  # a latency table is measured once, by the main process, then loaded
         budget = plan_budget(accelerator.unwrap_model(model), config)
-    loop = _Loop(model, tokenizer, train, validation, config, accelerator, seed, score_batches, budget, targets)
+    loop = _Loop(model, tokenizer, train, validation, config, accelerator, seed, score_batches, budget, targets, refit)
     fresh = PruneState(Masks.full(model, config.units))
     state = hook.resume(model, fresh) if hook is not None else fresh
     if (last := next((e["calibration"] for e in reversed(state.log) if "calibration" in e), None)) is not None:
@@ -294,14 +298,15 @@ def _teacher_targets(
 ) -> TeacherTargets | None:
     """Teacher logits for every training example the steps draw, computed once (or the caller's), when
     distillation is on."""
-    distill = config.finetune.distill if config.finetune is not None else None
+    finetune = config.recovery_finetune
+    distill = finetune.distill if finetune is not None else None
     if distill is None:
         if teacher is not None:
             raise UserError("teacher: given, but prune.finetune.distill is off; expected distill settings to use it")
         return None
     if isinstance(teacher, TeacherTargets):
         return teacher
-    examples = step_examples(len(train_ds), config.finetune, seed, max_steps(config))
+    examples = step_examples(len(train_ds), finetune, seed, max_steps(config))
     source = teacher if teacher is not None else model
     return load_or_compute(None, source, train_ds, tokenizer, accelerator, distill, examples)
 
@@ -379,20 +384,16 @@ def _step(loop: _Loop, masks: Masks, step: int, index: int) -> StepRecord:
         entry["criterion_diagnostics"] = diagnostics
     if slices:
         entry["allocation"] = slices
-    if p.finetune is not None:
+    if loop.refit is not None:
+        entry["rescale"] = loop.refit(loop.accelerator.unwrap_model(loop.model), masks.alive())
+        if (after_rescale := _validate(loop, masks)) is not None:
+            entry["val_after_rescale"] = after_rescale
+    if p.recovery_finetune is not None:
         gates, desc = masks.head_gates(), f"step {step + 1}"
         entry["finetune"] = train(
-            loop.model,
-            loop.train,
-            loop.tokenizer,
-            p.finetune,
-            loop.accelerator,
-            gates,
-            seed=loop.seed + step,
-            desc=desc,
-            teacher=loop.teacher,
-            neurons=masks.neuron_gates(),
-        )
+            loop.model, loop.train, loop.tokenizer, p.recovery_finetune, loop.accelerator, gates,
+            seed=loop.seed + step, desc=desc, teacher=loop.teacher, neurons=masks.neuron_gates(),
+        )  # fmt: skip
         if (after_finetune := _validate(loop, masks)) is not None:
             entry["val_after_finetune"] = after_finetune
     entry["score_seconds"] = score_seconds

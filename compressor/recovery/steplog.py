@@ -36,6 +36,17 @@ def log_step(entry: dict, steps: int) -> None:
         _fmt(accuracy.get("val_after_finetune", accuracy.get("val_after_prune"))),
         entry["seconds"],
     )
+    if "rescale" in entry:
+        fits = entry["rescale"]["layers"]
+        log.info(
+            "step %d: rescaled %d sublayers in %.1fs, mean residual %.4f -> %.4f | val acc after rescale %s",
+            entry["step"],
+            len(fits),
+            entry["rescale"]["seconds"],
+            sum(f["residual_before"] for f in fits) / max(len(fits), 1),
+            sum(f["residual_after"] for f in fits) / max(len(fits), 1),
+            _fmt(entry.get("val_after_rescale", {}).get("accuracy")),
+        )
     if "neurons_left" in entry:
         log.info(
             "step %d: %d FFN neurons left %s, %d layers | %s",

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from compressor.bench.plots import plot_frontier
 from compressor.core import atomic
-from compressor.report.summary import _pct, _steps_table, _timings_table, _x, distillation
+from compressor.report.summary import _pct, _steps_table, _timings_table, _x, distillation, recovery_lines
 
 FRONTIER_PNG = "frontier.png"
 
@@ -23,6 +23,9 @@ def _frontier_table(rows: list[dict]) -> list[str]:
     ]
     for r in rows:
         model = r["model"] if r["role"] != "baseline" else f"layer-drop at {r['model']}"
+        if r.get("recovery") not in (None, "finetune"):
+            untrained = r["recovery"] in ("rescale", "none")
+            model += f" ({r['recovery']}, no training)" if untrained else f" ({r['recovery']})"
         drop = "–" if r["drop_points"] is None else f"{-r['drop_points']:+.2f}"
         p = "–" if r["mcnemar_p"] is None else f"{r['mcnemar_p']:.3g}"
         status = " (int8 gate failed: never picked)" if r["rejected"] else ""
@@ -111,6 +114,7 @@ def render_family(report: dict) -> str:
         "",
         *_steps_table(report["steps"]),
         "",
+        *([*recovery_lines(report), ""] if report.get("recovery") else []),
         f"Total time: {report.get('seconds', 0):.0f} s.",
         "",
     ]

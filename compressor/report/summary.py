@@ -17,11 +17,11 @@ def _pct(x: float | None) -> str:
 
 def _steps_table(steps: list[dict]) -> list[str]:
     lines = [
-        "| step | heads left | heads per layer | val acc after prune | val acc after fine-tune | seconds |",
+        "| step | heads left | heads per layer | val acc after prune | val acc after fine-tune or rescale | seconds |",
         "|---:|---:|---|---:|---:|---:|",
     ]
     for s in steps:
-        ft = s.get("val_after_finetune", {}).get("accuracy")
+        ft = s.get("val_after_finetune", s.get("val_after_rescale", {})).get("accuracy")
         lines.append(
             f"| {s['step']} | {s['heads_left']} | {' '.join(map(str, s['heads_per_layer']))} | "
             f"{_pct(s['val_after_prune']['accuracy'])} | {_pct(ft)} | {s['seconds']:.0f} |"
@@ -67,6 +67,34 @@ def distillation(report: dict) -> dict | None:
     """The distillation settings the recovery fine-tuning used (None when it was off or nothing was fine-tuned)."""
     used = [s["finetune"]["distill"] for s in report.get("steps", []) if s.get("finetune", {}).get("distill")]
     return used[0] if used else None
+
+
+def recovery_mode(report: dict) -> str | None:
+    """The run's recovery mode (`report["recovery"]["mode"]`), None for reports written before it was recorded."""
+    return report.get("recovery", {}).get("mode")
+
+
+def recovery_lines(report: dict) -> list[str]:
+    """The recovery mode, its seconds and, for rescale, one row per fitted sublayer: the relative residual of the
+    pruned sublayer's output against the unpruned one's before and after the least-squares scales."""
+    rec = report.get("recovery")
+    if not rec:
+        return []
+    sample = f" on a sample of {rec['sample_size']} training examples" if rec.get("sample_size") else ""
+    lines = [
+        f"Recovery: `{rec['mode']}`{sample}; pruning steps {rec['steps_seconds']:.0f} s (rescale fits "
+        f"{rec['rescale_seconds']:.0f} s, fine-tuning {rec['finetune_seconds']:.0f} s)."
+    ]
+    if rec.get("fits"):
+        lines += ["", "| step | layer | units | kept | residual before | residual after | status |",
+                  "|---:|---:|---|---:|---:|---:|---|"]  # fmt: skip
+        lines += [
+            f"| {f['step']} | {e['layer']} | {e['kind']} | {e['units']} | {e['residual_before']:.4f} | "
+            f"{e['residual_after']:.4f} | {e['status']} |"
+            for f in rec["fits"]
+            for e in f["layers"]
+        ]
+    return lines
 
 
 def _distillation_line(report: dict) -> str:
@@ -330,6 +358,8 @@ def render(report: dict) -> str:
         "",
         *_steps_table(report["steps"]),
     ]
+    if report.get("recovery"):
+        lines += ["", *recovery_lines(report)]
     if "export" in report:
         lines += [
             "",
@@ -375,7 +405,7 @@ def write_run_report(report: dict, out: Path) -> Path:
     if report.get("bench", {}).get("summary"):  # the same frontier a family run has, so `compressor pick` reads both
         budget = report.get("budget", {})
         batch = budget.get("batch_size") if budget.get("kind") == "speedup" else None
-        rows = frontier(report["bench"]["summary"], single_run_points(report), batch)
+        rows = frontier(report["bench"]["summary"], single_run_points(report), batch, recovery_mode(report))
         report.setdefault("frontier", relative_to_run(rows, out))
     path = Path(out) / "report.md"
     atomic.write_text(path, render(report))

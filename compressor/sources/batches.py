@@ -121,6 +121,11 @@ def to_device(batch: dict, device: torch.device) -> dict:
     return {k: v.to(device) for k, v in batch.items()}
 
 
+def sample_split(ds: datasets.Dataset, n: int, seed: int) -> datasets.Dataset:
+    """A fixed, seeded sample of `n` examples of `ds` (all of it, unchanged, when it has no more)."""
+    return ds.shuffle(seed=seed).select(range(n)) if len(ds) > n else ds
+
+
 def sample_batches(
     ds: datasets.Dataset,
     tokenizer,
@@ -133,8 +138,7 @@ def sample_batches(
     """A fixed, seeded sample of `n` examples as padded batches (each process gets its shard under DDP); with
     `by_length`, batches of similar length in a seeded order (`LengthGroupedBatches`), where no consumer needs
     the batches to mix lengths (the int8 gate does: it must see batches like the ones served)."""
-    if len(ds) > n:
-        ds = ds.shuffle(seed=seed).select(range(n))
+    ds = sample_split(ds, n, seed)
     dl = loader(ds, tokenizer, batch_size, shuffle=by_length, seed=seed, by_length=by_length)
     if accelerator is not None and accelerator.num_processes > 1:
         dl = accelerator.prepare_data_loader(dl)

@@ -3,7 +3,7 @@
 Each module registers itself; importing this package registers them all.
 """
 
-from compressor.pruning.criteria import attribution, baselines, confidence, l0, taylor  # noqa: F401  (registration)
+from compressor.pruning.criteria import attribution, baselines, confidence, fisher, l0, taylor  # noqa: F401  (registration)
 from compressor.pruning.criteria.registry import (
     ScoreContext,
     available,

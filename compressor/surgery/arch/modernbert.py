@@ -28,6 +28,8 @@ MODERNBERT = register(
         token_type_ids=False,
         fused_qkv=True,
         gated_ffn=True,
+        pre_norm=True,
+        pooling_attr="classifier_pooling",
         ort_fuses_attention=False,  # ORT's optimizer has no pattern for rotary attention
     ),
     "modernbert",

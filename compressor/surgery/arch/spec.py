@@ -55,6 +55,10 @@ class ArchSpec:
     # heads × head_size in head order (ModernBERT's Wqkv): a head is three row blocks of it
     gated_ffn: bool = False  # ffn_in's output rows are [input | gate] halves of the FFN width (GLU): neuron i is
     # rows i and i + width of ffn_in, plus column i of ffn_out
+    pre_norm: bool = False  # LayerNorm before each sublayer (x + attn(norm(x)), then h + ffn(norm(h))): the FFN's
+    # residual is the layer input plus W_O's output; False (post-norm): the residual is ffn_in's own input
+    pooling_attr: str | None = None  # config attribute naming how the classifier pools ("cls": the first token, as
+    # when None), e.g. ModernBERT's classifier_pooling; any other value: the head reads every token
 
     @property
     def qkv(self) -> tuple[str, ...]:
@@ -70,6 +74,10 @@ class ArchSpec:
     def ffn_in_blocks(self) -> int:
         """Row blocks of the FFN width in ffn_in (2 when gated, else 1)."""
         return 2 if self.gated_ffn else 1
+
+    def reads_first_token(self, config) -> bool:
+        """Whether the classification head reads only the first token's final hidden state (CLS pooling)."""
+        return self.pooling_attr is None or getattr(config, self.pooling_attr, "cls") == "cls"
 
     @property
     def attention_out(self) -> str:
@@ -112,6 +120,8 @@ def register(spec: ArchSpec, *model_types: str) -> ArchSpec:
         raise ValueError(f"ArchSpec.probs_dropout: expected a dotted path or None, got {spec.probs_dropout!r}")
     if isinstance(spec.head_rows, str) or not all(name.isidentifier() for name in spec.head_rows):
         raise ValueError(f"ArchSpec.head_rows: expected a tuple of attribute names, got {spec.head_rows!r}")
+    if spec.pooling_attr is not None and not spec.pooling_attr.isidentifier():
+        raise ValueError(f"ArchSpec.pooling_attr: expected an attribute name or None, got {spec.pooling_attr!r}")
     if spec.shared_bias is not None and not spec.shared_bias.isidentifier():
         raise ValueError(f"ArchSpec.shared_bias: expected an argument name or None, got {spec.shared_bias!r}")
     for name in _ATTR_FIELDS:

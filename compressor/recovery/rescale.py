@@ -1,0 +1,370 @@
+"""Repair a pruned model without training: per-unit scales fitted by least squares, folded into the weights.
+
+Kwon et al. 2022's mask tuning. After a step removes units, each sublayer's output is
+`residual + bias + Σ_i m_i c_i`, with `c_i` the contribution of kept unit i (one head's block of W_O's input
+columns times those columns, or one FFN neuron's activation times its column of the down-projection) and `m_i = 1`.
+Sublayer by sublayer from the first layer, on the pruned model's own inputs to that layer, `m` is fitted by linear
+least squares so that this sum matches the unpruned model's same sum (the pre-LayerNorm residual sum of post-norm
+families, the residual stream itself of pre-norm ones). Rows are every real token, or only the first token from the
+last layer that mixes tokens on where the classifier reads the first token (CLS pooling). The normal equations
+`G m = c` (k × k, k kept units) are accumulated over batches in float64 on the CPU, solved with `torch.linalg`, and
+`m` is folded into W_O's columns per head and the down-projection's columns per neuron: a saved, reloaded or
+exported model needs nothing new. A fit whose Gram matrix is ill-conditioned, or that would not lower the residual,
+is skipped (scales stay 1); scales outside [0, `max_scale`] are clamped; both are logged.
+
+Layers are run one at a time (`Layer inputs`): one forward per model records each layer's call arguments, then the
+unpruned and the pruned model advance layer by layer, so the whole fit costs a few forward passes. The layer
+attributes come from each family's `ArchSpec` (`out_proj`, `ffn_in`, `ffn_out`, `pre_norm`, `pooling_attr`).
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import datasets
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+
+from compressor.core.errors import UserError
+from compressor.pruning.masking import gated
+from compressor.recipe import PruneSpec
+from compressor.recovery.train import model_inputs
+from compressor.sources.batches import sample_batches, sample_split
+from compressor.surgery.arch import arch_spec, get_path, head_size, layers, present_heads, present_neurons
+
+log = logging.getLogger("compressor")
+MAX_CONDITION = 1e10  # a Gram matrix this ill-conditioned gives scales that fit noise: the layer is skipped
+MAX_SCALE = 10.0  # scales are clamped to [0, MAX_SCALE]
+CHAIN_ATOL = 1e-3  # replaying the layers one by one must reproduce the model's own forward to this
+
+
+class _Stop(Exception):
+    """Raised by a hook to end a forward pass early."""
+
+
+@dataclass
+class _Calls:
+    """What a model's layers were called with on one batch: the hidden states entering layer 0, and per layer the
+    other positional and keyword arguments (the same tensor objects the encoder passed: no copies)."""
+
+    hidden: torch.Tensor
+    args: list[tuple]
+    kwargs: list[dict]
+    rows: torch.Tensor  # [batch, seq] bool: real tokens
+    check: list[torch.Tensor] | None = None  # the hidden states entering every layer (first batch only)
+
+
+def _hidden_of(args: tuple, kwargs: dict) -> tuple[torch.Tensor, tuple, dict]:
+    """Split a layer call into its hidden states and the rest."""
+    if args:
+        return args[0], args[1:], kwargs
+    name = next(k for k in ("hidden_states", "hidden_state", "x") if k in kwargs)
+    return kwargs[name], (), {k: v for k, v in kwargs.items() if k != name}
+
+
+def _record_calls(model: nn.Module, batch: dict, keep_inputs: bool) -> _Calls:
+    """Run `model` on `batch`, recording each layer's call arguments."""
+    seen: list[tuple[torch.Tensor, tuple, dict]] = []
+
+    def hook(_module: nn.Module, args: tuple, kwargs: dict) -> None:
+        seen.append(_hidden_of(args, kwargs))
+
+    handles = [layer.register_forward_pre_hook(hook, with_kwargs=True) for layer in layers(model)]
+    try:
+        model(**model_inputs(batch))
+    finally:
+        for handle in handles:
+            handle.remove()
+    rows = batch["attention_mask"].bool() if "attention_mask" in batch else torch.ones_like(batch["input_ids"]).bool()
+    check = [h for h, _, _ in seen] if keep_inputs else None
+    return _Calls(seen[0][0], [a for _, a, _ in seen], [k for _, _, k in seen], rows, check)
+
+
+def _run_layer(model: nn.Module, index: int, hidden: torch.Tensor, calls: _Calls) -> torch.Tensor:
+    """Layer `index` of `model` on `hidden`, called as the encoder called it; its hidden-state output."""
+    out = layers(model)[index](hidden, *calls.args[index], **calls.kwargs[index])
+    return out[0] if isinstance(out, tuple) else out
+
+
+@contextmanager
+def _capture(modules: dict[str, nn.Module]) -> Iterator[dict[str, tuple[torch.Tensor, torch.Tensor]]]:
+    """Record (input, output) of each named module's next call (hooks run after any gating pre-hook)."""
+    seen: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+    handles = [
+        module.register_forward_hook(lambda _m, args, out, name=name: seen.__setitem__(name, (args[0], out)))
+        for name, module in modules.items()
+    ]
+    try:
+        yield seen
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+@dataclass
+class _Normal:
+    """Normal equations of one sublayer's fit: G = AᵀA, c = Aᵀt, tt = tᵀt (float64)."""
+
+    gram: torch.Tensor
+    cross: torch.Tensor
+    total: float = 0.0
+
+    @classmethod
+    def empty(cls, k: int) -> _Normal:
+        return cls(torch.zeros(k, k, dtype=torch.float64), torch.zeros(k, dtype=torch.float64))
+
+
+def _head_terms(z: torch.Tensor, weight: torch.Tensor, blocks: list[int], size: int, target: torch.Tensor, eq: _Normal):
+    """Add one batch's rows to `eq` for heads: `z` [rows, present heads × size] is W_O's input, `blocks` the column
+    blocks of the kept heads, `target` [rows, hidden] what their contributions should sum to."""
+    n = z.shape[0]
+    zb = z.reshape(n, -1, size)[:, blocks]  # [rows, k, size]
+    wb = weight.reshape(weight.shape[0], -1, size)[:, blocks]  # [hidden, k, size]
+    contrib = torch.einsum("nkd,hkd->nkh", zb, wb)  # [rows, k, hidden]
+    eq.gram += torch.einsum("nkh,njh->kj", contrib, contrib).double()
+    eq.cross += torch.einsum("nkh,nh->k", contrib, target).double()
+    eq.total += float(target.double().pow(2).sum())
+
+
+def _neuron_terms(z: torch.Tensor, weight: torch.Tensor, cols: list[int], target: torch.Tensor, eq: _Normal):
+    """Add one batch's rows to `eq` for neurons: contribution i is z[:, i] · W[:, i], so AᵀA = (ZᵀZ) ∘ (WᵀW)
+    (the WᵀW factor is applied once, in `_solve`'s caller) and Aᵀt = Σ_rows z ∘ (t W)."""
+    zc, wc = z[:, cols], weight[:, cols]
+    eq.gram += (zc.T @ zc).double()
+    eq.cross += (zc * (target @ wc)).sum(0).double()
+    eq.total += float(target.double().pow(2).sum())
+
+
+def _solve(eq: _Normal, max_scale: float, max_condition: float) -> tuple[torch.Tensor, dict]:
+    """The scales minimising ‖A m − t‖², clamped to [0, max_scale], or ones (skipped) when ill-conditioned or no
+    better than ones; with the relative residual ‖A m − t‖² / ‖t‖² before (m = 1) and after."""
+    k = eq.gram.shape[0]
+    ones = torch.ones(k, dtype=torch.float64)
+
+    def residual(m: torch.Tensor) -> float:
+        value = float(m @ eq.gram @ m - 2 * m @ eq.cross + eq.total)
+        return max(value, 0.0) / max(eq.total, 1e-30)
+
+    before = residual(ones)
+    info = {"units": k, "residual_before": before}
+    eig = torch.linalg.eigvalsh(eq.gram)
+    condition = float(eig[-1] / eig[0]) if float(eig[0]) > 0 else float("inf")
+    info["condition"] = condition
+    if condition > max_condition:
+        return ones, info | {"residual_after": before, "status": "skipped: ill-conditioned"}
+    scales = torch.linalg.solve(eq.gram, eq.cross)
+    clamped = scales.clamp(0.0, max_scale)
+    status = "clamped" if not torch.equal(clamped, scales) else "fit"
+    after = residual(clamped)
+    if not after < before:
+        return ones, info | {"residual_after": before, "status": "skipped: no improvement"}
+    return clamped, info | {"residual_after": after, "status": status}
+
+
+def _fold(linear: nn.Linear, columns: torch.Tensor, scales: torch.Tensor) -> None:
+    """Multiply `linear`'s input columns `columns` by `scales` in place."""
+    with torch.no_grad():
+        linear.weight[:, columns] *= scales.to(linear.weight.dtype)
+
+
+def _rows(x: torch.Tensor, rows: torch.Tensor, first_only: bool) -> torch.Tensor:
+    """[batch, seq, d] → [rows, d]: the real tokens, or the first token of each example."""
+    return x[:, 0] if first_only else x[rows]
+
+
+@dataclass(frozen=True)
+class _Sublayer:
+    """One fit: which Linear it scales, its kept units' column blocks, and the sizes."""
+
+    kind: str  # "heads" | "neurons"
+    path: str  # from the layer: the Linear whose input columns are scaled
+    blocks: list[int]  # positions among the present units of the kept ones
+    size: int  # input columns per unit
+
+    def columns(self) -> torch.Tensor:
+        return torch.tensor([b * self.size + j for b in self.blocks for j in range(self.size)], dtype=torch.long)
+
+
+def _sublayers(model: nn.Module, index: int, alive: dict[str, torch.Tensor]) -> list[_Sublayer]:
+    """The attention and FFN fits of layer `index` (kinds without a kept unit are left out)."""
+    spec = arch_spec(model)
+    heads, neurons = present_heads(model)[index], present_neurons(model)[index]
+    kept_heads = [j for j, h in enumerate(heads) if bool(alive["heads"][index, h])]
+    kept_neurons = [j for j, i in enumerate(neurons) if "neurons" not in alive or bool(alive["neurons"][index, i])]
+    out = []
+    if kept_heads:
+        out.append(_Sublayer("heads", spec.out_proj, kept_heads, head_size(model)))
+    if kept_neurons:
+        out.append(_Sublayer("neurons", spec.ffn_out, kept_neurons, 1))
+    return out
+
+
+def _targets(reference: nn.Module, index: int, hidden: torch.Tensor, calls: _Calls):
+    """Run the unpruned layer `index`: its output and the two sums the pruned one should match (attention's and
+    the FFN's residual + projection output), [batch, seq, hidden]."""
+    spec, layer = arch_spec(reference), layers(reference)[index]
+    modules = {"out": get_path(layer, spec.out_proj), "ffn_in": get_path(layer, spec.ffn_in),
+               "ffn_out": get_path(layer, spec.ffn_out)}  # fmt: skip
+    with _capture(modules) as seen:
+        out = _run_layer(reference, index, hidden, calls)
+    attention = hidden + seen["out"][1]
+    residual = attention if spec.pre_norm else seen["ffn_in"][0]
+    return out, {"heads": attention, "neurons": residual + seen["ffn_out"][1]}
+
+
+def _accumulate(model, index, sub: _Sublayer, hidden, calls: _Calls, target, first_only: bool, eq: _Normal) -> None:
+    """Run pruned layer `index` (gates on) and add this batch's equations for `sub`."""
+    spec, layer = arch_spec(model), layers(model)[index]
+    proj = get_path(layer, sub.path)
+    modules = {"proj": proj, "out": get_path(layer, spec.out_proj), "ffn_in": get_path(layer, spec.ffn_in)}
+    with _capture(modules) as seen:
+        _run_layer(model, index, hidden, calls)
+    if sub.kind == "heads":
+        residual = hidden
+    else:
+        residual = hidden + seen["out"][1] if spec.pre_norm else seen["ffn_in"][0]
+    bias = proj.bias if proj.bias is not None else 0.0
+    goal = _rows(target - residual - bias, calls.rows, first_only).float()
+    z = _rows(seen["proj"][0], calls.rows, first_only).float()
+    if sub.kind == "heads":
+        _head_terms(z, proj.weight.float(), sub.blocks, sub.size, goal, eq)
+    else:
+        _neuron_terms(z, proj.weight.float(), sub.blocks, goal, eq)
+
+
+def _check_chain(model: nn.Module, calls: _Calls) -> None:
+    """Replaying the layers one by one must reproduce the inputs the model's own forward gave each layer (a family
+    whose encoder does more between layers, e.g. DeBERTa's optional convolution, is refused in one line)."""
+    hidden = calls.hidden
+    for index in range(len(calls.args) - 1):
+        hidden = _run_layer(model, index, hidden, calls)
+        if not torch.allclose(hidden, calls.check[index + 1], atol=CHAIN_ATOL, rtol=CHAIN_ATOL):
+            raise UserError(
+                f"prune.recovery: rescale replays layers one by one, but '{model.config.model_type}' layer "
+                f"{index + 1}'s input is not layer {index}'s output; expected a plain stack of layers (use finetune)"
+            )
+
+
+def rescale(
+    model: nn.Module,
+    reference: nn.Module,
+    alive: dict[str, torch.Tensor],
+    batches: Sequence[dict[str, torch.Tensor]],
+    *,
+    max_scale: float = MAX_SCALE,
+    max_condition: float = MAX_CONDITION,
+) -> dict:
+    """Fit and fold per-unit scales into `model` (masked by `alive`: `{"heads": [layers, heads] bool,
+    "neurons": ...}` over original ids) so each sublayer matches unpruned `reference` on `batches`.
+
+    Both models are set to eval mode. Returns `{"seconds", "examples", "layers": [{layer, kind, units,
+    residual_before, residual_after, condition, status}]}`, the residuals relative to the target's energy.
+    """
+    t0 = time.perf_counter()
+    model.eval()
+    reference.eval()
+    spec = arch_spec(model)
+    heads = alive["heads"].float()
+    neurons = alive["neurons"].float() if "neurons" in alive else None
+    first_token = spec.reads_first_token(model.config)
+    with_heads = [i for i in range(alive["heads"].shape[0]) if bool(alive["heads"][i].any())]
+    cls_from = with_heads[-1] if first_token and with_heads else len(layers(model))  # tokens no longer mix after
+    entries: list[dict] = []
+    with torch.no_grad(), gated(model, heads, neurons):
+        ref_calls = [_record_calls(reference, b, i == 0) for i, b in enumerate(batches)]
+        calls = [_record_calls(model, b, i == 0) for i, b in enumerate(batches)]
+        if batches:
+            _check_chain(model, calls[0])
+        ref_hidden = [c.hidden for c in ref_calls]
+        hidden = [c.hidden for c in calls]
+        for index in tqdm(range(len(layers(model))), desc="rescale: layers", leave=False):
+            outputs = [_targets(reference, index, h, c) for h, c in zip(ref_hidden, ref_calls, strict=True)]
+            ref_hidden = [out for out, _ in outputs]
+            for sub in _sublayers(model, index, alive):
+                first_only = index >= cls_from  # the last attention's output and all after: only the CLS row counts
+                entries.append(_fit(model, index, sub, hidden, calls, [t[sub.kind] for _, t in outputs], first_only,
+                                    (max_scale, max_condition)))  # fmt: skip
+            hidden = [_run_layer(model, index, h, c) for h, c in zip(hidden, calls, strict=True)]
+    seconds = time.perf_counter() - t0
+    _log_fits(entries, seconds)
+    return {"seconds": round(seconds, 2), "examples": sum(len(c.rows) for c in calls), "layers": entries}
+
+
+def _fit(model, index, sub: _Sublayer, hidden, calls, targets, first_only: bool, limits: tuple[float, float]) -> dict:
+    """Accumulate, solve and fold one sublayer's scales; its log entry."""
+    proj = get_path(layers(model)[index], sub.path)
+    eq = _Normal.empty(len(sub.blocks))
+    for h, c, t in zip(hidden, calls, targets, strict=True):
+        _accumulate(model, index, sub, h, c, t, first_only, eq)
+    if sub.kind == "neurons":
+        w = proj.weight[:, sub.blocks].double()
+        eq.gram *= w.T @ w
+    scales, info = _solve(eq, *limits)
+    _fold(proj, sub.columns(), scales.float().repeat_interleave(sub.size))
+    return {"layer": index, "kind": sub.kind, "first_token_only": first_only, **info,
+            "scale_range": [round(float(scales.min()), 4), round(float(scales.max()), 4)]}  # fmt: skip
+
+
+def _log_fits(entries: list[dict], seconds: float) -> None:
+    """One line per fit, a warning for each skipped or clamped one."""
+    for e in entries:
+        line = (
+            f"rescale: layer {e['layer']} {e['kind']} ({e['units']}): residual {e['residual_before']:.4f} -> "
+            f"{e['residual_after']:.4f}, scales {e['scale_range'][0]:.3f}..{e['scale_range'][1]:.3f}"
+        )
+        if e["status"] == "fit":
+            log.info(line)
+        else:
+            log.warning("%s, %s (condition %.2e)", line, e["status"], e["condition"])
+    log.info("rescale: %d fits in %.1fs", len(entries), seconds)
+
+
+def recovery_summary(spec, steps: list[dict]) -> dict:
+    """The report's `recovery` section: the mode (`prune.recovery` resolved), the sample a post-training run read,
+    the seconds the fits and the fine-tunes took, and each step's per-sublayer fit residuals before and after."""
+    fits = [{"step": s["step"], **s["rescale"]} for s in steps if "rescale" in s]
+    return {
+        "mode": spec.resolved_recovery,
+        "sample_size": spec.sample_size if spec.post_training or spec.rescales else None,
+        "rescale_seconds": round(sum(f["seconds"] for f in fits), 2),
+        "finetune_seconds": round(sum(s["finetune"].get("seconds", 0.0) for s in steps if "finetune" in s), 2),
+        "steps_seconds": round(sum(s["seconds"] for s in steps), 2),
+        "fits": fits,
+    }
+
+
+def post_training_sample(train: datasets.Dataset, config: PruneSpec, seed: int) -> datasets.Dataset:
+    """In a post-training mode (`config.post_training`), the seeded `sample_size` training examples that scoring
+    and the fit use (the run reads no others); else `train` itself. A sample larger than the split is refused."""
+    if not config.post_training:
+        return train
+    if config.sample_size > len(train):
+        raise UserError(
+            f"prune.sample_size: {config.sample_size} examples asked, but the training split has {len(train)}; "
+            f"expected at most {len(train)}"
+        )
+    return sample_split(train, config.sample_size, seed)
+
+
+@dataclass
+class Refit:
+    """The pruning loop's rescale after each selection: the unpruned model to match (a copy taken before any step)
+    and the fit's batches, the same on every process (not sharded), so every process folds the same scales."""
+
+    reference: nn.Module
+    batches: list[dict]
+
+    @classmethod
+    def prepare(cls, model: nn.Module, train: datasets.Dataset, tokenizer, config: PruneSpec, seed: int) -> Refit:
+        batches = sample_batches(train, tokenizer, config.sample_size, config.score_batch_size, seed, by_length=True)
+        return cls(copy.deepcopy(model).eval(), batches)
+
+    def __call__(self, model: nn.Module, alive: dict[str, torch.Tensor]) -> dict:
+        """Fit and fold `model`'s scales for the units `alive`; the step log's `rescale` entry."""
+        return rescale(model, self.reference, alive, self.batches)
