@@ -7,20 +7,7 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from transformers import (
-    AlbertConfig,
-    AutoModelForSequenceClassification,
-    BertConfig,
-    CamembertConfig,
-    DebertaV2Config,
-    DistilBertConfig,
-    ElectraConfig,
-    GPT2Config,
-    ModernBertConfig,
-    MPNetConfig,
-    RobertaConfig,
-    XLMRobertaConfig,
-)
+from transformers import AlbertConfig, AutoConfig, AutoModelForSequenceClassification, GPT2Config
 
 from compressor.surgery.arch import arch_spec
 
@@ -33,44 +20,19 @@ VOCAB = 120
 
 
 def tiny_config(arch: str = "bert", layers: int = 3, heads: int = 4, head_size: int = 8, num_labels: int = 2):
+    """A tiny config of model type `arch`: the sizes every family shares, plus what its declaration needs (`tiny`)."""
     hidden = heads * head_size
-    common = {"vocab_size": VOCAB, "num_labels": num_labels}
-    if arch == "distilbert":
-        return DistilBertConfig(dim=hidden, n_layers=layers, n_heads=heads, hidden_dim=2 * hidden + 3, **common)
+    spec = arch_spec(arch)
     sizes = {
+        "vocab_size": VOCAB,
+        "num_labels": num_labels,
         "hidden_size": hidden,
         "num_hidden_layers": layers,
         "num_attention_heads": heads,
-        "intermediate_size": 2 * hidden + 3,
+        spec.ffn_size_attr: 2 * hidden + 3,
         "max_position_embeddings": 64,
-        **common,
     }
-    if arch == "modernbert":  # layers 0, 3, ... global, the others a sliding window of ±2 tokens (local_attention 4)
-        special = {"pad_token_id": 0, "bos_token_id": 2, "cls_token_id": 2, "eos_token_id": 3, "sep_token_id": 3}
-        return ModernBertConfig(local_attention=4, **special, **sizes)
-    if arch == "deberta-v2":  # DeBERTa-v3's shape: shared relative keys, log buckets, no token types or abs. positions
-        return DebertaV2Config(
-            relative_attention=True,
-            position_buckets=8,
-            pos_att_type=["p2c", "c2p"],
-            norm_rel_ebd="layer_norm",
-            share_att_key=True,
-            position_biased_input=False,
-            type_vocab_size=0,
-            **sizes,
-        )
-    cls = {
-        "bert": BertConfig,
-        "roberta": RobertaConfig,
-        "xlm-roberta": XLMRobertaConfig,
-        "camembert": CamembertConfig,
-        "electra": ElectraConfig,
-        "mpnet": MPNetConfig,
-    }[arch]
-    extra = {"embedding_size": hidden} if arch == "electra" else {}
-    if arch_spec(arch).padding_positions:
-        extra["pad_token_id"] = 1
-    return cls(**extra, **sizes)
+    return AutoConfig.for_model(arch, **sizes, **spec.tiny)
 
 
 def has_sdpa(arch: str) -> bool:

@@ -139,3 +139,19 @@ def test_prune_family_in_memory_gives_each_member_its_own_weights(task):
     with torch.inference_mode():
         small = members[0].masks.pruned_copy(first)
         assert torch.allclose(small(**model_inputs(batch)).logits, masked, atol=1e-5)
+
+
+def test_prune_refuses_a_model_that_is_not_a_sequence_classifier_in_one_line(task):
+    """The API passes its model through the same check as the CLI's sources: a token classifier with the task's
+    label count is refused before any step, naming the class, instead of failing inside the first loss."""
+    from transformers import AutoModelForTokenClassification
+
+    from compressor.core.errors import UserError
+    from compressor.testing import tiny_config
+
+    model, tokenizer, train, _ = task
+    token_model = AutoModelForTokenClassification.from_config(tiny_config("bert"))
+    with pytest.raises(UserError, match=r"^model: BertForTokenClassification is not a sequence classifier; expected "
+                                        r"BertForSequenceClassification") as err:  # fmt: skip
+        compressor.prune(token_model, tokenizer, train, PruneSpec(target=0.25, steps=1, finetune=None))
+    assert "\n" not in str(err.value)

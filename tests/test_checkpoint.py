@@ -459,3 +459,16 @@ def test_unpruned_directory_and_missing_weights(tmp_path: Path) -> None:
     (tmp_path / "plain" / "model.safetensors").unlink()
     with pytest.raises(FileNotFoundError, match="no model.safetensors"):
         load_pruned(tmp_path / "plain")
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_layout_saved_before_attention_norm_was_declared_still_loads(tmp_path: Path, arch: str) -> None:
+    """A layout without `attention_norm` (saved before families declared where their attention block normalises)
+    loads to the same logits: the legacy reading of the block agrees with every family's declaration."""
+    pruned = combined(arch)
+    path = save_pruned(pruned, tmp_path / arch)
+    config = config_json(path)
+    assert config[LAYOUT_KEY]["family"]["attention_norm"] == arch_spec(arch).attention_norm
+    del config[LAYOUT_KEY]["family"]["attention_norm"]
+    (path / "config.json").write_text(json.dumps(config))
+    assert max_diff(logits(load_pruned(path, attn_implementation="eager")), logits(pruned)) < 1e-5

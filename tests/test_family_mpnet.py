@@ -111,7 +111,7 @@ def test_empty_attention_normalises_like_the_block() -> None:
     the family's own state-dict names."""
     pruned = pruned_copy(base(), {1: list(range(HEADS))})
     block = layers(pruned)[1].attention
-    assert isinstance(block, EmptyAttention) and block.returns_normed
+    assert isinstance(block, EmptyAttention) and block._norm == arch_spec("mpnet").attention_norm == "LayerNorm"
     assert {k for k in block.state_dict()} == {"attn.o.weight", "attn.o.bias", "LayerNorm.weight", "LayerNorm.bias"}
     hidden = torch.randn(2, 5, 32)
     with torch.no_grad():

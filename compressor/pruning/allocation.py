@@ -1,8 +1,8 @@
 """Measured allocation: which unit kind (heads or FFN neurons) pays for each part of a pruning step.
 
 A criterion's scores rank units well *within* a kind, but a head's score and a neuron's score are not on one scale:
-raw Taylor scores per FLOP removed the last heads of four layers in the 2x run and the model collapsed
-(docs/lab/history.md). So between kinds the pruner measures instead of trusting the scores. Each step's goal is split
+raw Taylor scores per FLOP removed the last heads of whole layers and the model collapsed (docs/lab/history.md).
+So between kinds the pruner measures instead of trusting the scores. Each step's goal is split
 into `parts` equal slices (FLOPs, or predicted milliseconds spaced geometrically); for every slice, each kind
 proposes the removals that would reach the slice's goal on its own (lowest scores first, the budget's usual
 selection), the loss of the masked model is measured on the scoring batches for each proposal, and the proposal
@@ -10,8 +10,8 @@ with the smallest loss increase per unit of cost saved is kept. Non-additive eff
 heads) show up in the measured loss, where a first-order score cannot see them. If the kept slices fall short of
 the step's goal (a kind ran out), the budget's own cross-kind selection finishes the step.
 
-Cost: 1 + `parts` x kinds forward passes over the scoring batches per step (no backward): for MiniLM-L6 on 2
-CPU cores, 512 scoring examples, about 20-60 s per step under load (the 2x run's step log).
+Cost: 1 + `parts` x kinds forward passes over the scoring batches per step (no backward); the step log records
+each slice's losses.
 """
 
 from __future__ import annotations

@@ -38,15 +38,13 @@ from compressor.surgery.arch import config_head_counts, original_ffn_size
 from compressor.surgery.cost import UnitCosts, masked_flops, unit_costs
 
 TOP_UP_STEPS = 2  # extra steps a self-measuring speed-up budget may take when its last scheduled one lands short
-# A measured speed-up this close below a target meets it: the per-step timing jitters by about 1% (the family run's
-# 4x member measured 3.978x, 3.968x, 3.977x over two top-ups that each removed one block of neurons), so a top-up
-# for less buys only noise, at a whole step's cost.
+# A measured speed-up this close below a target meets it: the per-step timing jitters by about that much, so a top-up
+# for less buys only noise, at a whole step's cost (the measurements: docs/lab/history.md, "top-ups").
 SPEEDUP_SLACK = 0.02
 # A speed-up step aims this far past its goal. The latency table's correction is measured on the model of the step
-# before, and the table grows optimistic as the model narrows: steps landed up to 2.3% short of the corrected
-# prediction (the MPNet 2x run's last step 2.01x for 2.05x expected, the family's 1.5x step 1.465x), and each landing
-# short by more than the slack costs a whole top-up step. Aiming past by the slack turns landings up to ~4% short into
-# met targets; a larger error still takes a top-up (the 3x run's sixth step: 2.88x for 3.08x expected).
+# before, and the table grows optimistic as the model narrows, so landings fall short of the corrected prediction;
+# each landing short by more than the slack costs a whole top-up step. Aiming past by the slack turns small shortfalls
+# into met targets; a larger error still takes a top-up (measured landings: docs/lab/history.md, SPEEDUP_AIM).
 SPEEDUP_AIM = SPEEDUP_SLACK
 NEURON_BLOCK = 32  # FFN neurons of one layer removed together under a speed-up budget (one table lookup each)
 FLOOR_SHARE = 0.1  # a unit saves at least this share of its FLOP-proportional milliseconds (flat grid cells)

@@ -19,7 +19,7 @@ class TrainSpec(Strict):
     warmup_ratio: float = Field(0.06, ge=0, lt=1)
     max_examples: int | None = Field(None, ge=1, le=10**9, description="cap on training examples per epoch")
     group_by_length: bool = Field(
-        True, description="shuffle batches of similar-length examples (less padding: ~1.9x fewer tokens on ragged text)"
+        True, description="shuffle batches of similar-length examples (less padding on ragged text)"
     )
 
 

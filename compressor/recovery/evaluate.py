@@ -29,7 +29,7 @@ def predict(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(logits, labels) for the whole split, in its order; under several processes, gathered on every process.
 
-    The split is run sorted by length (so batches pad little: ~1.9x fewer tokens on Rotten Tomatoes) and the
+    The split is run sorted by length (so batches pad little) and the
     results are put back in the split's order."""
     model.eval()
     order = np.argsort(lengths(eval_ds), kind="stable")

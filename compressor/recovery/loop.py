@@ -46,6 +46,7 @@ from compressor.recovery.rescale import Refit, post_training_sample
 from compressor.recovery.steplog import log_step, unit_entry
 from compressor.recovery.train import train
 from compressor.sources.batches import sample_batches
+from compressor.sources.models import check_sequence_classifier
 from compressor.surgery.arch import num_layers, original_ffn_size, original_num_heads
 from compressor.surgery.slicing import pruned_copy
 
@@ -231,6 +232,7 @@ def prune(
     (`compressor.recovery.distill.load_or_compute`, as the runner does so a resumed run reuses them).
     A budget the model cannot meet raises `RecipeError` before any step.
     """
+    check_sequence_classifier(model)
     config = config or PruneSpec()
     accelerator = accelerator or Accelerator()
     model = model.to(accelerator.device)

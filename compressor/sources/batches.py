@@ -70,8 +70,8 @@ GROUP_BATCHES = 50  # batches per length-sorted group (HF Trainer's `group_by_le
 class LengthGroupedBatches(Sampler[list[int]]):
     """Seeded shuffled batches of examples of similar length, so dynamic padding pads little.
 
-    Why: real classification text is ragged (Rotten Tomatoes: 27 tokens on average, 64 at most), and a random batch
-    pads to its longest member: ~1.9x the real tokens there, all of it computed by every Linear. Each epoch shuffles
+    Why: real classification text is ragged, and a random batch pads to its longest member: every Linear computes
+    the padding too. Each epoch shuffles
     the examples (seed + epoch), sorts each group of `GROUP_BATCHES` batches by length, cuts it into batches and
     shuffles the batches, so every example is still seen once per epoch in a seeded, reproducible order.
     """

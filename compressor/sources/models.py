@@ -106,6 +106,26 @@ def check_task_head(spec: ModelSpec, config) -> None:
         raise UserError(_missing_head_message(config, missing))
 
 
+def check_sequence_classifier(model: nn.Module, field: str = "model") -> None:
+    """Refuse, in one line, a model that is not a sequence classifier (a token-classification, question-answering or
+    bare encoder model would otherwise fail deep inside the first loss). The one home of this check: the sources
+    pass every loaded model through it and `compressor.prune` every model it is given."""
+    config = getattr(model, "config", None)
+    name = type(model).__name__
+    if config is None:
+        raise UserError(f"{field}: a {name} has no transformers config; expected a sequence classifier")
+    try:
+        expected = AutoModelForSequenceClassification._model_mapping[type(config)]
+    except KeyError:  # remote code or a config transformers does not map: its class name is all there is to read
+        expected = None
+    if isinstance(model, expected) if expected is not None else name.endswith("ForSequenceClassification"):
+        return
+    want = expected.__name__ if expected is not None else "a *ForSequenceClassification model"
+    raise UserError(
+        f"{field}: {name} is not a sequence classifier; expected {want} (AutoModelForSequenceClassification)"
+    )
+
+
 def _needed_weights(model: nn.Module) -> set[str]:
     """Every weight name the sequence classifier loads, less those transformers may leave out on purpose."""
     optional = [re.compile(p) for p in getattr(model, "_keys_to_ignore_on_load_missing", None) or []]
@@ -200,7 +220,9 @@ def load_model(spec: ModelSpec, label_names: list[str] | None = None, attention:
     source = resolve_model_path(spec)
     attention = supported_attention(config.model_type, attention)  # eager for families without SDPA
     if (Path(source) / PLAN_FILE).exists():
-        return load_pruned(source, attn_implementation=attention)
+        model = load_pruned(source, attn_implementation=attention)
+        check_sequence_classifier(model, "model.source")
+        return model
     kwargs = {}
     if not spec.task_tuned:  # a fresh head for our labels
         kwargs = {"num_labels": len(label_names) if label_names else config.num_labels, "ignore_mismatched_sizes": True}
@@ -224,4 +246,5 @@ def load_model(spec: ModelSpec, label_names: list[str] | None = None, attention:
         hf_logging.set_verbosity(previous)
     if spec.task_tuned and info["missing_keys"]:  # never a silently re-initialised head on a "task-tuned" model
         raise UserError(_missing_head_message(config, info["missing_keys"]))
+    check_sequence_classifier(model, "model.source")
     return model

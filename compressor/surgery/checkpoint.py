@@ -288,7 +288,7 @@ def _original_shape(config, ffn_size: int | None) -> None:
         if hasattr(config, key):
             delattr(config, key)
     if ffn_size is not None:
-        setattr(config, "intermediate_size" if hasattr(config, "intermediate_size") else "hidden_dim", ffn_size)
+        setattr(config, arch_spec(config.model_type).ffn_size_attr, ffn_size)
 
 
 def load_pruned(

@@ -44,7 +44,7 @@ class UnitCosts:
 
 def _hidden(model: nn.Module) -> int:
     cfg = model.config
-    return int(getattr(cfg, "hidden_size", None) or cfg.dim)
+    return int(cfg.hidden_size)  # DistilBERT's config maps hidden_size to its `dim`
 
 
 def unit_costs(model: nn.Module, seq_len: int) -> UnitCosts:

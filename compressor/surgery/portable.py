@@ -56,26 +56,30 @@ def empty_linear(in_features: int, out_features: int, like: nn.Linear) -> nn.Lin
 
 class EmptyAttention(nn.Module):
     """Attention block of a layer with no heads left: its output is W_O's bias, zeros where W_O has none (then
-    residual and LayerNorm).
+    residual and LayerNorm where the family's block normalises).
 
-    Keeps the original sub-module names (`output.dense`, `output.LayerNorm` for BERT-like blocks, whose attention
-    block normalises in `output`; `attn.o`, `LayerNorm` for MPNet, whose block normalises itself; `out_lin` for
-    DistilBERT, whose layer normalises) so state-dict keys stay the family's own.
+    `norm` is the family's declared path from the block to that LayerNorm (`ArchSpec.attention_norm`:
+    `output.LayerNorm` for BERT-like blocks, `LayerNorm` for MPNet's; None where the block returns W_O's output as
+    is). The sub-module holding it is kept under its own name, so state-dict keys stay the family's own.
     Returns `(output, None)` like a transformers attention block; no attention map exists for zero heads.
     """
 
-    def __init__(self, block: nn.Module, out_proj: str):
+    def __init__(self, block: nn.Module, out_proj: str, norm: str | None):
         super().__init__()
-        self.returns_normed = hasattr(block, "output") or isinstance(getattr(block, "LayerNorm", None), nn.LayerNorm)
         dense = get_path(block, out_proj)
         zero = empty_linear(0, dense.out_features, dense)
         if dense.bias is not None and not dense.bias.is_meta:
             with torch.no_grad():
                 zero.bias.copy_(dense.bias)
-        if hasattr(block, "output"):
-            self.output = block.output
-        elif self.returns_normed:
-            self.LayerNorm, self.dropout = block.LayerNorm, block.dropout
+        self._norm = norm
+        if norm is not None:
+            holder, _, leaf = norm.rpartition(".")
+            if holder:
+                top = holder.split(".")[0]
+                self.add_module(top, get_path(block, top))
+            else:
+                self.add_module(leaf, get_path(block, leaf))
+                self.dropout = block.dropout
         parent, name = _parent(self, out_proj)
         setattr(parent, name, zero)
         self._out_proj = out_proj
@@ -84,10 +88,19 @@ class EmptyAttention(nn.Module):
         """Shape-only tensor ops and no data-dependent branch, so ONNX tracing sees a constant graph."""
         bias = get_path(self, self._out_proj).bias
         bias = torch.zeros_like(hidden_states) if bias is None else bias.expand_as(hidden_states)
-        if self.returns_normed:
-            norm = self.output if hasattr(self, "output") else self
-            return norm.LayerNorm(norm.dropout(bias) + hidden_states), None
-        return bias, None
+        if self._norm is None:
+            return bias, None
+        holder, _, leaf = self._norm.rpartition(".")
+        node = get_path(self, holder) if holder else self
+        return getattr(node, leaf)(node.dropout(bias) + hidden_states), None
+
+
+def legacy_attention_norm(block: nn.Module) -> str | None:
+    """The LayerNorm path of a layout saved before families declared it (`attention_norm`), as it was read off the
+    block then: BERT-like blocks normalise in `output`, MPNet's block itself."""
+    if hasattr(block, "output"):
+        return "output.LayerNorm"
+    return "LayerNorm" if isinstance(getattr(block, "LayerNorm", None), nn.LayerNorm) else None
 
 
 class SkippedLayer(nn.Module):
@@ -189,9 +202,9 @@ def shrink_attention(layer: nn.Module, family: dict, heads: int, head_size: int)
     """Rebuild `layer`'s Q/K/V rows (and those of the family's other per-head Linears it has), and W_O columns, for
     `heads` heads (an `EmptyAttention` for none); a fused Q/K/V Linear (`fused_qkv`) gets the three blocks of rows."""
     if heads == 0:
-        set_path(
-            layer, family["attention"], EmptyAttention(get_path(layer, family["attention"]), family["attention_out"])
-        )
+        block = get_path(layer, family["attention"])
+        norm = family["attention_norm"] if "attention_norm" in family else legacy_attention_norm(block)
+        set_path(layer, family["attention"], EmptyAttention(block, family["attention_out"], norm))
         return
     attn, width = get_path(layer, family["self_attn"]), heads * head_size
     extra = [name for name in family.get("head_rows", ()) if isinstance(getattr(attn, name, None), nn.Linear)]

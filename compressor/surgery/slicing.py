@@ -131,7 +131,8 @@ def prune_heads(model: nn.Module, plan: Plan) -> nn.Module:
             continue
         recorded[layer] = recorded.get(layer, set()) | set(remove)
         if not keep_pos:
-            set_path(module, spec.attention, EmptyAttention(get_path(module, spec.attention), spec.attention_out))
+            block = EmptyAttention(get_path(module, spec.attention), spec.attention_out, spec.attention_norm)
+            set_path(module, spec.attention, block)
             continue
         index = _index(keep_pos, size)
         attn, rows = get_path(module, spec.self_attn), _blocks(index, len(current) * size, spec.qkv_blocks)

@@ -63,11 +63,12 @@ def start_at(model: nn.Module, layer: int, hidden: torch.Tensor) -> Iterator[Non
     Temporarily swaps the encoder's layer list for its tail (hooks already on those modules keep firing) and
     replaces the tail's first input; embeddings still run (cheap) so the model's own forward, masks and
     classification head are used unchanged. Not where the encoder runs a module after the list's first layer
-    (DeBERTa-v2's `conv`, `config.conv_kernel_size`): it would follow the wrong layer, so every layer runs instead.
+    (`ArchSpec.encoder_side_module`): it would follow the wrong layer, so every layer runs instead.
     """
     spec, stack = arch_spec(model), layers(model)
     parent = spec.layers.rpartition(".")[0]
-    if getattr(get_path(model.base_model, parent) if parent else model.base_model, "conv", None) is not None:
+    encoder = get_path(model.base_model, parent) if parent else model.base_model
+    if spec.encoder_side_module and getattr(encoder, spec.encoder_side_module, None) is not None:
         yield
         return
 

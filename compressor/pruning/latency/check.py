@@ -1,8 +1,8 @@
 """The measured speed-up of a real pruned model over its original, to correct the latency table during a run.
 
 The table sums synthetic layers timed one at a time; a real model adds what they lack (attention-mask handling,
-memory traffic of the full weights), and that share shrinks as the model is pruned. On the 2-core machine the table
-predicted 2.00x for a shape that measured 2.37x (docs/lab/history.md). A speed-up budget therefore times the
+memory traffic of the full weights), and that share shrinks as the model is pruned, so the table's prediction and the
+measured speed-up part ways (by tens of percent: docs/lab/history.md). A speed-up budget therefore times the
 physically pruned copy against the unpruned copy after every step, on the budget's runtime, batch and length, and
 scales the table's later predictions by measured / predicted (`compressor.pruning.budget.Budget.calibrate`).
 """

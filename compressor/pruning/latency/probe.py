@@ -27,6 +27,7 @@ from torch.nn import functional as F
 
 from compressor.core.errors import UserError
 from compressor.core.timing import time_call
+from compressor.surgery.arch import arch_spec
 
 Runtime = Literal["pytorch", "onnx-fp32", "onnx-int8"]
 RUNTIMES: tuple[str, ...] = ("pytorch", "onnx-fp32", "onnx-int8")
@@ -59,11 +60,12 @@ class Dims:
 
     @classmethod
     def from_config(cls, config) -> Dims:
-        """Read a transformers config; DistilBERT's names (dim, n_heads, hidden_dim) are mapped by its config."""
+        """Read a transformers config (the FFN width under the family's declared name, `ArchSpec.ffn_size_attr`)."""
         hidden, heads = int(config.hidden_size), int(config.num_attention_heads)
-        intermediate = getattr(config, "intermediate_size", None) or getattr(config, "hidden_dim", None)
+        name = arch_spec(config.model_type).ffn_size_attr
+        intermediate = getattr(config, name, None)
         if intermediate is None:
-            raise UserError(f"model: config of type {type(config).__name__} has no intermediate_size or hidden_dim")
+            raise UserError(f"model: config of type {type(config).__name__} has no {name}")
         return cls(
             hidden=hidden,
             heads=heads,

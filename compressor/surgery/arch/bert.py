@@ -10,20 +10,20 @@ from dataclasses import replace
 
 from compressor.surgery.arch.spec import ArchSpec, register
 
-BERT = register(
-    ArchSpec(
-        layers="encoder.layer",
-        attention="attention",
-        self_attn="attention.self",
-        query="query",
-        key="key",
-        value="value",
-        out_proj="attention.output.dense",
-        heads_attr="num_attention_heads",
-        width_attr="all_head_size",
-        head_size_attr="attention_head_size",
-    ),
-    "bert",
-    "electra",
+BERT = ArchSpec(
+    layers="encoder.layer",
+    attention="attention",
+    self_attn="attention.self",
+    query="query",
+    key="key",
+    value="value",
+    out_proj="attention.output.dense",
+    heads_attr="num_attention_heads",
+    width_attr="all_head_size",
+    head_size_attr="attention_head_size",
 )
-ROBERTA = register(replace(BERT, padding_positions=True), "roberta", "xlm-roberta", "camembert")
+register(BERT, "bert")
+register(replace(BERT, tiny={"embedding_size": 32}), "electra")  # tiny ELECTRA: embeddings at the tiny hidden size
+ROBERTA = register(
+    replace(BERT, padding_positions=True, tiny={"pad_token_id": 1}), "roberta", "xlm-roberta", "camembert"
+)

@@ -47,6 +47,17 @@ DEBERTA_V2 = register(
         head_rows=("pos_key_proj", "pos_query_proj"),
         layer_returns_tuple=True,
         extra_head_flops=relative_head_flops,
+        encoder_side_module="conv",
+        # tiny test models take DeBERTa-v3's shape: shared relative keys, log buckets, no token types or positions
+        tiny={
+            "relative_attention": True,
+            "position_buckets": 8,
+            "pos_att_type": ["p2c", "c2p"],
+            "norm_rel_ebd": "layer_norm",
+            "share_att_key": True,
+            "position_biased_input": False,
+            "type_vocab_size": 0,
+        },  # fmt: skip
     ),
     "deberta-v2",
 )

@@ -21,6 +21,8 @@ DISTILBERT = register(
         ffn_in="ffn.lin1",
         ffn_out="ffn.lin2",
         token_type_ids=False,
+        attention_norm=None,
+        ffn_size_attr="hidden_dim",
     ),
     "distilbert",
 )

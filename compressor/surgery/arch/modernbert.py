@@ -31,6 +31,16 @@ MODERNBERT = register(
         pre_norm=True,
         pooling_attr="classifier_pooling",
         ort_fuses_attention=False,  # ORT's optimizer has no pattern for rotary attention
+        attention_norm=None,
+        # tiny test models: layers 0, 3, ... global, the others a sliding window of ±2 tokens (local_attention 4)
+        tiny={
+            "local_attention": 4,
+            "pad_token_id": 0,
+            "bos_token_id": 2,
+            "cls_token_id": 2,
+            "eos_token_id": 3,
+            "sep_token_id": 3,
+        },  # fmt: skip
     ),
     "modernbert",
 )

@@ -31,6 +31,7 @@ MPNET = register(
         sdpa=False,
         shared_bias="position_bias",
         layer_returns_tuple=True,
+        attention_norm="LayerNorm",
     ),
     "mpnet",
 )

@@ -8,8 +8,8 @@ case by model type (position embeddings reserved for padding, token type inputs,
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 
 from torch import nn
 
@@ -59,6 +59,15 @@ class ArchSpec:
     # residual is the layer input plus W_O's output; False (post-norm): the residual is ffn_in's own input
     pooling_attr: str | None = None  # config attribute naming how the classifier pools ("cls": the first token, as
     # when None), e.g. ModernBERT's classifier_pooling; any other value: the head reads every token
+    attention_norm: str | None = "output.LayerNorm"  # from the attention block: the LayerNorm it applies to W_O's
+    # output plus the residual (a sibling `dropout` runs first); None where the block returns W_O's output as is
+    # (the layer normalises: DistilBERT; pre-norm: ModernBERT). What a layer left without heads keeps (`EmptyAttention`)
+    ffn_size_attr: str = "intermediate_size"  # the config attribute holding the FFN width (DistilBERT: hidden_dim)
+    encoder_side_module: str | None = None  # a module the encoder runs after its first layer, outside the layer
+    # list, on the layers' parent (DeBERTa-v2's optional `conv`): where one is present, the encoder cannot be started
+    # at a later layer (`criteria.attribution.start_at` runs every layer instead)
+    tiny: Mapping[str, object] = field(default_factory=dict)  # config values the family's tiny test models need
+    # beyond the shared sizes (`compressor.testing.tiny_config`)
 
     @property
     def qkv(self) -> tuple[str, ...]:
@@ -88,7 +97,7 @@ class ArchSpec:
         """The module paths `surgery.portable` needs to rebuild this family's shapes, for a saved config (the optional
         entries only where set, so the other families' saved layouts stay as they were)."""
         names = ("layers", "attention", "self_attn", "query", "key", "value", "out_proj", "heads_attr", "width_attr",
-                 "ffn_in", "ffn_out")  # fmt: skip
+                 "ffn_in", "ffn_out", "attention_norm")  # fmt: skip
         out: dict[str, object] = {name: getattr(self, name) for name in names}
         out["attention_out"] = self.attention_out
         if self.head_rows:
