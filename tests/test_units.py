@@ -475,7 +475,7 @@ def test_cli_validate_refuses_criterion_for_neurons_in_one_line(tmp_path) -> Non
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
         f"compressor: error: {recipe}: prune.criterion.name: 'attribution' cannot score neurons; expected one of "
-        "['ablation', 'l0', 'magnitude', 'random', 'taylor']"
+        "['ablation', 'fisher', 'l0', 'magnitude', 'random', 'taylor']"
     ]
 
 

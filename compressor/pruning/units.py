@@ -19,16 +19,69 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
-from compressor.surgery.arch import neuron_presence_mask, presence_mask
+from compressor.surgery.arch import (
+    neuron_presence_mask,
+    num_layers,
+    original_ffn_size,
+    original_num_heads,
+    presence_mask,
+)
 from compressor.surgery.slicing import prune_heads, prune_neurons
 
 UNIT_KINDS = ("heads", "neurons")
 UnitPlan = dict[str, dict[int, list[int]]]
+
+
+@dataclass
+class Masks:
+    """What is still alive in the model, over original unit ids.
+
+    `heads`: [layers, heads] bool; `neurons`: [layers, FFN width] bool, or None when neurons are not pruned. A
+    layer with no head and no neuron left is removed whole (masked: skipped).
+    """
+
+    heads: torch.Tensor
+    neurons: torch.Tensor | None = None
+
+    @classmethod
+    def full(cls, model: nn.Module, units: Sequence[str] = ("heads",)) -> Masks:
+        """Everything alive; a neuron mask only when `units` includes "neurons"."""
+        neurons = torch.ones(num_layers(model), original_ffn_size(model), dtype=torch.bool)
+        heads = torch.ones(num_layers(model), original_num_heads(model), dtype=torch.bool)
+        return cls(heads=heads, neurons=neurons if "neurons" in units else None)
+
+    @classmethod
+    def of(cls, alive: dict[str, torch.Tensor]) -> Masks:
+        return cls(heads=alive["heads"], neurons=alive.get("neurons"))
+
+    def alive(self) -> dict[str, torch.Tensor]:
+        """`{"heads": .., "neurons": ..}` (kinds tracked only), as `compressor.pruning.units` and `cost` take them."""
+        return {"heads": self.heads} | ({} if self.neurons is None else {"neurons": self.neurons})
+
+    def head_gates(self) -> torch.Tensor:
+        """Float gates for `masking.gated` (1 alive, 0 removed)."""
+        return self.heads.float()
+
+    def neuron_gates(self) -> torch.Tensor | None:
+        """Float FFN neuron gates for `masking.gated(model, heads, neurons)`, None when neurons are not pruned."""
+        return None if self.neurons is None else self.neurons.float()
+
+    def unit_plan(self) -> UnitPlan:
+        """The cumulative unit plan (original ids) of every dead unit."""
+        return masks_to_plan(self.alive())
+
+    def heads_per_layer(self) -> list[int]:
+        return [int(x) for x in self.heads.sum(1)]
+
+    def pruned_copy(self, model: nn.Module) -> nn.Module:
+        """A copy of `model` with the dead units sliced out and empty layers removed (`model` is untouched)."""
+        return pruned_units_copy(model, self.unit_plan()).eval()
 
 
 def alive_units(model: nn.Module) -> dict[str, torch.Tensor]:

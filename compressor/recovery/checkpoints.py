@@ -18,7 +18,8 @@ from safetensors.torch import load_file, save_file
 from compressor.core import atomic
 from compressor.core.errors import UserError
 from compressor.pruning.selection import plan_to_mask
-from compressor.recovery.loop import Masks, PruneState, StepRecord
+from compressor.pruning.units import Masks
+from compressor.recovery.loop import PruneState, StepRecord
 
 log = logging.getLogger("compressor")
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 import copy
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Protocol
@@ -38,7 +38,7 @@ from compressor.pruning.allocation import masked_loss, select_measured
 from compressor.pruning.budget import Budget, max_steps, plan_budget
 from compressor.pruning.latency.check import measured_speedup
 from compressor.pruning.selection import mask_to_plan
-from compressor.pruning.units import UnitPlan, apply_plan_to_masks, masks_to_plan, pruned_units_copy, score_all
+from compressor.pruning.units import Masks, UnitPlan, apply_plan_to_masks, score_all
 from compressor.recipe import PruneSpec
 from compressor.recovery.distill import TeacherTargets, load_or_compute, step_examples
 from compressor.recovery.evaluate import evaluate
@@ -47,59 +47,9 @@ from compressor.recovery.steplog import log_step, unit_entry
 from compressor.recovery.train import train
 from compressor.sources.batches import sample_batches
 from compressor.sources.models import check_sequence_classifier
-from compressor.surgery.arch import num_layers, original_ffn_size, original_num_heads
-from compressor.surgery.slicing import pruned_copy
 
 log = logging.getLogger("compressor")
 TRAIN_SCORE_EXAMPLES = 2048  # training examples a learning criterion (l0) may draw per step
-
-
-@dataclass
-class Masks:
-    """What is still alive in the model, over original unit ids.
-
-    `heads`: [layers, heads] bool; `neurons`: [layers, FFN width] bool, or None when neurons are not pruned. A
-    layer with no head and no neuron left is removed whole (masked: skipped).
-    """
-
-    heads: torch.Tensor
-    neurons: torch.Tensor | None = None
-
-    @classmethod
-    def full(cls, model: nn.Module, units: Sequence[str] = ("heads",)) -> Masks:
-        """Everything alive; a neuron mask only when `units` includes "neurons"."""
-        neurons = torch.ones(num_layers(model), original_ffn_size(model), dtype=torch.bool)
-        heads = torch.ones(num_layers(model), original_num_heads(model), dtype=torch.bool)
-        return cls(heads=heads, neurons=neurons if "neurons" in units else None)
-
-    @classmethod
-    def of(cls, alive: dict[str, torch.Tensor]) -> Masks:
-        return cls(heads=alive["heads"], neurons=alive.get("neurons"))
-
-    def alive(self) -> dict[str, torch.Tensor]:
-        """`{"heads": .., "neurons": ..}` (kinds tracked only), as `compressor.pruning.units` and `cost` take them."""
-        return {"heads": self.heads} | ({} if self.neurons is None else {"neurons": self.neurons})
-
-    def head_gates(self) -> torch.Tensor:
-        """Float gates for `masking.gated` (1 alive, 0 removed)."""
-        return self.heads.float()
-
-    def neuron_gates(self) -> torch.Tensor | None:
-        """Float FFN neuron gates for `masking.gated(model, heads, neurons)`, None when neurons are not pruned."""
-        return None if self.neurons is None else self.neurons.float()
-
-    def unit_plan(self) -> UnitPlan:
-        """The cumulative unit plan (original ids) of every dead unit."""
-        return masks_to_plan(self.alive())
-
-    def heads_per_layer(self) -> list[int]:
-        return [int(x) for x in self.heads.sum(1)]
-
-    def pruned_copy(self, model: nn.Module) -> nn.Module:
-        """A copy of `model` with the dead units sliced out and empty layers removed (`model` is untouched)."""
-        if self.neurons is None:
-            return pruned_copy(model, mask_to_plan(self.heads)).eval()
-        return pruned_units_copy(model, self.unit_plan()).eval()
 
 
 @dataclass
