@@ -35,7 +35,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from compressor.bench.candidates import Batch, Candidate, check_names, onnx_candidate, pytorch_candidate
+from compressor.bench.candidates import (
+    Batch,
+    Candidate,
+    check_names,
+    onnx_candidate,
+    pytorch_candidate,
+    runtime_candidate,
+)
 from compressor.bench.quality import (
     collect_logits,
     mcnemar_exact,
@@ -78,6 +85,7 @@ __all__ = [
     "peak_rss_delta",
     "pytorch_candidate",
     "render_bench_md",
+    "runtime_candidate",
     "set_threads",
     "summarize",
     "synthetic_batch",

@@ -150,6 +150,45 @@ def onnx_candidate(
     )
 
 
+def _pytorch_built(name: str, source: nn.Module | Path, seq_lens, threads: int | None, like: Candidate | None):
+    """A PyTorch runtime's candidate: an in-memory model (used as given) or a saved model directory (loaded with
+    SDPA attention, as users deploy it)."""
+    from compressor.surgery.checkpoint import load_pruned
+
+    if isinstance(source, nn.Module):
+        return pytorch_candidate(name, source, seq_lens)
+    return pytorch_candidate(name, load_pruned(source, attn_implementation="sdpa"), seq_lens, source)
+
+
+def _onnx_built(name: str, source: Path, seq_lens, threads: int | None, like: Candidate | None):
+    """An ONNX runtime's candidate: an export variant's directory, with the FLOPs and heads of `like` (the PyTorch
+    candidate of the model it was exported from)."""
+    flops = like.flops_by_seq_len or like.flops_per_example if like is not None else None
+    return onnx_candidate(name, source, threads, flops, like.heads_per_layer if like is not None else None)
+
+
+# How each engine of `compressor.core.runtimes` becomes a candidate: (name, built model, seq_lens, threads, like).
+CANDIDATE_BUILDERS: dict[str, Callable[..., Candidate]] = {"pytorch": _pytorch_built, "onnx": _onnx_built}
+
+
+def runtime_candidate(
+    name: str,
+    runtime: str,
+    source: nn.Module | str | Path,
+    seq_lens: int | Sequence[int],
+    threads: int | None = None,
+    like: Candidate | None = None,
+) -> Candidate:
+    """The candidate `name` of a model built for the declared `runtime`: `source` is what its export step made (a
+    saved model directory or an in-memory model for PyTorch, a variant directory for ONNX); `like` is the PyTorch
+    candidate of the same model, whose FLOPs and heads an exported graph shares."""
+    from compressor.core.runtimes import runtime as declared
+
+    engine = declared(runtime, "bench runtime").engine
+    built = source if isinstance(source, nn.Module) else Path(source)
+    return CANDIDATE_BUILDERS[engine](name, built, seq_lens, threads, like)
+
+
 def as_sdpa(model: nn.Module) -> nn.Module:
     """A copy of an eager-attention model (pruned or not) using SDPA (what users deploy), for fair timing.
 

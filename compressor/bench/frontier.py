@@ -14,14 +14,18 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-ROLES = ("member", "original", "baseline")
+from compressor.core.candidates import KINDS, ORIGINAL_NAME, SINGLE, CandidateName
+from compressor.core.runtimes import runtime as declared
+
+ROLES = KINDS  # a point's role is its candidate's kind (`compressor.core.candidates`)
 
 
 @dataclass(frozen=True)
 class Point:
-    """One candidate as a choice. `name`: its bench name; `model`: the member's label, "original" or, for a
-    baseline, the member it is compared with; `role`: one of `ROLES`; `runtime`: "pytorch" or "onnx-<variant>";
-    `path`: what `compressor pick` copies (a model directory or an ONNX variant's directory), None for the original."""
+    """One candidate as a choice. `name`: its bench name (`compressor.core.candidates`); `model`: the member's
+    label, "original" or, for a baseline, the member it is compared with; `role`: its candidate's kind, one of
+    `ROLES`; `runtime`: a declared runtime's name (`compressor.core.runtimes`); `path`: what `compressor pick`
+    copies (a model directory or an ONNX variant's directory), None for the original."""
 
     name: str
     model: str
@@ -30,6 +34,11 @@ class Point:
     path: str | None
     rejected: bool = False
 
+    @classmethod
+    def of(cls, candidate: CandidateName, path: str | None, rejected: bool = False) -> Point:
+        """The point of a named candidate: for a baseline, `model` is the member it is compared with."""
+        return cls(candidate.name, candidate.model, candidate.kind, candidate.runtime, path, rejected)
+
 
 def frontier(summary: dict, points: list[Point], batch: int | None = None, recovery: str | None = None) -> list[dict]:
     """One row per point the benchmark measured: its speed-up at `batch` (default: each candidate's headline batch)
@@ -37,7 +46,7 @@ def frontier(summary: dict, points: list[Point], batch: int | None = None, recov
     against the original, and whether it is Pareto-optimal. Rows are sorted fastest first. A member's row says how
     it was repaired (`recovery`: the run's `prune.recovery` mode, e.g. "rescale" for members made without
     training); other rows have None."""
-    original = summary.get("pytorch-original", {}).get("accuracy")
+    original = summary.get(ORIGINAL_NAME, {}).get("accuracy")
     rows = []
     for point in points:
         if point.name not in summary:
@@ -101,15 +110,16 @@ def single_run_points(report: dict) -> list[Point]:
     exported = report.get("export", {})
     points = []
     for name in names:
-        if name == "pytorch-original" or (name.startswith("onnx-") and name.endswith("-original")):
-            points.append(Point(name, "original", "original", name.removesuffix("-original"), None))
-        elif name == "pytorch-pruned":
-            points.append(Point(name, "pruned", "member", "pytorch", report.get("pruned", {}).get("model_dir")))
-        elif name == "pytorch-layer-drop":
-            points.append(Point(name, "pruned", "baseline", "pytorch", None))
-        elif name.startswith("onnx-") and name.removeprefix("onnx-") in exported:
-            info = exported[name.removeprefix("onnx-")]
-            points.append(Point(name, "pruned", "member", name, info.get("dir"), info.get("status") == "rejected"))
+        cid = CandidateName.parse(name)
+        if cid is None or cid.kind == "reference" or (cid.kind != "original" and cid.model != SINGLE):
+            continue
+        if cid.kind in ("original", "baseline"):
+            points.append(Point.of(cid, None))
+        elif cid.runtime == "pytorch":
+            points.append(Point.of(cid, report.get("pruned", {}).get("model_dir")))
+        elif declared(cid.runtime).variant in exported:
+            info = exported[declared(cid.runtime).variant]
+            points.append(Point.of(cid, info.get("dir"), info.get("status") == "rejected"))
     return points
 
 

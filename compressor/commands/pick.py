@@ -11,6 +11,7 @@ from pathlib import Path
 import typer
 
 from compressor.core.errors import UserError, one_line_errors
+from compressor.core.runtimes import NAMES
 
 NOTHING_QUALIFIES = 1  # exit code when the run has no member within the drop (a result, not a usage error)
 
@@ -74,7 +75,7 @@ def copy_choice(source: Path, out: Path) -> Path:
 def pick(
     run_dir: Path = typer.Argument(..., help="a finished run's output_dir"),
     max_drop: str = typer.Option("1.0", help="accuracy points below the original allowed, or 'none'"),
-    runtime: str | None = typer.Option(None, help="only this runtime: pytorch, onnx-fp32, onnx-int8, ..."),
+    runtime: str | None = typer.Option(None, help=f"only this runtime: one of {', '.join(NAMES)}"),
     batch_size: int | None = typer.Option(None, help="compare speed at this batch size (default: the run's)"),
     out: Path | None = typer.Option(None, help="copy the picked model (or ONNX variant) directory here"),
     as_json: bool = typer.Option(False, "--json", help="print the picked frontier row as JSON"),

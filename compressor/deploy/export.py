@@ -36,6 +36,7 @@ from torch import nn
 
 from compressor.core import atomic
 from compressor.core.errors import UserError
+from compressor.core.runtimes import VARIANTS as DECLARED_VARIANTS
 from compressor.deploy.graph import attention_nodes, attention_scopes, optimize_graph, pin_head_counts
 from compressor.deploy.inference import (
     ONNX_FILE,
@@ -71,7 +72,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-VARIANTS = ("fp32", "optimized", *INT8_VARIANTS)
+VARIANTS = DECLARED_VARIANTS  # one per declared runtime that runs an export (`compressor.core.runtimes`)
 MANIFEST = "export.json"
 # Files of a saved model directory that are not copied next to the graphs (weights, the PyTorch model card).
 _NOT_COPIED = ("*.safetensors", "*.bin", "*.safetensors.index.json", "README.md", "config.json", "modeling_*.py")

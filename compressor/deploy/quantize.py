@@ -29,8 +29,9 @@ import numpy as np
 
 from compressor.core.errors import UserError
 from compressor.core.machine import CPUINFO, cpu_has_vnni
+from compressor.core.runtimes import GATED_VARIANTS
 
-INT8_VARIANTS = ("int8", "int8_static")
+INT8_VARIANTS = GATED_VARIANTS  # the declared runtimes whose export passes the int8 gate
 # The ops each kind turns into int8 (ORT's dynamic IntegerOps registry; static QDQ is limited to MatMuls here).
 QUANTIZED_OPS = {
     "int8": ("MatMul", "Attention", "Gather", "EmbedLayerNormalization"),

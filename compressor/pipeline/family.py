@@ -25,6 +25,8 @@ from compressor.bench.baseline import Baseline
 from compressor.bench.candidates import as_sdpa
 from compressor.bench.frontier import Point, frontier, pick, relative_to_run
 from compressor.core import atomic
+from compressor.core.candidates import ORIGINAL_NAME, CandidateName, name_of
+from compressor.core.runtimes import for_variant
 from compressor.pipeline.stages import (
     STAGES,
     RunState,
@@ -37,7 +39,6 @@ from compressor.pruning.selection import mask_to_plan
 from compressor.recipe import BudgetSpec
 from compressor.recovery.loop import Member, PruneResult
 from compressor.sources.batches import sample_batches
-from compressor.surgery.arch import present_heads
 from compressor.surgery.checkpoint import load_pruned, save_pruned
 
 log = logging.getLogger("compressor")
@@ -124,41 +125,36 @@ def family_bench(run: RunState, members: list[dict]) -> tuple[dict, list[Point]]
     member's layer-drop baseline; returns the bench result and the frontier's point descriptions."""
     spec = bench_spec_for(run.recipe)
     seq = spec.seq_lens
-    original = bench.pytorch_candidate("pytorch-original", as_sdpa(run.original), seq)
-    candidates, points = [original], [Point("pytorch-original", "original", "original", "pytorch", None)]
-    heads = [len(h) for h in present_heads(run.original)]
+    original = bench.runtime_candidate(ORIGINAL_NAME, "pytorch", as_sdpa(run.original), seq)
+    candidates, points = [original], [Point.of(CandidateName.original(), None)]
     for variant, info in export_original(run, run.recipe.export.variants if run.recipe.export.enabled else []).items():
-        name = f"onnx-{variant}-original"
-        candidates.append(bench.onnx_candidate(name, info["dir"], spec.threads, original.flops_by_seq_len, heads))
-        points.append(Point(name, "original", "original", f"onnx-{variant}", None))
+        cid = CandidateName.original(for_variant(variant).name)
+        candidates.append(bench.runtime_candidate(cid.name, cid.runtime, info["dir"], seq, spec.threads, original))
+        points.append(Point.of(cid, None))
     for m in members:
         candidates += _member_candidates(m, spec, points)
     test = run.splits["test"]
     batches = sample_batches(test, run.tokenizer, spec.eval_examples or len(test), 32, seed=0)
-    result = bench.bench(candidates, batches, spec, run.out / "bench", reference="pytorch-original")
+    result = bench.bench(candidates, batches, spec, run.out / "bench", reference=ORIGINAL_NAME)
     return {**result, "max_drop": spec.max_drop}, points
 
 
 def _member_candidates(member: dict, spec, points: list[Point]) -> list:
     """A member's candidates (PyTorch, each ONNX variant, its layer-drop baseline) and their frontier points."""
     label, model_dir = member["label"], Path(member["pruned"]["model_dir"])
-    pruned = bench.pytorch_candidate(
-        f"{label}/pytorch", load_pruned(model_dir, attn_implementation="sdpa"), spec.seq_lens, model_dir
-    )
+    cid = CandidateName(label, "member")
+    pruned = bench.runtime_candidate(cid.name, cid.runtime, model_dir, spec.seq_lens)
     out = [pruned]
-    points.append(Point(pruned.name, label, "member", "pytorch", str(model_dir)))
+    points.append(Point.of(cid, str(model_dir)))
     for variant, info in member.get("export", {}).items():
-        name = f"{label}/onnx-{variant}"
-        out.append(
-            bench.onnx_candidate(name, info["dir"], spec.threads, pruned.flops_by_seq_len, pruned.heads_per_layer)
-        )
-        rejected = info.get("status") == "rejected"
-        points.append(Point(name, label, "member", f"onnx-{variant}", info["dir"], rejected=rejected))
+        cid = CandidateName(label, "member", for_variant(variant).name)
+        out.append(bench.runtime_candidate(cid.name, cid.runtime, info["dir"], spec.seq_lens, spec.threads, pruned))
+        points.append(Point.of(cid, info["dir"], rejected=info.get("status") == "rejected"))
     if "baseline" in member:
+        cid = CandidateName(label, "baseline")
         base_dir = Path(member["baseline"]["model_dir"])
-        model = load_pruned(base_dir, attn_implementation="sdpa")
-        out.append(bench.pytorch_candidate(f"{label}/layer-drop", model, spec.seq_lens, base_dir))
-        points.append(Point(f"{label}/layer-drop", label, "baseline", "pytorch", str(base_dir)))
+        out.append(bench.runtime_candidate(cid.name, cid.runtime, base_dir, spec.seq_lens))
+        points.append(Point.of(cid, str(base_dir)))
     return out
 
 
@@ -168,7 +164,8 @@ def member_budget(budget: BudgetSpec, member: dict, speedups: dict) -> dict:
     out = {"target": member["target"], "flop_ratio": member["pruned"]["flop_ratio"]}
     if budget.kind != "speedup":
         return out
-    return out | measured_speedup(speedups, f"{member['label']}/{budget.runtime}", budget, member["target"])
+    name = name_of(member["label"], "member", budget.runtime)
+    return out | measured_speedup(speedups, name, budget, member["target"])
 
 
 def family_report(run: RunState, members: list[dict]) -> dict:

@@ -24,6 +24,8 @@ from tqdm.auto import tqdm
 
 from compressor.bench.baseline import Baseline
 from compressor.bench.candidates import as_sdpa
+from compressor.core.candidates import ORIGINAL, ORIGINAL_NAME, SINGLE, CandidateName, name_of
+from compressor.core.runtimes import for_variant, runtime
 from compressor.pruning.masking import gated
 from compressor.recipe import BenchSpec, Recipe
 from compressor.recovery.evaluate import evaluate
@@ -31,10 +33,7 @@ from compressor.recovery.loop import PruneResult
 from compressor.recovery.train import model_inputs
 from compressor.sources import TaskData
 from compressor.sources.batches import sample_batches
-from compressor.surgery.arch import (
-    present_heads,
-)
-from compressor.surgery.checkpoint import load_pruned, save_pruned
+from compressor.surgery.checkpoint import save_pruned
 from compressor.surgery.cost import model_stats
 
 if TYPE_CHECKING:
@@ -193,44 +192,35 @@ def bench_stage(state: RunState) -> dict:
 
     spec = bench_spec_for(state.recipe)
     seq = spec.seq_lens
-    pruned = bench.pytorch_candidate(
-        "pytorch-pruned", load_pruned(state.model_dir, attn_implementation="sdpa"), seq, state.model_dir
-    )
-    original = bench.pytorch_candidate("pytorch-original", as_sdpa(state.original), seq)
+    pruned = bench.runtime_candidate(name_of(SINGLE, "member"), "pytorch", state.model_dir, seq)
+    original = bench.runtime_candidate(ORIGINAL_NAME, "pytorch", as_sdpa(state.original), seq)
     candidates = [original, pruned]
     if state.baseline is not None:
-        candidates.append(bench.pytorch_candidate("pytorch-layer-drop", as_sdpa(state.baseline.model), seq))
-    for name, info in state.exported.items():
-        candidates.append(
-            bench.onnx_candidate(
-                f"onnx-{name}",
-                info["dir"],
-                spec.threads,
-                flops_per_example=pruned.flops_by_seq_len,
-                heads_per_layer=pruned.heads_per_layer,
-            )
-        )
-    candidates += _original_onnx(state, spec.threads, original.flops_by_seq_len)
+        name = name_of(SINGLE, "baseline")
+        candidates.append(bench.runtime_candidate(name, "pytorch", as_sdpa(state.baseline.model), seq))
+    for variant, info in state.exported.items():
+        cid = CandidateName(SINGLE, "member", for_variant(variant).name)
+        candidates.append(bench.runtime_candidate(cid.name, cid.runtime, info["dir"], seq, spec.threads, pruned))
+    candidates += _original_onnx(state, spec.threads, original)
     test = state.splits["test"]
     batches = sample_batches(test, state.tokenizer, spec.eval_examples or len(test), 32, seed=0)
-    result = bench.bench(candidates, batches, spec, state.out / "bench", reference="pytorch-original")
+    result = bench.bench(candidates, batches, spec, state.out / "bench", reference=ORIGINAL_NAME)
     return {**result, "max_drop": spec.max_drop}  # the recommendation's quality gate, kept beside the figures
 
 
-def _original_onnx(state: RunState, threads: int | None, flops: dict) -> list:
-    """For a speed-up budget on an ONNX runtime: the original exported to that variant (under `onnx-original/`),
-    so the asked speed-up can be measured against the original on the same runtime (`export_original`)."""
+def _original_onnx(state: RunState, threads: int | None, original) -> list:
+    """For a speed-up budget on an exported runtime: the original exported to that variant (under
+    `onnx-original/`), so the asked speed-up can be measured against the original on the same runtime
+    (`export_original`)."""
     from compressor import bench
 
     budget = state.recipe.prune.budget
-    if budget is None or budget.kind != "speedup" or budget.runtime == "pytorch":
+    if budget is None or budget.kind != "speedup" or runtime(budget.runtime).variant is None:
         return []
-    variant = budget.runtime.removeprefix("onnx-")
+    variant = runtime(budget.runtime).variant
     out = export_original(state, [variant])
-    name = f"{budget.runtime}-original"
-    return [
-        bench.onnx_candidate(name, out[variant]["dir"], threads, flops, [len(h) for h in present_heads(state.original)])
-    ]
+    name = name_of(ORIGINAL, "original", budget.runtime)
+    return [bench.runtime_candidate(name, budget.runtime, out[variant]["dir"], None, threads, original)]
 
 
 def export_original(state: RunState, variants: list[str]) -> dict:
@@ -257,11 +247,10 @@ def _original_variants(state: RunState, variants: list[str]) -> tuple[list[str],
     quantised from the optimised graph when the pruned model's is (the recipe asks for `optimized`), with the
     recipe's per-channel, reduce-range, excluded-node and calibration settings; no validation gate (the original is
     measured, never shipped)."""
-    from compressor.deploy.export import INT8_VARIANTS
     from compressor.deploy.quantize import int8_options
 
     spec = state.recipe.export
-    quantized = [v for v in variants if v in INT8_VARIANTS]
+    quantized = [v for v in variants if for_variant(v).gated]
     if not quantized:
         return list(variants), None
     graphs = ["optimized"] if "optimized" in spec.variants and "optimized" not in variants else []
@@ -280,9 +269,6 @@ def bench_spec_for(recipe: Recipe) -> BenchSpec:
     return spec.model_copy(update={"seq_lens": lengths, "batch_sizes": batches})
 
 
-RUNTIME_CANDIDATES = {"pytorch": "pytorch-pruned", "onnx-fp32": "onnx-fp32", "onnx-int8": "onnx-int8"}
-
-
 def budget_stage(state: RunState) -> dict:
     """The budget asked, what the run reached (FLOPs, heads) and, for a speed-up budget, the latency table's
     prediction beside the speed-up measured by this run's own bench at the budget's batch size and length, against
@@ -296,7 +282,7 @@ def budget_stage(state: RunState) -> dict:
     out["predicted_speedup"] = steps[-1].get("predicted_speedup") if steps else None
     out["measured_in_run"] = steps[-1].get("measured_speedup") if steps else None  # the last step's own check
     speedups = state.report.get("bench", {}).get("speedups", {})
-    return out | measured_speedup(speedups, RUNTIME_CANDIDATES[budget.runtime], budget, budget.value)
+    return out | measured_speedup(speedups, name_of(SINGLE, "member", budget.runtime), budget, budget.value)
 
 
 def measured_speedup(speedups: dict, candidate: str, budget, target: float) -> dict:
@@ -304,8 +290,8 @@ def measured_speedup(speedups: dict, candidate: str, budget, target: float) -> d
     the budget's runtime (the PyTorch original, or the original's export to that ONNX variant), with its spread and
     whether it is within 10% of `target`; empty when the bench did not measure both."""
     row = _speedup_row(speedups, candidate, budget)
-    reference = "pytorch-original" if budget.runtime == "pytorch" else f"{budget.runtime}-original"
-    base = 1.0 if budget.runtime == "pytorch" else (_speedup_row(speedups, reference, budget) or {}).get("median")
+    reference = name_of(ORIGINAL, "original", budget.runtime)
+    base = 1.0 if reference == ORIGINAL_NAME else (_speedup_row(speedups, reference, budget) or {}).get("median")
     if row is None or not base:
         return {}
     measured = row["median"] / base

@@ -8,6 +8,7 @@ from typing import Any, Literal
 
 from pydantic import Field, FiniteFloat, field_validator, model_validator
 
+from compressor.core.runtimes import BUDGET_NAMES
 from compressor.recipe.base import Strict, criteria
 
 
@@ -63,7 +64,8 @@ class BudgetSpec(Strict):
     """How much to prune, for the whole model: a fraction of heads removed, a fraction of encoder FLOPs removed,
     or a measured speed-up on a named runtime at a batch size and sequence length (`compressor.pruning.latency`).
 
-    `runtime` (one of `compressor.pruning.latency.RUNTIMES`), `batch_size`, `seq_len`: where a speed-up is measured;
+    `runtime` (a `compressor.core.runtimes` declaration with `budget`), `batch_size`, `seq_len`: where a speed-up
+    is measured;
     `calibrate`: time the real pruned model after every step to correct the table (`compressor.pruning.latency.check`).
     """
 
@@ -78,7 +80,7 @@ class BudgetSpec(Strict):
         description="several targets, ascending: one run prunes through them in order and saves a model at each "
         "(a model family); `value` is then the last",
     )
-    runtime: Literal["pytorch", "onnx-fp32", "onnx-int8"] = "pytorch"
+    runtime: Literal[BUDGET_NAMES] = "pytorch"  # the declared runtimes a speed-up can be measured on
     batch_size: int = Field(32, ge=1)
     seq_len: int = Field(64, ge=8, le=4096)
     calibrate: bool = True

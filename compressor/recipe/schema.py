@@ -13,6 +13,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
+from compressor.core.runtimes import VARIANTS, runtime
 from compressor.recipe.base import Strict
 from compressor.recipe.prune import PruneSpec, TrainSpec
 from compressor.recipe.yamlio import RecipeError, format_validation_error, read_yaml, short, short_key
@@ -136,9 +137,7 @@ class Int8Spec(Strict):
 
 class ExportSpec(Strict):
     enabled: bool = True
-    variants: list[Literal["fp32", "optimized", "int8", "int8_static"]] = Field(
-        default_factory=lambda: ["fp32", "optimized", "int8"]
-    )
+    variants: list[Literal[VARIANTS]] = Field(default_factory=lambda: ["fp32", "optimized", "int8"])
     int8: Int8Spec = Field(default_factory=Int8Spec)
     atol: float = Field(1e-4, gt=0, le=1)
     opset: int | None = Field(None, ge=11, le=30)
@@ -250,8 +249,8 @@ class Recipe(Strict):
     def _budget_runtime_exported(self) -> Recipe:
         """A speed-up on an ONNX runtime is measured on the run's own export of that variant."""
         budget = self.prune.budget
-        if budget is not None and budget.kind == "speedup" and budget.runtime != "pytorch":
-            variant = budget.runtime.removeprefix("onnx-")
+        variant = runtime(budget.runtime).variant if budget is not None and budget.kind == "speedup" else None
+        if variant is not None:
             if not self.export.enabled or variant not in self.export.variants:
                 raise ValueError(
                     f"prune.budget.runtime: {budget.runtime} is measured on the run's own export; expected "

@@ -7,6 +7,8 @@ from pathlib import Path
 
 from compressor.bench.frontier import frontier, relative_to_run, single_run_points
 from compressor.core import atomic
+from compressor.core.candidates import ORIGINAL_NAME, SINGLE, CandidateName, name_of
+from compressor.core.runtimes import for_variant, runtime
 from compressor.deploy.quantize import smoothing_note
 from compressor.report.card import describe_distillation
 
@@ -113,8 +115,8 @@ def recommendation(report: dict) -> dict | None:
     a benchmark."""
     bench = report.get("bench", {})
     summary, exported = bench.get("summary", {}), report.get("export", {})
-    rejected = {f"onnx-{n}" for n, e in exported.items() if e.get("status") == "rejected"}
-    shipped = {"pytorch-pruned"} | {f"onnx-{n}" for n in exported}  # not the original, its exports, or the baseline
+    rejected = {_shipped_name(n) for n, e in exported.items() if e.get("status") == "rejected"}
+    shipped = {name_of(SINGLE, "member")} | {_shipped_name(n) for n in exported}  # not the original or baseline
     speeds = {
         name: row["headline_speedup"]
         for name, row in summary.items()
@@ -142,6 +144,11 @@ def recommendation(report: dict) -> dict | None:
     }
 
 
+def _shipped_name(variant: str) -> str:
+    """The bench name of the one-target run's export `variant`."""
+    return name_of(SINGLE, "member", for_variant(variant).name)
+
+
 def _passed_over(
     summary: dict, exported: dict, shipped: set[str], rejected: set[str], gate: _Gate, floor: float
 ) -> list[dict]:
@@ -153,7 +160,8 @@ def _passed_over(
         if speed is None or speed <= floor:
             continue
         if name in rejected:
-            why = _int8_gate_reason(exported[name.removeprefix("onnx-")].get("gate") or {})
+            variant = runtime(CandidateName.parse(name).runtime).variant
+            why = _int8_gate_reason(exported[variant].get("gate") or {})
         else:
             why = gate.shortfall(summary[name].get("accuracy"))
         out.append({"variant": name, "speedup": speed, "reason": f"{name}: {speed:.2f}× but {why}"})
@@ -210,7 +218,7 @@ class _Gate:
 
 def _accuracy_gate(report: dict, max_drop: float | None) -> _Gate:
     """The gate against the original's accuracy on the benchmark's examples (else its test-split accuracy)."""
-    row = report.get("bench", {}).get("summary", {}).get("pytorch-original", {})
+    row = report.get("bench", {}).get("summary", {}).get(ORIGINAL_NAME, {})
     original = row.get("accuracy", report.get("original", {}).get("test", {}).get("accuracy"))
     return _Gate(original, max_drop)
 

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from compressor.core.timing import set_threads
-from compressor.pruning.latency.probe import check_runtime, measure, runner
+from compressor.pruning.latency.probe import check_runtime, is_pytorch, measure, runner
 
 
 class _Logits(nn.Module):
@@ -60,7 +60,7 @@ def measured_speedup(
         1000 if vocab > 2000 else 0, vocab, (batch_size, seq_len), generator=torch.Generator().manual_seed(0)
     )
     previous = torch.get_num_threads()
-    if runtime == "pytorch":
+    if is_pytorch(runtime):
         set_threads(threads)
     try:
         with tempfile.TemporaryDirectory() as tmp:

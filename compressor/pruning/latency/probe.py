@@ -25,12 +25,13 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from compressor.core import runtimes
 from compressor.core.errors import UserError
 from compressor.core.timing import time_call
 from compressor.surgery.arch import arch_spec
 
-Runtime = Literal["pytorch", "onnx-fp32", "onnx-int8"]
-RUNTIMES: tuple[str, ...] = ("pytorch", "onnx-fp32", "onnx-int8")
+Runtime = Literal[runtimes.BUDGET_NAMES]
+RUNTIMES: tuple[str, ...] = runtimes.BUDGET_NAMES  # the declared runtimes a speed-up budget can be measured on
 Unit = Literal["head", "neurons"]
 DEFAULT_FRACTIONS: tuple[float, ...] = (0.0, 0.25, 0.5, 0.75, 1.0)
 
@@ -40,6 +41,11 @@ def check_runtime(runtime: str) -> str:
     if runtime not in RUNTIMES:
         raise UserError(f"budget.runtime: expected one of {', '.join(RUNTIMES)}, got {runtime!r}")
     return runtime
+
+
+def is_pytorch(runtime: str) -> bool:
+    """Whether `runtime` runs in this process's PyTorch (its thread count is set through torch)."""
+    return runtimes.runtime(runtime).engine == "pytorch"
 
 
 # ---------------------------------------------------------------------------------------------------- model shape
@@ -159,15 +165,37 @@ def runtime_threads(runtime: str, threads: int | None) -> int:
     """The intra-op thread count `runtime` will use: `threads`, else the runtime's default."""
     if threads is not None:
         return int(threads)
-    if runtime == "pytorch":
+    if is_pytorch(runtime):
         return torch.get_num_threads()
     from compressor.core.timing import ort_default_threads
 
     return ort_default_threads()
 
 
+def _pytorch_call(
+    module: nn.Module, example: torch.Tensor, runtime: str, threads: int | None, workdir: Path
+) -> Callable[[], object]:
+    """`module` on `example` in this process's PyTorch (threads are set by the caller, through torch)."""
+
+    def call() -> object:
+        with torch.inference_mode():
+            return module(example)
+
+    return call
+
+
+def _onnx_call(
+    module: nn.Module, example: torch.Tensor, runtime: str, threads: int | None, workdir: Path
+) -> Callable[[], object]:
+    """`module` on `example` in an ONNX Runtime session (`_onnx_session`)."""
+    session = _onnx_session(module, example, runtime, threads, workdir)
+    feed = {session.get_inputs()[0].name: example.numpy()}
+    return lambda: session.run(None, feed)
+
+
 def _onnx_session(module: nn.Module, example: torch.Tensor, runtime: str, threads: int | None, workdir: Path):
-    """An ONNX Runtime session over `module` exported to `workdir` (dynamic-int8 quantised for onnx-int8)."""
+    """An ONNX Runtime session over `module` exported to `workdir` (dynamic-int8 quantised for a gated, i.e. int8,
+    runtime)."""
     import onnxruntime as ort
 
     from compressor.deploy.export import quantize_graph
@@ -177,7 +205,7 @@ def _onnx_session(module: nn.Module, example: torch.Tensor, runtime: str, thread
         warnings.simplefilter("ignore")
         torch.onnx.export(module, (example,), str(fp32), input_names=["x"], output_names=["y"], dynamo=False)
     graph = fp32
-    if runtime == "onnx-int8":
+    if runtimes.runtime(runtime).gated:
         graph = fp32.with_name("int8.onnx")
         quantize_graph(fp32, graph)
     options = ort.SessionOptions()
@@ -190,18 +218,14 @@ def _onnx_session(module: nn.Module, example: torch.Tensor, runtime: str, thread
 def runner(
     module: nn.Module, example: torch.Tensor, runtime: str, threads: int | None, workdir: Path
 ) -> Callable[[], object]:
-    """A no-argument call that runs `module` on `example` once in `runtime` (eval mode, no autograd)."""
-    module = module.eval()
-    if runtime == "pytorch":
+    """A no-argument call that runs `module` on `example` once in `runtime` (eval mode, no autograd), built by the
+    runtime's engine (`SESSIONS`)."""
+    engine = runtimes.runtime(check_runtime(runtime)).engine
+    return SESSIONS[engine](module.eval(), example, runtime, threads, workdir)
 
-        def call() -> object:
-            with torch.inference_mode():
-                return module(example)
 
-        return call
-    session = _onnx_session(module, example, check_runtime(runtime), threads, workdir)
-    feed = {session.get_inputs()[0].name: example.numpy()}
-    return lambda: session.run(None, feed)
+# How each engine of `compressor.core.runtimes` runs a module: (module, example, runtime, threads, workdir) -> call.
+SESSIONS: dict[str, Callable[..., Callable[[], object]]] = {"pytorch": _pytorch_call, "onnx": _onnx_call}
 
 
 def measure(

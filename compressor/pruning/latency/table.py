@@ -35,6 +35,7 @@ from compressor.pruning.latency.probe import (
     Widths,
     check_runtime,
     grid_counts,
+    is_pytorch,
     measure_grid,
     runtime_threads,
 )
@@ -107,7 +108,7 @@ class LatencyTable:
         _check_sizes(dims, batch_size, seq_len)
         heads_grid, neurons_grid = grid_counts(dims.heads, grid), grid_counts(dims.intermediate, grid)
         previous = torch.get_num_threads()
-        if runtime == "pytorch":
+        if is_pytorch(runtime):
             set_threads(threads)
         try:
             ms = measure_grid(dims, runtime, batch_size, seq_len, threads, heads_grid, neurons_grid, rounds, min_time_s)

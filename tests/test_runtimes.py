@@ -1,0 +1,114 @@
+"""Runtime declarations (`compressor.core.runtimes`) and candidate names (`compressor.core.candidates`): every
+declared runtime is built by export, benchmarked and chosen by `compressor pick`; every name parses back."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from test_export import CHECK, saved_model
+from typer.testing import CliRunner
+
+from compressor import bench
+from compressor.bench.frontier import Point, frontier
+from compressor.cli import app
+from compressor.core import runtimes
+from compressor.core.candidates import KINDS, ORIGINAL_NAME, SINGLE, CandidateName, name_of
+from compressor.core.errors import UserError
+from compressor.deploy.export import VARIANTS, export_onnx
+from compressor.deploy.quantize import INT8_VARIANTS, Int8Options
+from compressor.pruning.latency import RUNTIMES as LATENCY_RUNTIMES
+from compressor.pruning.latency.probe import runner
+from compressor.recipe import RecipeError, parse_recipe
+from compressor.recipe.schema import ExportSpec
+from compressor.surgery.checkpoint import load_pruned
+
+
+def _every_name() -> list[CandidateName]:
+    out = [CandidateName.original(r) for r in runtimes.NAMES]
+    for runtime in runtimes.NAMES:
+        for model in ("2x", "50pct", SINGLE):
+            out += [CandidateName(model, "member", runtime), CandidateName(model, "baseline", runtime)]
+        out.append(CandidateName("distilbert", "reference", runtime))
+    return out
+
+
+def test_every_candidate_name_parses_back_and_is_unique():
+    names = _every_name()
+    assert {c.kind for c in names} == set(KINDS)
+    assert all(CandidateName.parse(c.name) == c for c in names)
+    assert len({c.name for c in names}) == len(names)
+
+
+def test_one_target_and_family_spellings_are_kept():
+    """report.json's candidate names as users' scripts read them."""
+    assert ORIGINAL_NAME == "pytorch-original" and CandidateName.original("onnx-int8").name == "onnx-int8-original"
+    assert name_of(SINGLE, "member") == "pytorch-pruned" and name_of(SINGLE, "member", "onnx-int8") == "onnx-int8"
+    assert name_of(SINGLE, "baseline") == "pytorch-layer-drop"
+    assert name_of("2x", "member") == "2x/pytorch" and name_of("2x", "member", "onnx-fp32") == "2x/onnx-fp32"
+    assert name_of("2x", "baseline") == "2x/layer-drop"
+    assert name_of("bert", "reference", "onnx-int8") == "reference/bert/onnx-int8"
+    for foreign in ("pytorch-reference", "onnx-tflite", "2x/tflite", "a/b/c", "/pytorch", "pytorch"):
+        assert CandidateName.parse(foreign) is None
+
+
+def test_undeclared_runtime_is_refused():
+    with pytest.raises(UserError, match="candidate runtime: expected one of pytorch, onnx-fp32"):
+        CandidateName("2x", "member", "tensorrt")
+    with pytest.raises(RecipeError, match="runtime"):
+        parse_recipe({"prune": {"budget": {"kind": "speedup", "value": 2.0, "runtime": "tensorrt"}}})
+
+
+def test_readers_take_their_values_from_the_declarations():
+    assert VARIANTS == runtimes.VARIANTS and INT8_VARIANTS == runtimes.GATED_VARIANTS
+    assert LATENCY_RUNTIMES == runtimes.BUDGET_NAMES
+    assert ExportSpec(variants=list(runtimes.VARIANTS)).variants == list(runtimes.VARIANTS)
+    for name in runtimes.BUDGET_NAMES:  # a speed-up budget on each is a valid recipe
+        budget = {"kind": "speedup", "value": 2.0, "runtime": name}
+        assert parse_recipe({"prune": {"units": ["heads"], "budget": budget}}).prune.budget.runtime == name
+    assert set(bench.candidates.CANDIDATE_BUILDERS) >= {r.engine for r in runtimes.RUNTIMES}
+
+
+@pytest.mark.parametrize("name", runtimes.BUDGET_NAMES)
+def test_every_budget_runtime_times_a_module(name, tmp_path):
+    """The latency table and the in-run check can run a module on each runtime a budget may name."""
+    torch.manual_seed(0)
+    module, example = torch.nn.Linear(16, 4).eval(), torch.randn(3, 16)
+    out = runner(module, example, name, 1, tmp_path)()
+    out = out[0] if isinstance(out, list) else out
+    with torch.inference_mode():
+        expected = module(example).numpy()
+    tol = 0.1 if runtimes.runtime(name).gated else 1e-5
+    assert np.abs(np.asarray(out) - expected).max() <= tol
+
+
+def test_every_runtime_is_exported_benched_and_picked(tmp_path):
+    """Each declared runtime: its variant exported, its candidate benchmarked against the original with the
+    PyTorch logits, and `compressor pick --runtime` choosing it from the frontier."""
+    model_dir = saved_model(tmp_path, "bert", {0: [1], 2: [0, 3]})
+    variants = [r.variant for r in runtimes.RUNTIMES if r.variant is not None]
+    exported = export_onnx(model_dir, tmp_path / "onnx", variants, CHECK, int8=Int8Options(calibration=CHECK))
+    assert sorted(exported) == sorted(variants)
+    seq = [11]
+    original = bench.runtime_candidate(ORIGINAL_NAME, "pytorch", load_pruned(model_dir), seq)
+    candidates, points = [original], [Point.of(CandidateName.original(), None)]
+    for rt in runtimes.RUNTIMES:
+        cid = CandidateName("m", "member", rt.name)
+        source = model_dir if rt.variant is None else exported[rt.variant]["dir"]
+        candidates.append(bench.runtime_candidate(cid.name, rt.name, source, seq, 1, original))
+        points.append(Point.of(cid, str(source)))
+    expected = candidates[0].predict(CHECK[0])
+    for candidate in candidates[1:]:
+        tol = 0.5 if runtimes.runtime(CandidateName.parse(candidate.name).runtime).gated else 1e-4
+        assert np.abs(candidate.predict(CHECK[0]) - expected).max() <= tol, candidate.name
+    spec = parse_recipe({"bench": {"batch_sizes": [2], "seq_len": 11, "rounds": 1, "warmup": 0}}).bench
+    result = bench.bench(candidates, CHECK, spec.model_copy(update={"min_time_s": 0.001}), None)
+    rows = frontier(result["summary"], points)
+    assert {r["runtime"] for r in rows if r["role"] == "member"} == set(runtimes.NAMES)
+    (tmp_path / "report.json").write_text(json.dumps({"family": {"frontier": rows}}))
+    for name in runtimes.NAMES:
+        cli = CliRunner().invoke(app, ["pick", str(tmp_path), "--max-drop", "none", "--runtime", name, "--json"])
+        assert cli.exit_code == 0, cli.output
+        assert json.loads(cli.output)["name"] == name_of("m", "member", name)
