@@ -211,7 +211,7 @@ def test_original_int8_is_quantised_like_the_pruned_one(tmp_path, tiny_model_dir
     splits = {name: tokenize(getattr(data, name), tokenizer, data.text_fields, 16) for name in ("train", "validation")}
     original = AutoModelForSequenceClassification.from_pretrained(tiny_model_dir, attn_implementation="eager")
     state = RunState(recipe, tmp_path, Accelerator(cpu=True), data, tokenizer, splits, original=original)
-    [candidate] = _original_onnx(state, 1, {})
+    [candidate] = _original_onnx(state, 1, None)
     assert candidate.name == "onnx-int8-original"
     built = json.loads((tmp_path / "onnx-original" / MANIFEST).read_text())
     assert built["int8"]["quantized_from"] == ("optimized" if "optimized" in graphs else "fp32")

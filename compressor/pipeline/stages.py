@@ -37,6 +37,7 @@ from compressor.surgery.checkpoint import save_pruned
 from compressor.surgery.cost import model_stats
 
 if TYPE_CHECKING:
+    from compressor.bench.candidates import Candidate
     from compressor.deploy.quantize import Int8Options
 
 log = logging.getLogger("compressor")
@@ -208,7 +209,7 @@ def bench_stage(state: RunState) -> dict:
     return {**result, "max_drop": spec.max_drop}  # the recommendation's quality gate, kept beside the figures
 
 
-def _original_onnx(state: RunState, threads: int | None, original) -> list:
+def _original_onnx(state: RunState, threads: int | None, original: Candidate | None) -> list:
     """For a speed-up budget on an exported runtime: the original exported to that variant (under
     `onnx-original/`), so the asked speed-up can be measured against the original on the same runtime
     (`export_original`)."""
