@@ -164,3 +164,22 @@ def test_rescale_run_end_to_end_trains_nothing_and_reports_the_fits(tmp_path, ti
     assert report["pruned"]["masked_vs_pruned_max_abs_diff"] < 1e-4
     assert "Recovery: `rescale` on a sample of 120 training examples" in (out / "report.md").read_text()
     assert json.loads((out / "report.json").read_text())["recovery"]["mode"] == "rescale"
+
+
+def test_unlabelled_training_text_runs_a_post_training_mode(tmp_path, tiny_model_dir, tiny_csv, cache_dir):
+    """`data.train_labels: false`: the training split is read without labels, the sample is labelled by the
+    unpruned model's own predictions, and a rescale run finishes; a mode that trains is refused up front."""
+    from compressor.sources import load_task_data
+
+    out = tmp_path / "run"
+    prune = {"criterion": {"name": "fisher", "params": {"labels": "model"}}, "target": 0.5, "steps": 1,
+             "recovery": "rescale", "sample_size": 100, "baseline": None}  # fmt: skip
+    raw = tiny_recipe(tiny_model_dir, tiny_csv, out, prune=prune, **{"model.task_tuned": True})
+    raw["data"] = {**raw["data"], "train_labels": False}
+    recipe = parse_recipe(raw)
+    assert "label" not in load_task_data(recipe.data).train.column_names
+    report = run_recipe(recipe)
+    assert report["steps"][0]["rescale"]["layers"] and report["recovery"]["mode"] == "rescale"
+    raw["prune"] = {**prune, "recovery": "finetune"}
+    with pytest.raises(RecipeError, match=r"data\.train_labels: false .* needs model\.task_tuned: true"):
+        parse_recipe(raw)

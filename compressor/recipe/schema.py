@@ -48,6 +48,12 @@ class DataSpec(Strict):
     config: str | None = Field(None, max_length=256)
     text_fields: list[str] = Field(default_factory=lambda: ["text"], min_length=1, max_length=2)
     label_field: str = Field("label", max_length=256)
+    train_labels: bool = Field(
+        True,
+        description="false: the training split is read as unlabelled text (its label_field is not needed, and "
+        "ignored if there); class names come from the validation split, which with test still needs labels to "
+        "measure accuracy. Only with a post-training recovery (rescale, none) of a task-tuned model",
+    )
     splits: dict[Literal["train", "validation", "test"], str] = Field(
         default_factory=lambda: {"train": "train", "validation": "validation", "test": "test"},
         description="split names for train and validation (required) and test (defaults to the validation split)",
@@ -243,6 +249,21 @@ class Recipe(Strict):
                 f"prune.recovery: '{self.prune.recovery}' prunes a task-tuned model without training, but "
                 "model.task_tuned is false; expected task_tuned: true (or an explicit base_finetune section)"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _unlabelled_training_needs_no_training(self) -> Recipe:
+        """Unlabelled training text can score and fit, never train: no base fine-tune, no recovery fine-tune,
+        no criterion that trains (l0)."""
+        if self.data.train_labels:
+            return self
+        if not (self.prune.post_training and self.model.task_tuned):
+            raise ValueError(
+                "data.train_labels: false (unlabelled training text) needs model.task_tuned: true and "
+                "prune.recovery rescale or none; expected a run that trains nothing"
+            )
+        if self.prune.criterion.name == "l0":
+            raise ValueError("data.train_labels: false: criterion 'l0' trains on labels; expected fisher or taylor")
         return self
 
     @model_validator(mode="after")

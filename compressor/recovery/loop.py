@@ -186,7 +186,7 @@ def prune(
     config = config or PruneSpec()
     accelerator = accelerator or Accelerator()
     model = model.to(accelerator.device)
-    train = post_training_sample(train, config, seed)
+    train = post_training_sample(train, config, seed, accelerator.unwrap_model(model), tokenizer)
     targets = _teacher_targets(teacher, model, train, tokenizer, config, accelerator, seed)
     score_batches = sample_batches(
         train, tokenizer, config.scoring_examples, config.score_batch_size, seed, accelerator, by_length=True

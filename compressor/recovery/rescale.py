@@ -35,7 +35,7 @@ from compressor.core.errors import UserError
 from compressor.pruning.masking import gated
 from compressor.recipe import PruneSpec
 from compressor.recovery.train import model_inputs
-from compressor.sources.batches import sample_batches, sample_split
+from compressor.sources.batches import loader, sample_batches, sample_split
 from compressor.surgery.arch import arch_spec, get_path, head_size, layers, present_heads, present_neurons
 
 log = logging.getLogger("compressor")
@@ -339,9 +339,14 @@ def recovery_summary(spec, steps: list[dict]) -> dict:
     }
 
 
-def post_training_sample(train: datasets.Dataset, config: PruneSpec, seed: int) -> datasets.Dataset:
+def post_training_sample(
+    train: datasets.Dataset, config: PruneSpec, seed: int, model: nn.Module | None = None, tokenizer=None
+) -> datasets.Dataset:
     """In a post-training mode (`config.post_training`), the seeded `sample_size` training examples that scoring
-    and the fit use (the run reads no others); else `train` itself. A sample larger than the split is refused."""
+    and the fit use (the run reads no others); else `train` itself. A sample larger than the split is refused.
+    Unlabelled text (no `labels`, `data.train_labels: false`) gets `model`'s own predictions as labels when a
+    model is given: the unpruned model's classes stand in for gold ones (criteria and the allocation's loss then
+    measure the departure from its predictions)."""
     if not config.post_training:
         return train
     if config.sample_size > len(train):
@@ -349,7 +354,22 @@ def post_training_sample(train: datasets.Dataset, config: PruneSpec, seed: int) 
             f"prune.sample_size: {config.sample_size} examples asked, but the training split has {len(train)}; "
             f"expected at most {len(train)}"
         )
-    return sample_split(train, config.sample_size, seed)
+    sample = sample_split(train, config.sample_size, seed)
+    if model is None or "labels" in sample.column_names:
+        return sample
+    return sample.add_column("labels", predicted_labels(model, sample, tokenizer))
+
+
+@torch.no_grad()
+def predicted_labels(model: nn.Module, ds: datasets.Dataset, tokenizer, batch_size: int = 64) -> list[int]:
+    """`model`'s predicted class of every example of tokenised `ds`, in order."""
+    model.eval()
+    device = next(model.parameters()).device
+    out: list[int] = []
+    for batch in loader(ds, tokenizer, batch_size):
+        logits = model(**model_inputs({k: v.to(device) for k, v in batch.items()})).logits
+        out += logits.argmax(-1).tolist()
+    return out
 
 
 @dataclass

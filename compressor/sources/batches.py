@@ -52,12 +52,13 @@ def eval_batches(
 
 
 def tokenize(ds: datasets.Dataset, tokenizer, text_fields: Sequence[str], max_length: int) -> datasets.Dataset:
-    """Tokenise one split (single sentences or pairs), keeping only model inputs and `labels`."""
+    """Tokenise one split (single sentences or pairs), keeping only model inputs and `labels` (where it has any)."""
 
     def encode(batch: dict) -> dict:
         texts = [batch[f] for f in text_fields]
         out = tokenizer(*texts, truncation=True, max_length=max_length)
-        out["labels"] = batch["label"]
+        if "label" in batch:  # an unlabelled split (`data.train_labels: false`) has none
+            out["labels"] = batch["label"]
         return out
 
     keep = [c for c in ds.column_names]

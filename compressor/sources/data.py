@@ -254,17 +254,21 @@ def load_task_data(spec: DataSpec) -> TaskData:
             raise RecipeError(f"data.splits.{role}: split '{split}' not in dataset; available {sorted(raw)}")
     for role, split in used.items():
         columns = raw[split].column_names
-        for field in [*spec.text_fields, spec.label_field]:
+        labelled = spec.train_labels or role != "train"
+        for field in [*spec.text_fields, *([spec.label_field] if labelled else [])]:
             if field not in columns:
                 which = "label_field" if field == spec.label_field else "text_fields"
                 raise UserError(
                     f"data.{which}: field '{field}' not in dataset split '{split}' (data.splits.{role}); "
                     f"expected it in every used split; columns found {columns}"
                 )
-    names = _label_names(raw, spec.label_field, used)
+    names = _label_names(raw, spec.label_field, used if spec.train_labels else {"train": used["validation"]})
     out = {}
     for role, split in used.items():
-        ds = _encode_labels(raw[split], split, spec.label_field, names, list(spec.text_fields))
+        if role == "train" and not spec.train_labels:  # unlabelled text: no label column at all
+            ds = raw[split].select_columns(list(spec.text_fields))
+        else:
+            ds = _encode_labels(raw[split], split, spec.label_field, names, list(spec.text_fields))
         cap = spec.max_train_examples if role == "train" else spec.max_eval_examples
         if cap is not None and len(ds) > cap:
             ds = ds.shuffle(seed=spec.split_seed).select(range(cap))
