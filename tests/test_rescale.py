@@ -183,3 +183,24 @@ def test_unlabelled_training_text_runs_a_post_training_mode(tmp_path, tiny_model
     raw["prune"] = {**prune, "recovery": "finetune"}
     with pytest.raises(RecipeError, match=r"data\.train_labels: false .* needs model\.task_tuned: true"):
         parse_recipe(raw)
+
+
+def test_the_frontier_marks_members_made_without_training():
+    """A member's frontier row carries the run's recovery mode (the original's and baselines' rows do not), and a
+    family report's frontier table names it."""
+    from compressor.bench.frontier import Point, frontier
+    from compressor.report.family import _frontier_table
+
+    def cand(accuracy: float, speed: float) -> dict:
+        return {"accuracy": accuracy, "speedup": {"64": {"32": speed}}, "headline_seq_len": 64,
+                "headline_batch": 32, "headline_speedup": speed}  # fmt: skip
+
+    summary = {"pytorch-original": cand(0.83, 1.0), "1.5x/pytorch": cand(0.82, 1.5), "1.5x/layer-drop": cand(0.8, 1.5)}
+    points = [Point("pytorch-original", "original", "original", "pytorch", None),
+              Point("1.5x/pytorch", "1.5x", "member", "pytorch", "members/1.5x/model"),
+              Point("1.5x/layer-drop", "1.5x", "baseline", "pytorch", None)]  # fmt: skip
+    rows = {r["name"]: r for r in frontier(summary, points, 32, "rescale")}
+    assert rows["1.5x/pytorch"]["recovery"] == "rescale"
+    assert rows["pytorch-original"]["recovery"] is None and rows["1.5x/layer-drop"]["recovery"] is None
+    table = "\n".join(_frontier_table(list(rows.values())))
+    assert "| 1.5x (rescale, no training) | pytorch |" in table and "| original | pytorch |" in table
