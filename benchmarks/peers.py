@@ -1,0 +1,548 @@
+"""Issue 38 point 3: TextPruner 1.1 and Torch-Pruning 1.6.1 against our family members, same model, data and recovery.
+
+For each model (the task-tuned MiniLM-L6 and MPNet-base: the base fine-tune compressor caches for
+recipes/minilm_rt_family.yaml and recipes/mpnet_rt_family.yaml, loaded through compressor's own `base_model`), each
+peer prunes the same base with the same number of scoring examples (`prune.score_examples`, drawn as our loop draws
+them), in a pinned virtual environment this script builds (`benchmarks/peers_worker.py` runs there):
+- at each member's units: the member's number of attention heads and FFN neurons left (the peer chooses which);
+- at each member's measured PyTorch speed-up: the peer's head and FFN counts scaled until its model, timed against
+  the original, is within `--speed-tolerance` of the member's speed-up (a few peer runs; each is cached).
+Every point is measured without recovery and after OUR recovery fine-tune (`compressor.recovery.train.train`, the
+recipe's `prune.finetune` once per step the member took, same seeds and distillation targets), so the comparison
+isolates the choice of units from the recovery. The peer's kept units come back as masks and are replayed with
+compressor's own slicing on the same base (logits checked against the peer's own pruned model); test accuracy comes
+from our evaluator, speed-ups from one interleaved bench per model (`compressor.bench.timing`: the original, our
+members and every peer point, paired with the same original in one process). Prune wall time of every point.
+
+Each point is cached under the work directory (default `$COMPRESSOR_CACHE/peers/work/<model>`): a rerun skips
+finished ones. Results: a printed table, benchmarks/results/peers.json, benchmarks/results/peers.png.
+
+Usage (the lead's machine, machine to itself, after the family runs):
+    .venv/bin/python benchmarks/peers.py --ours minilm=runs/minilm_rt_family mpnet=runs/mpnet_rt_family \
+        --else-running "nothing"
+    .venv/bin/python benchmarks/peers.py --models minilm --quick       # a few minutes: one member, one peer step
+Without `--ours`, targets come from `--target MODEL:LABEL:SPEEDUP:HEADS:FFN:STEPS` (repeatable; no member is timed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+from accelerate import Accelerator  # noqa: E402
+
+from compressor.bench.candidates import as_sdpa, pytorch_candidate  # noqa: E402
+from compressor.bench.timing import measure_throughput, paired_speedups  # noqa: E402
+from compressor.core.machine import cache_root, cpu_summary, machine_info  # noqa: E402
+from compressor.pipeline.runner import base_model  # noqa: E402
+from compressor.pipeline.stages import RunState  # noqa: E402
+from compressor.pruning.latency.check import measured_speedup  # noqa: E402
+from compressor.pruning.units import masks_to_plan, pruned_units_copy  # noqa: E402
+from compressor.recipe import load_recipe  # noqa: E402
+from compressor.recovery.distill import load_or_compute, step_examples  # noqa: E402
+from compressor.recovery.evaluate import evaluate  # noqa: E402
+from compressor.recovery.train import train  # noqa: E402
+from compressor.sources import load_task_data, load_tokenizer  # noqa: E402
+from compressor.sources.batches import model_inputs, sample_batches, tokenize  # noqa: E402
+from compressor.surgery.arch import num_layers, original_ffn_size, original_num_heads  # noqa: E402
+from compressor.surgery.checkpoint import load_pruned, save_pruned  # noqa: E402
+from compressor.surgery.cost import encoder_flops  # noqa: E402
+
+log = logging.getLogger("peers")
+RECIPES = {"minilm": "recipes/minilm_rt_family.yaml", "mpnet": "recipes/mpnet_rt_family.yaml"}
+PEERS = ("textpruner", "torch-pruning")
+TORCH = "torch==2.13.0"  # never unpinned: an unpinned torch is a multi-GB CUDA build
+VENVS = {  # each peer's pinned stack; TextPruner's declared numpy pin fails to build, so it goes in without deps
+    "textpruner": ([TORCH, "transformers==4.57.*"], ["textpruner==1.1"]),
+    "torch-pruning": ([TORCH, "transformers==5.24.0", "torch-pruning==1.6.1"], []),
+}
+PARITY_ATOL = 1e-4  # max |Δlogit| between the peer's own pruned model and our replay of its masks
+RESULTS = ROOT / "benchmarks" / "results"
+
+
+@dataclass
+class Target:
+    """One of our members: what the peers are matched to."""
+
+    label: str
+    speedup: float  # our member's measured PyTorch speed-up (its run's bench)
+    heads: int
+    ffn: int
+    steps: int  # pruning steps the member took: our recovery gives a peer point as many fine-tunes
+    model_dir: str | None = None
+    prune_seconds: float | None = None  # our steps' scoring + selection time
+    recovery_seconds: float | None = None
+
+
+@dataclass
+class Setup:
+    """One model's shared inputs: recipe, data, base model, scoring batches, teacher targets, work directory."""
+
+    name: str
+    recipe: object
+    run: RunState
+    base: torch.nn.Module
+    base_dir: Path
+    work: Path
+    teacher: object = None
+    timings: dict = field(default_factory=dict)
+
+
+# ---------------------------------------------------------------------------------------------------- environments
+def venv_python(venv_dir: Path, peer: str) -> Path:
+    """The peer's pinned environment (built once, marked complete by a stamp file); returns its python."""
+    venv = venv_dir / peer
+    python, stamp = venv / "bin" / "python", venv / ".complete"
+    first, no_deps = VENVS[peer]
+    wanted = json.dumps([first, no_deps])
+    if stamp.exists() and stamp.read_text() == wanted:
+        return python
+    shutil.rmtree(venv, ignore_errors=True)
+    log.info("building the %s environment in %s (pip, a few minutes)", peer, venv)
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    subprocess.run([str(python), "-m", "pip", "install", "-q", *first], check=True)
+    if no_deps:
+        subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-deps", *no_deps], check=True)
+    stamp.write_text(wanted)
+    return python
+
+
+# ------------------------------------------------------------------------------------------------------------ setup
+def prepare(name: str, work_root: Path) -> Setup:
+    """The recipe's data and the cached task-tuned base (compressor's own `base_model`: loaded, or fine-tuned and
+    cached as a `compressor run` of the recipe would), its scoring batches and teacher targets."""
+    recipe = load_recipe(ROOT / RECIPES[name])
+    work = work_root / name
+    work.mkdir(parents=True, exist_ok=True)
+    data, tokenizer = load_task_data(recipe.data), load_tokenizer(recipe.model)
+    run = RunState(recipe, work, Accelerator(), data, tokenizer)
+    for split in ("train", "validation", "test"):
+        run.splits[split] = tokenize(getattr(data, split), tokenizer, data.text_fields, recipe.data.max_length)
+    started = time.perf_counter()
+    base, info = base_model(run)
+    base_dir = Path(info["cached"]) if info.get("cached") else Path(recipe.model.source)
+    setup = Setup(name, recipe, run, base.cpu().eval(), base_dir, work)
+    setup.timings["base model"] = round(time.perf_counter() - started, 1)
+    _write_batches(setup)
+    return setup
+
+
+def _write_batches(setup: Setup) -> None:
+    """The scoring batches our loop draws (same seed, count, batch size, length order) and a probe batch (the
+    surgery check's), saved for the workers."""
+    p, run = setup.recipe.prune, setup.run
+    batches = sample_batches(
+        run.splits["train"], run.tokenizer, p.score_examples, p.score_batch_size, setup.recipe.seed, by_length=True
+    )
+    keep = [{**model_inputs(b), "labels": b["labels"]} for b in batches]
+    probe = model_inputs(next(iter(sample_batches(run.splits["validation"], run.tokenizer, 64, 64, seed=0))))
+    torch.save(keep, setup.work / "score_batches.pt")
+    torch.save(probe, setup.work / "probe.pt")
+
+
+def teacher_targets(setup: Setup, steps: int):
+    """Distillation targets of the base for every example `steps` recovery fine-tunes draw (as our run's)."""
+    finetune = setup.recipe.prune.finetune
+    if finetune is None or finetune.distill is None:
+        return None
+    run = setup.run
+    examples = step_examples(len(run.splits["train"]), finetune, setup.recipe.seed, steps)
+    return load_or_compute(
+        setup.work / "teacher", setup.base, run.splits["train"], run.tokenizer, run.accelerator, finetune.distill,
+        examples,
+    )  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------------------------- targets
+def targets_from_run(run_dir: Path) -> list[Target]:
+    """Our members from a finished family run's report.json: label, measured speed-up, units left, steps, prune
+    and recovery seconds (from the step log)."""
+    path = run_dir / "report.json"
+    if not path.exists():
+        raise SystemExit(f"peers: {path} not found; run the family recipe first or give --target")
+    report = json.loads(path.read_text())
+    steps = report.get("steps", [])
+    out = []
+    for m in report["family"]["members"]:
+        pruned, budget = m["pruned"], m.get("budget", {})
+        done = steps[: m["step"]]
+        recovery = sum((s.get("finetune") or {}).get("seconds", 0.0) for s in done)
+        model_dir = Path(pruned["model_dir"])
+        if not model_dir.is_absolute():
+            model_dir = run_dir / "members" / m["label"] / "model"
+        out.append(
+            Target(
+                label=m["label"], speedup=float(budget["measured_speedup"]), heads=int(pruned["heads_left"]),
+                ffn=int(pruned["ffn_neurons"]), steps=int(m["step"]), model_dir=str(model_dir),
+                prune_seconds=round(sum(s["seconds"] for s in done) - recovery, 1), recovery_seconds=round(recovery, 1),
+            )
+        )  # fmt: skip
+    return out
+
+
+def parse_target(text: str) -> tuple[str, Target]:
+    """`MODEL:LABEL:SPEEDUP:HEADS:FFN:STEPS` (e.g. `minilm:2x:2.01:40:4700:4`)."""
+    parts = text.split(":")
+    if len(parts) != 6:
+        raise SystemExit(f"--target: '{text}' is not MODEL:LABEL:SPEEDUP:HEADS:FFN:STEPS")
+    model, label, speedup, heads, ffn, steps = parts
+    return model, Target(label, float(speedup), int(heads), int(ffn), int(steps))
+
+
+# ------------------------------------------------------------------------------------------------------ peer points
+def run_peer(setup: Setup, python: Path, peer: str, heads: int, ffn: int, iters: int, point: Path) -> dict:
+    """The peer's pruning to `heads` heads and `ffn` FFN neurons (cached in `point`), replayed on our base with
+    compressor's slicing and checked against the peer's own logits; saved with `save_pruned` as `point/model`."""
+    done = point / "point.json"
+    if done.exists():
+        return json.loads(done.read_text())
+    shutil.rmtree(point, ignore_errors=True)
+    point.mkdir(parents=True)
+    files = {"batches": str(setup.work / "score_batches.pt"), "probe": str(setup.work / "probe.pt")}
+    job = {"peer": peer, "model_dir": str(setup.base_dir), **files, "heads": heads, "ffn": ffn, "iters": iters,
+           "out": str(point)}  # fmt: skip
+    (point / "job.json").write_text(json.dumps(job))
+    log.info("%s: pruning to %d heads, %d FFN neurons (%d iterations)", peer, heads, ffn, iters)
+    worker = ROOT / "benchmarks" / "peers_worker.py"
+    subprocess.run([str(python), str(worker), str(point / "job.json")], check=True)
+    result = json.loads((point / "result.json").read_text())
+    alive = {"heads": torch.tensor(result["heads_mask"]).bool(), "neurons": torch.tensor(result["ffn_mask"]).bool()}
+    model = pruned_units_copy(setup.base, masks_to_plan(alive)).eval()
+    probe = torch.load(setup.work / "probe.pt")
+    with torch.inference_mode():
+        diff = float((model(**probe).logits - torch.load(point / "probe_logits.pt")).abs().max())
+    if diff > PARITY_ATOL:
+        raise SystemExit(f"{peer}: our replay of its masks differs from its own model by {diff:.2e} (> {PARITY_ATOL})")
+    save_pruned(model, point / "model", setup.run.tokenizer, metadata={"peer": peer})
+    summary = {k: result[k] for k in ("heads_left", "ffn_left", "prune_seconds", "versions")}
+    summary |= {"replay_max_abs_diff": diff, "heads_per_layer": [int(x) for x in alive["heads"].sum(1)],
+                "ffn_per_layer": [int(x) for x in alive["neurons"].sum(1)]}  # fmt: skip
+    done.write_text(json.dumps(summary, indent=2))
+    return summary
+
+
+def quick_speedup(setup: Setup, model_dir: Path) -> dict:
+    """A point's PyTorch speed-up over the original at the budget's batch and length (compressor's calibration
+    check) and its encoder FLOPs share: only to steer the speed-matched search; the reported figures come from the
+    one bench at the end."""
+    budget = setup.recipe.prune.resolved_budget
+    pruned = load_pruned(model_dir, attn_implementation="eager")
+    share = encoder_flops(pruned, budget.seq_len) / encoder_flops(setup.base, budget.seq_len)
+    speedup = measured_speedup(setup.base, pruned, "pytorch", budget.batch_size, budget.seq_len)
+    return {"quick_speedup": speedup, "flop_share": share}
+
+
+def next_share(points: list[tuple[float, float]], speedup: float) -> float:
+    """The encoder FLOPs share at which 1 / speed-up reaches 1 / `speedup` on the line through the last two
+    measured `(share, 1 / speed-up)` points (the original is `(1, 1)`); time is close to linear in FLOPs over a
+    small step, so this secant converges in a try or two."""
+    (x0, y0), (x1, y1) = points[-2], points[-1]
+    if y1 == y0:
+        return x1
+    return max(0.01, min(1.0, x1 + (1 / speedup - y1) * (x1 - x0) / (y1 - y0)))
+
+
+def _off(point: dict, target: Target) -> float:
+    return abs(point["quick_speedup"] / target.speedup - 1)
+
+
+def speed_point(setup: Setup, python: Path, peer: str, target: Target, units: dict, args) -> dict:
+    """The peer's point at `target.speedup`: the member's head and FFN counts scaled by one factor (FLOPs are
+    linear in both) to the share `next_share` predicts, a new peer run per try (`speed_tries` at most), until
+    within `speed_tolerance`; the closest point is kept (the units point itself when it is already close)."""
+    base = setup.work / peer / target.label
+    cached = base / "speed.json"
+    if cached.exists():
+        return json.loads(cached.read_text())
+    heads_total, ffn_total = _totals(setup.base)
+    history = [(1.0, 1.0), (units["flop_share"], 1 / units["quick_speedup"])]
+    best = units
+    for attempt in range(args.speed_tries):
+        if _off(best, target) <= args.speed_tolerance:
+            break
+        scale = next_share(history, target.speedup) / units["flop_share"]
+        heads = min(heads_total, max(1, round(target.heads * scale)))
+        ffn = min(ffn_total, max(1, round(target.ffn * scale)))
+        point = base / f"speed-{attempt + 1}"
+        result = run_peer(setup, python, peer, heads, ffn, _iters(target, args), point)
+        result |= {"dir": str(point), **quick_speedup(setup, point / "model")}
+        history.append((result["flop_share"], 1 / result["quick_speedup"]))
+        if _off(result, target) < _off(best, target):
+            best = result
+    cached.write_text(json.dumps(best, indent=2))
+    return best
+
+
+def _totals(model: torch.nn.Module) -> tuple[int, int]:
+    """Heads and FFN neurons of the unpruned model."""
+    return num_layers(model) * original_num_heads(model), num_layers(model) * original_ffn_size(model)
+
+
+def _iters(target: Target, args) -> int:
+    """Peer iterations: as many as our member's pruning steps (1 with --quick)."""
+    return 1 if args.quick else max(1, target.steps)
+
+
+def units_point(setup: Setup, python: Path, peer: str, target: Target, args) -> dict:
+    """The peer at the member's head and FFN counts, with a quick speed-up to steer the speed-matched search."""
+    point = setup.work / peer / target.label / "units"
+    result = run_peer(setup, python, peer, target.heads, target.ffn, _iters(target, args), point)
+    if "quick_speedup" not in result and not args.quick:
+        result |= quick_speedup(setup, point / "model")
+        (point / "point.json").write_text(json.dumps(result, indent=2))
+    return result | {"dir": str(point)}
+
+
+def recovered(setup: Setup, point_dir: Path, steps: int, quick: bool) -> dict:
+    """Our recovery on a point's model: the recipe's `prune.finetune` once per step the member took (seed
+    `seed + step`, the same distillation targets), saved as `point_dir/recovered`; its test accuracy."""
+    out = point_dir / "recovered.json"
+    if out.exists():
+        return json.loads(out.read_text())
+    recipe, run = setup.recipe, setup.run
+    finetune = recipe.prune.finetune
+    if quick:
+        finetune = finetune.model_copy(update={"max_examples": 256})
+    model = load_pruned(point_dir / "model", attn_implementation="eager")
+    started = time.perf_counter()
+    for step in range(steps):
+        train(model, run.splits["train"], run.tokenizer, finetune, run.accelerator, seed=recipe.seed + step,
+              desc=f"recovery {step + 1}/{steps}", teacher=setup.teacher)  # fmt: skip
+    seconds = time.perf_counter() - started
+    model = run.accelerator.unwrap_model(model).cpu().eval()
+    save_pruned(model, point_dir / "recovered", run.tokenizer, metadata={"recovery_steps": steps})
+    result = {"test": evaluate(model, run.splits["test"], run.tokenizer)["accuracy"], "seconds": round(seconds, 1)}
+    out.write_text(json.dumps(result))
+    return result
+
+
+def test_accuracy(setup: Setup, model_dir: Path, cache: Path) -> float:
+    """Test accuracy of a saved model with our evaluator (cached in `cache`)."""
+    if cache.exists():
+        return json.loads(cache.read_text())["accuracy"]
+    model = load_pruned(model_dir, attn_implementation="eager")
+    accuracy = evaluate(model, setup.run.splits["test"], setup.run.tokenizer)["accuracy"]
+    cache.write_text(json.dumps({"accuracy": accuracy}))
+    return accuracy
+
+
+# ------------------------------------------------------------------------------------------------------- one model
+def model_points(setup: Setup, targets: list[Target], peers: list[str], args) -> list[dict]:
+    """Every peer point of one model (units-matched and speed-matched, each without and with our recovery)."""
+    setup.teacher = teacher_targets(setup, max(t.steps for t in targets))
+    rows = []
+    for peer in peers:
+        python = venv_python(args.venv_dir, peer)
+        for target in targets:
+            units = units_point(setup, python, peer, target, args)
+            points = [("units", units)]
+            if not args.quick:
+                speed = speed_point(setup, python, peer, target, units, args)
+                points.append(("speed", speed))
+            for match, point in points:
+                point_dir = Path(point["dir"])
+                rows.append({
+                    "model": setup.name, "peer": peer, "member": target.label, "match": match,
+                    "dir": str(point_dir), "heads_left": point["heads_left"], "ffn_left": point["ffn_left"],
+                    "heads_per_layer": point["heads_per_layer"], "ffn_per_layer": point["ffn_per_layer"],
+                    "prune_seconds": round(point["prune_seconds"], 1), "versions": point["versions"],
+                    "replay_max_abs_diff": point["replay_max_abs_diff"],
+                    "accuracy": test_accuracy(setup, point_dir / "model", point_dir / "model.test.json"),
+                    "recovered": recovered(setup, point_dir, 1 if args.quick else target.steps, args.quick),
+                })  # fmt: skip
+    return rows
+
+
+def bench(setup: Setup, targets: list[Target], rows: list[dict], args) -> dict:
+    """One interleaved PyTorch bench of the original, our members and every distinct peer model (a point and its
+    recovered model share one architecture, so the point is timed), at the budget's batch and length; speed-ups
+    paired with the original round by round."""
+    budget = setup.recipe.prune.resolved_budget
+    seq, batch = budget.seq_len, budget.batch_size
+    models = {"original": setup.base}
+    models |= {f"ours/{t.label}": load_pruned(t.model_dir, attn_implementation="eager") for t in targets if t.model_dir}
+    for row in rows:
+        models.setdefault(_candidate_name(row), load_pruned(Path(row["dir"]) / "model", attn_implementation="eager"))
+    candidates = [pytorch_candidate(name, as_sdpa(m), seq) for name, m in models.items()]
+    log.info("bench: %d candidates, %d rounds, batch %d x %d tokens", len(candidates), args.rounds, batch, seq)
+    throughput = measure_throughput(candidates, [batch], seq, rounds=args.rounds, min_time_s=args.min_time_s)
+    speedups = paired_speedups(throughput, "original")
+    return {name: speedups[name][str(seq)][str(batch)] for name in models} | {"_setup": throughput["setup"]}
+
+
+def _candidate_name(row: dict) -> str:
+    return f"{row['peer']}/{row['member']}/{row['match']}/{row['heads_left']}h{row['ffn_left']}f"
+
+
+def run_model(name: str, targets: list[Target], peers: list[str], args) -> dict:
+    """Everything for one model: setup, peer points, our members' test accuracy, the bench; the model's section."""
+    started = time.perf_counter()
+    setup = prepare(name, args.work_dir)
+    if args.quick:
+        targets = targets[:1]
+    original = evaluate(setup.base, setup.run.splits["test"], setup.run.tokenizer)["accuracy"]
+    rows = model_points(setup, targets, peers, args)
+    speed = bench(setup, targets, rows, args)
+    for row in rows:
+        row["speedup"] = speed[_candidate_name(row)]["median"]
+        row["speedup_iqr"] = [speed[_candidate_name(row)]["q1"], speed[_candidate_name(row)]["q3"]]
+    ours = []
+    for t in targets:
+        entry = {"model": name, "peer": "compressor", "member": t.label, "match": "member", "heads_left": t.heads,
+                 "ffn_left": t.ffn, "steps": t.steps, "run_speedup": t.speedup, "prune_seconds": t.prune_seconds,
+                 "recovery_seconds": t.recovery_seconds}  # fmt: skip
+        if t.model_dir:
+            cache = setup.work / f"ours-{t.label}.test.json"
+            entry["accuracy"] = test_accuracy(setup, Path(t.model_dir), cache)
+            entry["speedup"] = speed[f"ours/{t.label}"]["median"]
+        ours.append(entry)
+    return {
+        "recipe": RECIPES[name],
+        "base_model_dir": "the recipe's cached base fine-tune ($COMPRESSOR_CACHE/finetuned/...)",
+        "original_test_accuracy": original,
+        "test_examples": len(setup.run.splits["test"]),
+        "score_examples": setup.recipe.prune.score_examples,
+        "bench_setup": speed["_setup"],
+        "ours": ours,
+        "peers": rows,
+        "seconds": round(time.perf_counter() - started, 1),
+    }
+
+
+# ---------------------------------------------------------------------------------------------------------- output
+def table(section: dict) -> list[str]:
+    """Markdown rows: ours and every peer point, accuracy (no recovery / our recovery), speed-up, prune time."""
+    base = section["original_test_accuracy"]
+    lines = [
+        f"original test accuracy {100 * base:.2f} ({section['test_examples']} examples)",
+        "| pruner | member | matched on | heads | FFN | speed-up | test acc (no recovery) | test acc (our recovery) "
+        "| prune s | recovery s |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for o in section["ours"]:
+        acc = f"{100 * o['accuracy']:.2f}" if "accuracy" in o else "—"
+        speed = f"{o['speedup']:.2f}×" if "speedup" in o else f"({o['run_speedup']:.2f}×)"
+        lines.append(f"| compressor | {o['member']} | — | {o['heads_left']} | {o['ffn_left']} | {speed} | — | {acc} "
+                     f"| {o['prune_seconds']} | {o['recovery_seconds']} |")  # fmt: skip
+    for r in section["peers"]:
+        rec = r["recovered"]
+        lines.append(
+            f"| {r['peer']} | {r['member']} | {r['match']} | {r['heads_left']} | {r['ffn_left']} | {r['speedup']:.2f}× "
+            f"| {100 * r['accuracy']:.2f} | {100 * rec['test']:.2f} | {r['prune_seconds']} | {rec['seconds']} |"
+        )
+    return lines
+
+
+def plot(sections: dict, path: Path) -> None:
+    """Test accuracy against measured speed-up per model: ours, each peer without and with our recovery."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(sections), figsize=(6 * len(sections), 4.5), squeeze=False)
+    styles = {"textpruner": ("tab:orange", "s"), "torch-pruning": ("tab:green", "^")}
+    for ax, (name, section) in zip(axes[0], sections.items(), strict=True):
+        ours = [o for o in section["ours"] if "speedup" in o]
+        ax.plot([o["speedup"] for o in ours], [100 * o["accuracy"] for o in ours], "o-", color="tab:blue",
+                label="compressor (members)")  # fmt: skip
+        for peer, (color, marker) in styles.items():
+            rows = sorted((r for r in section["peers"] if r["peer"] == peer), key=lambda r: r["speedup"])
+            if not rows:
+                continue
+            x = [r["speedup"] for r in rows]
+            ax.plot(
+                x, [100 * r["recovered"]["test"] for r in rows], marker, color=color, label=f"{peer} + our recovery"
+            )
+            ax.plot(x, [100 * r["accuracy"] for r in rows], marker, color=color, fillstyle="none",
+                    label=f"{peer}, no recovery")  # fmt: skip
+        ax.axhline(100 * section["original_test_accuracy"], color="grey", ls=":", label="original")
+        ax.set(title=name, xlabel="measured PyTorch speed-up (batch 32 × 64 tokens)", ylabel="test accuracy (%)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def commit() -> str:
+    out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    return out.stdout.strip() or "unknown"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="+", choices=sorted(RECIPES), default=sorted(RECIPES))
+    parser.add_argument("--peers", nargs="+", choices=PEERS, default=list(PEERS))
+    parser.add_argument("--ours", nargs="+", default=[], metavar="MODEL=RUN_DIR", help="finished family runs")
+    parser.add_argument("--target", action="append", default=[], metavar="MODEL:LABEL:SPEEDUP:HEADS:FFN:STEPS")
+    parser.add_argument("--quick", action="store_true",
+                        help="one member, one peer iteration, no speed matching, a short recovery: checks the "
+                        "pipeline in minutes (writes peers_quick.json; not a figure)")  # fmt: skip
+    parser.add_argument("--work-dir", type=Path, default=cache_root() / "peers" / "work")
+    parser.add_argument("--venv-dir", type=Path, default=cache_root() / "peers" / "venvs")
+    parser.add_argument("--speed-tolerance", type=float, default=0.05, help="relative, for the speed-matched points")
+    parser.add_argument("--speed-tries", type=int, default=2, help="peer runs per speed-matched point at most")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--min-time-s", type=float, default=0.3)
+    parser.add_argument("--else-running", default="unknown", help="what else ran on the machine (recorded)")
+    return parser.parse_args(argv)
+
+
+def targets_for(args) -> dict[str, list[Target]]:
+    """Per model: the members of its `--ours` run, else its `--target`s."""
+    out: dict[str, list[Target]] = {}
+    for item in args.ours:
+        name, _, run_dir = item.partition("=")
+        if name not in RECIPES or not run_dir:
+            raise SystemExit(f"--ours: '{item}' is not MODEL=RUN_DIR with MODEL in {sorted(RECIPES)}")
+        out[name] = targets_from_run(Path(run_dir))
+    for text in args.target:
+        name, target = parse_target(text)
+        out.setdefault(name, []).append(target)
+    missing = [m for m in args.models if not out.get(m)]
+    if missing:
+        raise SystemExit(f"peers: no members for {missing}; give --ours MODEL=RUN_DIR or --target")
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
+    logging.getLogger("compressor").setLevel(logging.INFO)
+    args = parse_args(argv)
+    targets = targets_for(args)
+    started = time.perf_counter()
+    sections = {name: run_model(name, targets[name], args.peers, args) for name in args.models}
+    for name, section in sections.items():
+        print(f"\n## {name}\n" + "\n".join(table(section)))
+    stem = "peers_quick" if args.quick else "peers"
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    plot(sections, RESULTS / f"{stem}.png")
+    result = {
+        "commit": commit(),
+        "cpu": cpu_summary(),
+        "machine": machine_info(),
+        "else_running": args.else_running,
+        "quick": args.quick,
+        "settings": {k: v for k, v in vars(args).items() if k not in ("work_dir", "venv_dir")},
+        "peer_stacks": {peer: VENVS[peer][0] + VENVS[peer][1] for peer in args.peers},
+        "models": sections,
+        "seconds": round(time.perf_counter() - started, 1),
+    }
+    (RESULTS / f"{stem}.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
+    print(f"wrote benchmarks/results/{stem}.json and {stem}.png")
+
+
+if __name__ == "__main__":
+    main()

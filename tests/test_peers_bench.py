@@ -1,0 +1,108 @@
+"""benchmarks/peers.py and its worker: the logic that brings a peer's pruned model into our process (units read off
+its weights, exact layer-count targets), reads our members from a family run, and steers the speed-matched search.
+The peers themselves run in their own environments (the benchmark builds them); these tests need neither."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from compressor.pruning.units import masks_to_plan, pruned_units_copy
+from compressor.testing import randomize, tiny_batch, tiny_model
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", ROOT / "benchmarks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+worker = _load("peers_worker")
+peers = _load("peers")
+
+
+def _alive(model, heads: dict, neurons: dict) -> dict:
+    layers, n_heads, ffn = 3, model.config.num_attention_heads, model.config.intermediate_size
+    alive = {"heads": torch.ones(layers, n_heads, dtype=torch.bool), "neurons": torch.ones(layers, ffn).bool()}
+    for layer, ids in heads.items():
+        alive["heads"][layer, ids] = False
+    for layer, ids in neurons.items():
+        alive["neurons"][layer, ids] = False
+    return alive
+
+
+@pytest.mark.parametrize("arch", ["bert", "mpnet"])
+def test_units_read_off_a_sliced_model_are_the_ones_kept(arch):
+    """A model sliced elsewhere (here by our own surgery) gives back exactly the heads and neurons it kept, and
+    replaying them on the original reproduces its logits."""
+    original = randomize(tiny_model(arch, layers=3, heads=4)).eval()
+    alive = _alive(original, {0: [1], 1: [0, 3], 2: [0, 1, 2]}, {0: [0, 5, 6], 2: list(range(10))})
+    sliced = pruned_units_copy(original, masks_to_plan(alive)).eval()
+    state = {k: v.clone() for k, v in original.state_dict().items()}
+    attn = worker._attention_modules(sliced)
+    size = original.config.hidden_size // original.config.num_attention_heads
+    found = worker._torch_pruning_masks(sliced, state, attn, size)
+    assert torch.equal(found["heads"], alive["heads"])
+    assert torch.equal(found["neurons"], alive["neurons"])
+    replay = pruned_units_copy(original, masks_to_plan(found)).eval()
+    batch = {k: v for k, v in tiny_batch().items() if k in ("input_ids", "attention_mask")}
+    with torch.inference_mode():
+        assert torch.allclose(replay(**batch).logits, sliced(**batch).logits, atol=1e-6)
+
+
+def test_kept_rows_refuses_weights_that_are_not_the_originals():
+    original = torch.arange(12.0).reshape(6, 2)
+    assert worker._kept_rows(original, original[[1, 4]]) == [1, 4]
+    assert worker._kept_rows(original, original[[2, 3, 4, 5]], group=2) == [1, 2]
+    with pytest.raises(ValueError, match="row 0 of the pruned weight is no row"):
+        worker._kept_rows(original, original[[1]] + 0.5)
+
+
+def test_per_layer_target_multiplies_back_to_the_exact_total():
+    """TextPruner multiplies its per-layer average by the layer count: 55 heads over 6 layers must stay 55."""
+    target = worker._Total(55, 6)
+    assert target * 6 == 55 and 6 * target == 55 and isinstance(target * 6, int)
+    assert float(target) == pytest.approx(55 / 6)
+
+
+def test_members_are_read_from_a_family_report(tmp_path):
+    steps = [{"seconds": 10.0, "finetune": {"seconds": 6.0}}, {"seconds": 12.0, "finetune": {"seconds": 7.0}}]
+    member = {"label": "2x", "step": 2, "budget": {"measured_speedup": 2.01},
+              "pruned": {"heads_left": 50, "ffn_neurons": 3072, "model_dir": "runs/x/members/2x/model"}}  # fmt: skip
+    (tmp_path / "report.json").write_text(json.dumps({"steps": steps, "family": {"members": [member]}}))
+    (target,) = peers.targets_from_run(tmp_path)
+    assert (target.label, target.speedup, target.heads, target.ffn, target.steps) == ("2x", 2.01, 50, 3072, 2)
+    assert target.prune_seconds == 9.0 and target.recovery_seconds == 13.0
+    assert target.model_dir == str(tmp_path / "members" / "2x" / "model")
+    with pytest.raises(SystemExit, match="report.json not found"):
+        peers.targets_from_run(tmp_path / "missing")
+
+
+def test_target_from_the_command_line():
+    model, target = peers.parse_target("minilm:2x:2.01:50:3072:4")
+    assert model == "minilm" and (target.heads, target.ffn, target.steps, target.speedup) == (50, 3072, 4, 2.01)
+    with pytest.raises(SystemExit, match="MODEL:LABEL:SPEEDUP:HEADS:FFN:STEPS"):
+        peers.parse_target("minilm:2x:2.01")
+
+
+def test_speed_search_steps_along_the_secant():
+    """Time linear in FLOPs (1/speed-up = 0.2 + 0.8 x share): one secant step from the original and a first point
+    lands on the share that gives the wanted speed-up."""
+
+    def inv(share: float) -> float:
+        return 0.2 + 0.8 * share
+
+    points = [(1.0, 1.0), (0.5, inv(0.5))]
+    share = peers.next_share(points, 2.5)
+    assert inv(share) == pytest.approx(1 / 2.5)
+    assert peers.next_share([(1.0, 1.0), (1.0, 1.0)], 2.0) == 1.0  # no slope: stay
+    assert peers.next_share(points, 100.0) == 0.01  # never a share below 1%
