@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import csv
+import importlib.util
 import os
 import random
+import sys
+from functools import cache
 from pathlib import Path
 
 import pytest
@@ -12,6 +15,19 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@cache
+def bench_script(name: str):
+    """benchmarks/NAME.py imported as a module (benchmarks/ is not a package)."""
+    spec = importlib.util.spec_from_file_location(f"_bench_script_{name}", ROOT / "benchmarks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
 
 POSITIVE = ["good", "great", "fine", "superb", "lovely", "fun"]
 NEGATIVE = ["bad", "awful", "dull", "poor", "boring", "weak"]

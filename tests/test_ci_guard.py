@@ -3,29 +3,17 @@ benchmark's override parsing and results merge. Nothing here times anything."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
-import sys
-from functools import cache
 from pathlib import Path
 
 import pytest
+from conftest import bench_script as script
 
 from compressor.core import atomic
 from compressor.core.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-@cache
-def script(name: str):
-    """benchmarks/NAME.py imported as a module (benchmarks/ is not a package)."""
-    spec = importlib.util.spec_from_file_location(f"_bench_script_{name}", ROOT / "benchmarks" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 # ------------------------------------------------------------------------------------------------ bench-ci baseline

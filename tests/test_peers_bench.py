@@ -4,30 +4,17 @@ The peers themselves run in their own environments (the benchmark builds them); 
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
 import torch
+from conftest import bench_script
 
 from compressor.pruning.units import masks_to_plan, pruned_units_copy
 from compressor.testing import randomize, tiny_batch, tiny_model
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(f"bench_{name}", ROOT / "benchmarks" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-worker = _load("peers_worker")
-peers = _load("peers")
+worker = bench_script("peers_worker")
+peers = bench_script("peers")
 
 
 def _alive(model, heads: dict, neurons: dict) -> dict:
