@@ -71,6 +71,10 @@ PARITY_ATOL = 1e-4  # max |Δlogit| between the peer's own pruned model and our 
 RESULTS = ROOT / "benchmarks" / "results"
 
 
+class PeerError(RuntimeError):
+    """A peer's run failed, or its masks do not reproduce its own model: the point is reported as failed."""
+
+
 @dataclass
 class Target:
     """One of our members: what the peers are matched to."""
@@ -83,6 +87,7 @@ class Target:
     model_dir: str | None = None
     prune_seconds: float | None = None  # our steps' scoring + selection time
     recovery_seconds: float | None = None
+    aim: float | None = None  # the speed-up the peer's speed-matched point aims at (the member's, timed here)
 
 
 @dataclass
@@ -95,6 +100,7 @@ class Setup:
     base: torch.nn.Module
     base_dir: Path
     work: Path
+    finetune: object  # the recovery fine-tune of one step (the recipe's `prune.finetune`; shorter with --quick)
     teacher: object = None
     timings: dict = field(default_factory=dict)
 
@@ -119,11 +125,17 @@ def venv_python(venv_dir: Path, peer: str) -> Path:
 
 
 # ------------------------------------------------------------------------------------------------------------ setup
-def prepare(name: str, work_root: Path) -> Setup:
+def prepare(name: str, recipe_path: Path, work_root: Path, quick: bool) -> Setup:
     """The recipe's data and the cached task-tuned base (compressor's own `base_model`: loaded, or fine-tuned and
-    cached as a `compressor run` of the recipe would), its scoring batches and teacher targets."""
-    recipe = load_recipe(ROOT / RECIPES[name])
-    work = work_root / name
+    cached as a `compressor run` of the recipe would) and its scoring batches; the work directory is the recipe's
+    name under `work_root`."""
+    recipe = load_recipe(recipe_path)
+    if recipe.prune.finetune is None:
+        raise SystemExit(f"peers: {recipe_path} has no prune.finetune; the comparison needs our recovery")
+    finetune = recipe.prune.finetune
+    if quick:
+        finetune = finetune.model_copy(update={"max_examples": min(256, finetune.max_examples or 256)})
+    work = work_root / recipe.name
     work.mkdir(parents=True, exist_ok=True)
     data, tokenizer = load_task_data(recipe.data), load_tokenizer(recipe.model)
     run = RunState(recipe, work, Accelerator(), data, tokenizer)
@@ -132,7 +144,7 @@ def prepare(name: str, work_root: Path) -> Setup:
     started = time.perf_counter()
     base, info = base_model(run)
     base_dir = Path(info["cached"]) if info.get("cached") else Path(recipe.model.source)
-    setup = Setup(name, recipe, run, base.cpu().eval(), base_dir, work)
+    setup = Setup(name, recipe, run, base.cpu().eval(), base_dir, work, finetune)
     setup.timings["base model"] = round(time.perf_counter() - started, 1)
     _write_batches(setup)
     return setup
@@ -153,15 +165,14 @@ def _write_batches(setup: Setup) -> None:
 
 def teacher_targets(setup: Setup, steps: int):
     """Distillation targets of the base for every example `steps` recovery fine-tunes draw (as our run's)."""
-    finetune = setup.recipe.prune.finetune
-    if finetune is None or finetune.distill is None:
+    finetune = setup.finetune
+    if finetune.distill is None:
         return None
     run = setup.run
     examples = step_examples(len(run.splits["train"]), finetune, setup.recipe.seed, steps)
-    return load_or_compute(
-        setup.work / "teacher", setup.base, run.splits["train"], run.tokenizer, run.accelerator, finetune.distill,
-        examples,
-    )  # fmt: skip
+    cache = setup.work / f"teacher-{finetune.max_examples}x{steps}"
+    train_ds, accelerator = run.splits["train"], run.accelerator
+    return load_or_compute(cache, setup.base, train_ds, run.tokenizer, accelerator, finetune.distill, examples)
 
 
 # ---------------------------------------------------------------------------------------------------------- targets
@@ -215,7 +226,11 @@ def run_peer(setup: Setup, python: Path, peer: str, heads: int, ffn: int, iters:
     (point / "job.json").write_text(json.dumps(job))
     log.info("%s: pruning to %d heads, %d FFN neurons (%d iterations)", peer, heads, ffn, iters)
     worker = ROOT / "benchmarks" / "peers_worker.py"
-    subprocess.run([str(python), str(worker), str(point / "job.json")], check=True)
+    with open(point / "worker.log", "w") as out:
+        code = subprocess.run([str(python), str(worker), str(point / "job.json")], stdout=out, stderr=subprocess.STDOUT)
+    if code.returncode != 0:
+        lines = (point / "worker.log").read_text().strip().splitlines() or ["no output"]
+        raise PeerError(f"{peer} failed (exit {code.returncode}): {lines[-1][:300]} (log: {point / 'worker.log'})")
     result = json.loads((point / "result.json").read_text())
     alive = {"heads": torch.tensor(result["heads_mask"]).bool(), "neurons": torch.tensor(result["ffn_mask"]).bool()}
     model = pruned_units_copy(setup.base, masks_to_plan(alive)).eval()
@@ -223,7 +238,7 @@ def run_peer(setup: Setup, python: Path, peer: str, heads: int, ffn: int, iters:
     with torch.inference_mode():
         diff = float((model(**probe).logits - torch.load(point / "probe_logits.pt")).abs().max())
     if diff > PARITY_ATOL:
-        raise SystemExit(f"{peer}: our replay of its masks differs from its own model by {diff:.2e} (> {PARITY_ATOL})")
+        raise PeerError(f"{peer}: our replay of its masks differs from its own model by {diff:.2e} (> {PARITY_ATOL})")
     save_pruned(model, point / "model", setup.run.tokenizer, metadata={"peer": peer})
     summary = {k: result[k] for k in ("heads_left", "ffn_left", "prune_seconds", "versions")}
     summary |= {"replay_max_abs_diff": diff, "heads_per_layer": [int(x) for x in alive["heads"].sum(1)],
@@ -254,11 +269,11 @@ def next_share(points: list[tuple[float, float]], speedup: float) -> float:
 
 
 def _off(point: dict, target: Target) -> float:
-    return abs(point["quick_speedup"] / target.speedup - 1)
+    return abs(point["quick_speedup"] / target.aim - 1)
 
 
 def speed_point(setup: Setup, python: Path, peer: str, target: Target, units: dict, args) -> dict:
-    """The peer's point at `target.speedup`: the member's head and FFN counts scaled by one factor (FLOPs are
+    """The peer's point at `target.aim`: the member's head and FFN counts scaled by one factor (FLOPs are
     linear in both) to the share `next_share` predicts, a new peer run per try (`speed_tries` at most), until
     within `speed_tolerance`; the closest point is kept (the units point itself when it is already close)."""
     base = setup.work / peer / target.label
@@ -271,7 +286,7 @@ def speed_point(setup: Setup, python: Path, peer: str, target: Target, units: di
     for attempt in range(args.speed_tries):
         if _off(best, target) <= args.speed_tolerance:
             break
-        scale = next_share(history, target.speedup) / units["flop_share"]
+        scale = next_share(history, target.aim) / units["flop_share"]
         heads = min(heads_total, max(1, round(target.heads * scale)))
         ffn = min(ffn_total, max(1, round(target.ffn * scale)))
         point = base / f"speed-{attempt + 1}"
@@ -294,6 +309,11 @@ def _iters(target: Target, args) -> int:
     return 1 if args.quick else max(1, target.steps)
 
 
+def _recovery_steps(target: Target, args) -> int:
+    """Our recovery fine-tunes per peer point: one per step the member took (1 with --quick)."""
+    return 1 if args.quick else target.steps
+
+
 def units_point(setup: Setup, python: Path, peer: str, target: Target, args) -> dict:
     """The peer at the member's head and FFN counts, with a quick speed-up to steer the speed-matched search."""
     point = setup.work / peer / target.label / "units"
@@ -304,16 +324,13 @@ def units_point(setup: Setup, python: Path, peer: str, target: Target, args) -> 
     return result | {"dir": str(point)}
 
 
-def recovered(setup: Setup, point_dir: Path, steps: int, quick: bool) -> dict:
+def recovered(setup: Setup, point_dir: Path, steps: int) -> dict:
     """Our recovery on a point's model: the recipe's `prune.finetune` once per step the member took (seed
     `seed + step`, the same distillation targets), saved as `point_dir/recovered`; its test accuracy."""
     out = point_dir / "recovered.json"
     if out.exists():
         return json.loads(out.read_text())
-    recipe, run = setup.recipe, setup.run
-    finetune = recipe.prune.finetune
-    if quick:
-        finetune = finetune.model_copy(update={"max_examples": 256})
+    recipe, run, finetune = setup.recipe, setup.run, setup.finetune
     model = load_pruned(point_dir / "model", attn_implementation="eager")
     started = time.perf_counter()
     for step in range(steps):
@@ -340,16 +357,12 @@ def test_accuracy(setup: Setup, model_dir: Path, cache: Path) -> float:
 # ------------------------------------------------------------------------------------------------------- one model
 def model_points(setup: Setup, targets: list[Target], peers: list[str], args) -> list[dict]:
     """Every peer point of one model (units-matched and speed-matched, each without and with our recovery)."""
-    setup.teacher = teacher_targets(setup, max(t.steps for t in targets))
+    setup.teacher = teacher_targets(setup, max(_recovery_steps(t, args) for t in targets))
     rows = []
     for peer in peers:
         python = venv_python(args.venv_dir, peer)
         for target in targets:
-            units = units_point(setup, python, peer, target, args)
-            points = [("units", units)]
-            if not args.quick:
-                speed = speed_point(setup, python, peer, target, units, args)
-                points.append(("speed", speed))
+            points = _points(setup, python, peer, target, args, rows)
             for match, point in points:
                 point_dir = Path(point["dir"])
                 rows.append({
@@ -359,9 +372,27 @@ def model_points(setup: Setup, targets: list[Target], peers: list[str], args) ->
                     "prune_seconds": round(point["prune_seconds"], 1), "versions": point["versions"],
                     "replay_max_abs_diff": point["replay_max_abs_diff"],
                     "accuracy": test_accuracy(setup, point_dir / "model", point_dir / "model.test.json"),
-                    "recovered": recovered(setup, point_dir, 1 if args.quick else target.steps, args.quick),
+                    "recovered": recovered(setup, point_dir, _recovery_steps(target, args)),
                 })  # fmt: skip
     return rows
+
+
+def _points(setup: Setup, python: Path, peer: str, target: Target, args, failed: list[dict]) -> list[tuple]:
+    """The peer's (match, point) pairs at `target`; a failed one is logged and added to `failed` as an error row."""
+    points: list[tuple] = []
+    for match in ("units",) if args.quick else ("units", "speed"):
+        try:
+            if match == "units":
+                points.append((match, units_point(setup, python, peer, target, args)))
+            else:
+                points.append((match, speed_point(setup, python, peer, target, points[0][1], args)))
+        except PeerError as err:
+            log.error("%s at %s (%s): %s", peer, target.label, match, err)
+            failed.append(
+                {"model": setup.name, "peer": peer, "member": target.label, "match": match, "error": str(err)}
+            )
+            break
+    return points
 
 
 def bench(setup: Setup, targets: list[Target], rows: list[dict], args) -> dict:
@@ -372,7 +403,7 @@ def bench(setup: Setup, targets: list[Target], rows: list[dict], args) -> dict:
     seq, batch = budget.seq_len, budget.batch_size
     models = {"original": setup.base}
     models |= {f"ours/{t.label}": load_pruned(t.model_dir, attn_implementation="eager") for t in targets if t.model_dir}
-    for row in rows:
+    for row in (r for r in rows if "error" not in r):
         models.setdefault(_candidate_name(row), load_pruned(Path(row["dir"]) / "model", attn_implementation="eager"))
     candidates = [pytorch_candidate(name, as_sdpa(m), seq) for name, m in models.items()]
     log.info("bench: %d candidates, %d rounds, batch %d x %d tokens", len(candidates), args.rounds, batch, seq)
@@ -388,27 +419,30 @@ def _candidate_name(row: dict) -> str:
 def run_model(name: str, targets: list[Target], peers: list[str], args) -> dict:
     """Everything for one model: setup, peer points, our members' test accuracy, the bench; the model's section."""
     started = time.perf_counter()
-    setup = prepare(name, args.work_dir)
+    setup = prepare(name, args.recipe.get(name, ROOT / RECIPES[name]), args.work_dir, args.quick)
     if args.quick:
         targets = targets[:1]
+    for t in targets:  # the speed-matched points aim at the member's speed-up as this machine times it
+        t.aim = quick_speedup(setup, Path(t.model_dir))["quick_speedup"] if t.model_dir else t.speedup
     original = evaluate(setup.base, setup.run.splits["test"], setup.run.tokenizer)["accuracy"]
     rows = model_points(setup, targets, peers, args)
     speed = bench(setup, targets, rows, args)
-    for row in rows:
+    for row in (r for r in rows if "error" not in r):
         row["speedup"] = speed[_candidate_name(row)]["median"]
         row["speedup_iqr"] = [speed[_candidate_name(row)]["q1"], speed[_candidate_name(row)]["q3"]]
     ours = []
     for t in targets:
         entry = {"model": name, "peer": "compressor", "member": t.label, "match": "member", "heads_left": t.heads,
                  "ffn_left": t.ffn, "steps": t.steps, "run_speedup": t.speedup, "prune_seconds": t.prune_seconds,
-                 "recovery_seconds": t.recovery_seconds}  # fmt: skip
+                 "recovery_seconds": t.recovery_seconds,
+                 "quick_speedup_here": t.aim}  # fmt: skip
         if t.model_dir:
             cache = setup.work / f"ours-{t.label}.test.json"
             entry["accuracy"] = test_accuracy(setup, Path(t.model_dir), cache)
             entry["speedup"] = speed[f"ours/{t.label}"]["median"]
         ours.append(entry)
     return {
-        "recipe": RECIPES[name],
+        "recipe": str(args.recipe.get(name, RECIPES[name])),
         "base_model_dir": "the recipe's cached base fine-tune ($COMPRESSOR_CACHE/finetuned/...)",
         "original_test_accuracy": original,
         "test_examples": len(setup.run.splits["test"]),
@@ -436,6 +470,9 @@ def table(section: dict) -> list[str]:
         lines.append(f"| compressor | {o['member']} | — | {o['heads_left']} | {o['ffn_left']} | {speed} | — | {acc} "
                      f"| {o['prune_seconds']} | {o['recovery_seconds']} |")  # fmt: skip
     for r in section["peers"]:
+        if "error" in r:
+            lines.append(f"| {r['peer']} | {r['member']} | {r['match']} | failed: {r['error'][:80]} ||||||")
+            continue
         rec = r["recovered"]
         lines.append(
             f"| {r['peer']} | {r['member']} | {r['match']} | {r['heads_left']} | {r['ffn_left']} | {r['speedup']:.2f}× "
@@ -458,7 +495,9 @@ def plot(sections: dict, path: Path) -> None:
         ax.plot([o["speedup"] for o in ours], [100 * o["accuracy"] for o in ours], "o-", color="tab:blue",
                 label="compressor (members)")  # fmt: skip
         for peer, (color, marker) in styles.items():
-            rows = sorted((r for r in section["peers"] if r["peer"] == peer), key=lambda r: r["speedup"])
+            rows = sorted(
+                (r for r in section["peers"] if r["peer"] == peer and "error" not in r), key=lambda r: r["speedup"]
+            )
             if not rows:
                 continue
             x = [r["speedup"] for r in rows]
@@ -487,6 +526,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--peers", nargs="+", choices=PEERS, default=list(PEERS))
     parser.add_argument("--ours", nargs="+", default=[], metavar="MODEL=RUN_DIR", help="finished family runs")
     parser.add_argument("--target", action="append", default=[], metavar="MODEL:LABEL:SPEEDUP:HEADS:FFN:STEPS")
+    parser.add_argument("--recipe", nargs="+", default=[], metavar="MODEL=RECIPE",
+                        help="another recipe for a model (its base fine-tune, data and recovery settings)")  # fmt: skip
     parser.add_argument("--quick", action="store_true",
                         help="one member, one peer iteration, no speed matching, a short recovery: checks the "
                         "pipeline in minutes (writes peers_quick.json; not a figure)")  # fmt: skip
@@ -497,17 +538,25 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--min-time-s", type=float, default=0.3)
     parser.add_argument("--else-running", default="unknown", help="what else ran on the machine (recorded)")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    args.recipe = dict(_pair(item, "--recipe") for item in args.recipe)
+    return args
+
+
+def _pair(item: str, option: str) -> tuple[str, Path]:
+    """`MODEL=PATH` of `option`, MODEL one of ours."""
+    name, _, path = item.partition("=")
+    if name not in RECIPES or not path:
+        raise SystemExit(f"{option}: '{item}' is not MODEL=PATH with MODEL in {sorted(RECIPES)}")
+    return name, Path(path)
 
 
 def targets_for(args) -> dict[str, list[Target]]:
     """Per model: the members of its `--ours` run, else its `--target`s."""
     out: dict[str, list[Target]] = {}
     for item in args.ours:
-        name, _, run_dir = item.partition("=")
-        if name not in RECIPES or not run_dir:
-            raise SystemExit(f"--ours: '{item}' is not MODEL=RUN_DIR with MODEL in {sorted(RECIPES)}")
-        out[name] = targets_from_run(Path(run_dir))
+        name, run_dir = _pair(item, "--ours")
+        out[name] = targets_from_run(run_dir)
     for text in args.target:
         name, target = parse_target(text)
         out.setdefault(name, []).append(target)

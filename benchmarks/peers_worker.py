@@ -136,10 +136,14 @@ def torch_pruning(job: dict, model: nn.Module, batches: list[dict]) -> dict:
     total_heads, ffn_total = heads * len(layers), layers[0].intermediate.dense.out_features * len(layers)
     num_heads = {linear: heads for a in attn for linear in a[1:4]}
     ffn, qkv = tuple(layer.intermediate.dense for layer in layers), tuple(num_heads)  # a global ranking in each
+    names = {m: n for n, m in model.named_modules()}
     ignored = [model.classifier] + [a[4] for a in attn] + [layer.output.dense for layer in layers]
     pooler = getattr(model.base_model, "pooler", None)
     ignored += [pooler] if pooler is not None else []
     example = {k: v[:2] for k, v in batches[0].items() if k != "labels"}
+    encoder = model.base_model.encoder
+    if hasattr(encoder, "relative_attention_bias"):  # MPNet: see `_detached_position_bias`
+        encoder.compute_position_bias = _detached_position_bias(encoder.compute_position_bias)
     pruner = tp.pruner.MetaPruner(
         model,
         example,
@@ -161,12 +165,44 @@ def torch_pruning(job: dict, model: nn.Module, batches: list[dict]) -> dict:
         for batch in batches:
             model(**batch).loss.backward()
         pruner.step()
-    for a, q, _, _, _ in attn:
-        a.num_attention_heads = q.out_features // size
-        a.all_head_size = q.out_features
+        for a, q, _, _, _ in attn:  # the attention modules' head counts, as Torch-Pruning's BERT example sets them
+            a.num_attention_heads = q.out_features // size
+            a.all_head_size = q.out_features
+            if hasattr(a, "o"):  # MPNet: the relative position bias is shared at the original head count
+                _narrow_position_bias(a, _kept_rows(original[names[q] + ".weight"], q.weight.detach(), size))
     seconds = time.perf_counter() - start
     model.zero_grad()
     return {**_torch_pruning_masks(model, original, attn, size), "seconds": seconds, "model": model}
+
+
+def _detached_position_bias(compute):
+    """MPNet's encoder computes one relative position bias at the original head count and adds it in every layer.
+    Traced as it is, Torch-Pruning's graph couples every layer's heads through that one embedding (so it would
+    remove the same head ids everywhere and slice the shared embedding); detached, the bias is a constant to the
+    graph, the embedding stays whole and each layer's attention takes its kept heads' columns
+    (`_narrow_position_bias`). The forward values are unchanged; only the embedding gets no gradient."""
+
+    def detached(*args, **kwargs):
+        return compute(*args, **kwargs).detach()
+
+    return detached
+
+
+def _select_bias(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """Forward pre-hook of an MPNet self-attention: the shared position bias narrowed to its kept heads."""
+    ids = module.kept_head_ids
+    if kwargs.get("position_bias") is not None:
+        kwargs["position_bias"] = kwargs["position_bias"].index_select(1, ids)
+    elif len(args) > 2 and args[2] is not None:  # forward(hidden_states, attention_mask, position_bias, ...)
+        args = (*args[:2], args[2].index_select(1, ids), *args[3:])
+    return args, kwargs
+
+
+def _narrow_position_bias(attention: nn.Module, kept: list[int]) -> None:
+    """Make a pruned MPNet self-attention take only its kept heads' columns of the encoder's position bias."""
+    if not hasattr(attention, "kept_head_ids"):
+        attention.register_forward_pre_hook(_select_bias, with_kwargs=True)
+    attention.kept_head_ids = torch.tensor(kept, dtype=torch.long)
 
 
 def _torch_pruning_masks(model: nn.Module, original: dict, attn: list, size: int) -> dict:
@@ -198,8 +234,8 @@ def main(job_file: str) -> None:
         logits = pruned(**probe).logits
     out = Path(job["out"])
     torch.save(logits, out / "probe_logits.pt")
-    if job["peer"] == "torch-pruning":
-        torch.save(pruned, out / "model.pt")
+    if job["peer"] == "torch-pruning" and not hasattr(pruned.base_model.encoder, "relative_attention_bias"):
+        torch.save(pruned, out / "model.pt")  # whole (MPNet's carries hooks of this script: its masks only)
     summary = {
         "heads_mask": result["heads"].int().tolist(),
         "ffn_mask": result["neurons"].int().tolist(),
