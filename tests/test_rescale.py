@@ -16,6 +16,8 @@ from conftest import make_tokenizer_dir, tiny_recipe
 from compressor.core.errors import UserError
 from compressor.deploy import export as ex
 from compressor.pipeline.runner import run_recipe
+from compressor.pruning.criteria import ScoreContext
+from compressor.pruning.criteria.fisher import fisher
 from compressor.pruning.masking import gated
 from compressor.pruning.units import score_all
 from compressor.recipe import PruneSpec, RecipeError, parse_recipe
@@ -126,6 +128,8 @@ def test_fisher_is_the_mean_squared_per_example_gate_gradient(arch):
                 (grad,) = torch.autograd.grad(F.cross_entropy(model(**example).logits, label), gates)
             total += grad**2
     torch.testing.assert_close(scores["heads"], total / 8, rtol=1e-3, atol=1e-8)
+    ctx = ScoreContext(model=model, alive=masks.heads, batches=batches, masks={"neurons": masks.neurons})
+    assert not fisher(ctx).requires_grad  # no batch's graph is kept alive by the running sum
     unlabelled = [{k: v for k, v in b.items() if k != "labels"} for b in batches]
     free = score_all("fisher", model, masks.alive(), unlabelled)
     assert torch.isfinite(free["neurons"]).all() and (free["heads"] > 0).all()

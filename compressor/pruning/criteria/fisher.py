@@ -18,6 +18,7 @@ from typing import Literal
 
 import torch
 import torch.nn.functional as F
+from tqdm.auto import tqdm
 
 from compressor.pruning.criteria.registry import ScoreContext, mean_over_processes, register
 from compressor.surgery.arch import arch_spec, get_path, head_size, layers, present_heads, present_neurons
@@ -45,7 +46,7 @@ def _per_example(ctx: ScoreContext, seen: dict[int, torch.Tensor], loss: torch.T
     grads = torch.autograd.grad(loss, [seen[i] for i in order], retain_graph=True)
     out = torch.zeros(next(iter(seen.values())).shape[0], *ctx.alive.shape, device=loss.device)
     for i, z, g in zip(order, (seen[i] for i in order), grads, strict=True):
-        per_token = (z * g).reshape(*z.shape[:-1], len(present[i]), size).sum(-1)  # [batch, ..., units]
+        per_token = (z.detach() * g).reshape(*z.shape[:-1], len(present[i]), size).sum(-1)  # [batch, ..., units]
         out[:, i, present[i]] = per_token.reshape(z.shape[0], -1, len(present[i])).sum(1)
     return out
 
@@ -66,7 +67,7 @@ def fisher(ctx: ScoreContext, *, labels: Literal["gold", "model"] = "gold") -> t
     seen, handles = _record_inputs(ctx)
     try:
         with ctx.gated(gates), torch.enable_grad():
-            for batch in ctx.batches:
+            for batch in tqdm(ctx.batches, desc=f"fisher: {ctx.unit}", leave=False):
                 batch = {k: v.to(ctx.device) for k, v in batch.items()}
                 gold = batch.pop("labels", None)
                 logits = model(**batch).logits
