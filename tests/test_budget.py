@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
 import compressor
 from compressor.bench.baseline import drop_top_layers, layers_to_drop, recovery_spec
+from compressor.core.errors import UserError
 from compressor.pruning import budget as budget_mod
 from compressor.pruning.latency import Dims, LatencyTable
 from compressor.pruning.masking import gated
@@ -377,3 +380,39 @@ def test_l0_is_told_each_kinds_own_count_to_remove() -> None:
     score_all("l0", model, alive, [batch], {"steps": 3}, target_remove=remove, extras=extras)
     assert extras["l0"]["target_open"] == heads - remove["heads"]
     assert extras["l0_neurons"]["target_open"] == neurons - remove["neurons"]
+
+
+def test_a_latency_table_forced_from_a_file_steers_the_budget_and_a_misfit_is_refused(task, tmp_path, monkeypatch):
+    """`budget.latency_table` replaces this machine's table (none is measured or cached); one measured for another
+    shape, batch or runtime, or a file that is no table, is refused in one line naming the field."""
+    model = task[0]
+    dims = Dims.from_config(model.config)
+    forced = _linear_table(dims, ms_per_head=0.5, ms_per_neuron=0.02)
+    path = tmp_path / "other_cpu.json"
+    path.write_text(json.dumps(forced.to_dict()))
+
+    def never(*args, **kwargs):
+        raise AssertionError("a forced table must not be measured or read from the cache")
+
+    monkeypatch.setattr(budget_mod, "load_or_build", never)
+    budget = budget_mod.plan_budget(model, _spec(kind="speedup", value=1.5, latency_table=str(path)))
+    assert budget.table == forced
+    misfits = {
+        "seq_len 64; expected 32": dict(forced.to_dict(), seq_len=64),
+        "runtime pytorch; expected onnx-int8": forced.to_dict(),
+        "dims": dict(forced.to_dict(), dims={**forced.to_dict()["dims"], "layers": dims.layers + 1}),
+    }
+    for words, data in misfits.items():
+        path.write_text(json.dumps(data))
+        runtime = "onnx-int8" if "runtime" in words else "pytorch"
+        seq_len = 32 if "seq_len" in words else 64
+        spec = _spec(kind="speedup", value=1.5, latency_table=str(path), runtime=runtime, seq_len=seq_len)
+        with pytest.raises(UserError, match=f"prune.budget.latency_table: .*{words}"):
+            budget_mod.plan_budget(model, spec)
+    path.write_text("[1, 2]")
+    with pytest.raises(UserError, match="prune.budget.latency_table: .* is no latency table"):
+        budget_mod.plan_budget(model, _spec(kind="speedup", value=1.5, latency_table=str(path)))
+    with pytest.raises(UserError, match="prune.budget.latency_table: cannot read"):
+        budget_mod.plan_budget(model, _spec(kind="speedup", value=1.5, latency_table=str(tmp_path / "none.json")))
+    with pytest.raises(ValueError, match="latency_table: only applies to kind 'speedup'"):
+        _spec(kind="flops", value=0.4, latency_table=str(path))

@@ -22,7 +22,7 @@ from types import SimpleNamespace
 import torch
 from torch import nn
 
-from compressor.pruning.latency import LatencyTable, Widths, load_or_build
+from compressor.pruning.latency import LatencyTable, Widths, load_file, load_or_build
 from compressor.pruning.selection import (
     check_feasible,
     check_flop_budget,
@@ -260,14 +260,20 @@ class Budget:
 
 def plan_budget(model: nn.Module, spec: PruneSpec, cache_dir: str | Path | None = None) -> Budget:
     """Resolve `spec`'s budget for `model` (unpruned): per-step goals, unit costs and, for a speed-up budget, the
-    latency table (loaded from, or measured into, `cache_dir`, default `$COMPRESSOR_CACHE/latency`)."""
+    latency table (loaded from, or measured into, `cache_dir`, default `$COMPRESSOR_CACHE/latency`; or read from
+    the budget's `latency_table` file)."""
     budget = spec.resolved_budget
     check_budget(model.config, spec)
     costs = unit_costs(model, budget.seq_len)
     total = masked_flops(model, {}, budget.seq_len)
     table = None
     if budget.kind == "speedup":
-        table = load_or_build(model.config, budget.runtime, budget.batch_size, budget.seq_len, cache_dir=cache_dir)
+        args = (model.config, budget.runtime, budget.batch_size, budget.seq_len)
+        table = (
+            load_file(budget.latency_table, *args)
+            if budget.latency_table
+            else load_or_build(*args, cache_dir=cache_dir)
+        )
         _check_reachable(table, spec, budget)
     goals, members = _goals(spec, _heads_total(model) if budget.kind == "heads" else total)
     return Budget(model, spec, goals, costs, total, table, members=members)

@@ -67,6 +67,9 @@ class BudgetSpec(Strict):
     `runtime` (a `compressor.core.runtimes` declaration with `budget`), `batch_size`, `seq_len`: where a speed-up
     is measured;
     `calibrate`: time the real pruned model after every step to correct the table (`compressor.pruning.latency.check`).
+    `latency_table`: a table file (JSON, as `compressor.pruning.latency.load_or_build` caches it, e.g. measured on
+    another CPU) used instead of this machine's; the calibration still times this machine, so the table steers which
+    units go (its cost ratios) while the measured speed-up decides when a target is met.
     """
 
     kind: Literal["heads", "flops", "speedup"] = "heads"
@@ -84,6 +87,9 @@ class BudgetSpec(Strict):
     batch_size: int = Field(32, ge=1)
     seq_len: int = Field(64, ge=8, le=4096)
     calibrate: bool = True
+    latency_table: str | None = Field(
+        None, description="a latency table JSON to use instead of measuring this machine's (kind 'speedup' only)"
+    )
 
     @property
     def targets(self) -> list[float]:
@@ -123,6 +129,8 @@ class BudgetSpec(Strict):
             self._check_amount(value)
         if self.values and any(b <= a for a, b in zip(self.values, self.values[1:], strict=False)):
             raise ValueError(f"values: expected distinct targets in ascending order, got {self.values}")
+        if self.latency_table is not None and self.kind != "speedup":
+            raise ValueError(f"latency_table: only applies to kind 'speedup', got kind '{self.kind}'")
         return self
 
     def _check_amount(self, value: float) -> None:

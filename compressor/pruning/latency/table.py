@@ -246,6 +246,28 @@ def _read_cached(path: Path, key: dict) -> LatencyTable | None:
         return None
 
 
+def load_file(path: str | Path, config, runtime: str, batch_size: int, seq_len: int) -> LatencyTable:
+    """A table read from `path` (a JSON file as `load_or_build` caches it, e.g. measured on another CPU), checked
+    against the model shape and the budget's runtime, batch size and length; a one-line `UserError` naming
+    `prune.budget.latency_table` when it cannot be read or does not fit."""
+    field_name, dims = "prune.budget.latency_table", config if isinstance(config, Dims) else Dims.from_config(config)
+    try:
+        table = LatencyTable.from_dict(json.loads(Path(path).read_text()))
+    except OSError as err:
+        raise UserError(f"{field_name}: cannot read {path} ({err.strerror}); expected a latency table JSON") from None
+    except (ValueError, TypeError, KeyError, AttributeError):
+        raise UserError(f"{field_name}: {path} is no latency table; expected the JSON load_or_build caches") from None
+    wanted = {"runtime": runtime, "batch_size": batch_size, "seq_len": seq_len, "dims": dims}
+    for name, value in wanted.items():
+        if getattr(table, name) != value:
+            raise UserError(
+                f"{field_name}: {path} was measured for {name} {getattr(table, name)}; expected {value} (the budget "
+                "and the model this run prunes)"
+            )
+    log.info("latency: table forced from %s (measured on %s)", path, table.key.get("cpu", "an unrecorded CPU"))
+    return table
+
+
 def load_or_build(
     config,
     runtime: str,
