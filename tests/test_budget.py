@@ -11,14 +11,17 @@ import compressor
 from compressor.bench.baseline import drop_top_layers, layers_to_drop, recovery_spec
 from compressor.core.errors import UserError
 from compressor.pruning import budget as budget_mod
-from compressor.pruning.latency import Dims, LatencyTable
+from compressor.pruning.latency import DEFAULT_FRACTIONS, Dims, LatencyTable
+from compressor.pruning.latency.probe import grid_counts
+from compressor.pruning.latency.table import grid_axes
 from compressor.pruning.masking import gated
+from compressor.pruning.units import apply_plan_to_masks
 from compressor.recipe import PruneSpec, RecipeError, TrainSpec, parse_recipe
 from compressor.recovery.loop import Masks, PruneState, StepRecord
 from compressor.recovery.train import model_inputs
 from compressor.sources.batches import sample_batches
 from compressor.surgery.arch import removed_layers
-from compressor.surgery.cost import masked_flops, unit_costs
+from compressor.surgery.cost import UnitCosts, masked_flops, unit_costs
 
 FINETUNE = TrainSpec(epochs=1, lr=5e-4, batch_size=16, max_examples=32)
 
@@ -416,3 +419,41 @@ def test_a_latency_table_forced_from_a_file_steers_the_budget_and_a_misfit_is_re
         budget_mod.plan_budget(model, _spec(kind="speedup", value=1.5, latency_table=str(tmp_path / "none.json")))
     with pytest.raises(ValueError, match="latency_table: only applies to kind 'speedup'"):
         _spec(kind="flops", value=0.4, latency_table=str(path))
+
+
+def _block_costs_table(dims: Dims, heads_grid: list[int], neurons_grid: list[int]) -> LatencyTable:
+    """A layer whose attention and FFN each cost a fixed amount while they have any unit, plus a linear part per
+    unit (the shape every measured table has), sampled at the given grid."""
+
+    def ms(h: int, n: int) -> float:
+        return 0.3 + (h > 0) * (1.5 + 2.0 * h) + (n > 0) * (1.4 + 0.025 * n)
+
+    grid = [[ms(h, n) for n in neurons_grid] for h in heads_grid]
+    return LatencyTable("pytorch", 32, 64, 2, dims, heads_grid, neurons_grid, grid, outside_ms=2.5)
+
+
+def test_a_blocks_fixed_cost_is_saved_only_with_its_last_unit_so_equal_layers_are_cut_evenly():
+    """Six equal layers, units of equal importance: removing one more block of neurons saves the same time in every
+    layer until the last, so a 2x speed-up leaves the layers' FFNs within a block of one another and none empty.
+    A table interpolated from 0 to a quarter of the neurons spread the FFN's fixed cost over that quarter's blocks:
+    the same selection then emptied FFNs while other layers kept more than a quarter (the issue-37 symptom)."""
+    dims = Dims(hidden=384, heads=12, head_size=32, intermediate=1536, layers=6, vocab=100, positions=64, num_labels=2)
+    shape = dims.full()
+    alive = {kind: torch.ones(dims.layers, w, dtype=torch.bool) for kind, w in (("heads", 12), ("neurons", 1536))}
+    gen = torch.Generator().manual_seed(0)
+    base = {"heads": 2.5, "neurons": 0.02}  # importance per unit: neurons go first, heads too beyond a point
+    scores = {kind: base[kind] + 0.01 * torch.rand(mask.shape, generator=gen) for kind, mask in alive.items()}
+    head, neuron = 2 * (4 * 64 * 384 * 32 + 2 * 64 * 64 * 32), 2 * 2 * 64 * 384  # FLOPs: only the 0 ms floor uses them
+    costs = UnitCosts(64, head, neuron, 12 * head + 1536 * neuron)
+
+    def select(table: LatencyTable) -> list[int]:
+        plan = budget_mod.select_by_latency(scores, alive, table, 2.0, costs, min_heads_per_layer=2)
+        after = budget_mod.widths_of(apply_plan_to_masks(plan, alive), dims)
+        assert table.speedup(shape, after) >= 2.0
+        return list(after.neurons)
+
+    even = select(_block_costs_table(dims, *grid_axes(dims, DEFAULT_FRACTIONS)))
+    assert min(even) > 0 and max(even) - min(even) <= budget_mod.NEURON_BLOCK
+    fractions = [grid_counts(12, DEFAULT_FRACTIONS), grid_counts(1536, DEFAULT_FRACTIONS)]
+    spread = select(_block_costs_table(dims, *fractions))
+    assert min(spread) == 0 and max(spread) > 1536 // 4

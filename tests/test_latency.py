@@ -130,6 +130,8 @@ def test_dims_from_configs_of_different_naming():
 
 def test_grid_counts_include_both_ends():
     assert grid_counts(12, (0.25, 0.5)) == [0, 3, 6, 12]
+    assert grid_counts(12, (0.25, 0.5), smallest=1) == [0, 1, 3, 6, 12]  # the narrowest non-empty width too
+    assert grid_counts(20, (0.5,), smallest=32) == [0, 10, 20]  # a block wider than the layer: not measured
     with pytest.raises(UserError, match="latency.grid"):
         grid_counts(12, (1.5,))
 
@@ -178,14 +180,14 @@ def test_onnx_runners_compute_what_pytorch_computes(runtime, atol, tmp_path):
 
 def test_build_measures_every_grid_cell():
     table = LatencyTable.build(tiny_config("bert"), "pytorch", 2, 8, threads=1, grid=(0.5,), **FAST)
-    assert table.heads_grid == [0, 2, 4] and table.neurons_grid == [0, 34, 67]
+    assert table.heads_grid == [0, 1, 2, 4] and table.neurons_grid == [0, 32, 34, 67]  # + one head, one block
     values = [v for row in table.layer_grid_ms for v in row] + [table.outside_ms]
     assert all(math.isfinite(v) and v > 0 for v in values)
     assert table.threads == 1 and table.key["threads"] == 1
     grid, raw = np.array(table.layer_grid_ms), np.array(table.measured_grid_ms)
     assert (np.diff(grid, axis=0) >= 0).all() and (np.diff(grid, axis=1) >= 0).all() and (grid <= raw).all()
     assert grid[-1, -1] == raw[-1, -1]
-    assert table.key == cache_key(table.dims, "pytorch", 2, 8, 1, [0, 2, 4], [0, 34, 67])
+    assert table.key == cache_key(table.dims, "pytorch", 2, 8, 1, [0, 1, 2, 4], [0, 32, 34, 67])
 
 
 def test_cache_round_trip_and_stale_key_rebuilds(tmp_path, monkeypatch):

@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from compressor.pruning.latency import LatencyTable, Widths, load_file, load_or_build
+from compressor.pruning.latency.probe import NEURON_BLOCK
 from compressor.pruning.selection import (
     check_feasible,
     check_flop_budget,
@@ -46,7 +47,6 @@ SPEEDUP_SLACK = 0.02
 # each landing short by more than the slack costs a whole top-up step. Aiming past by the slack turns small shortfalls
 # into met targets; a larger error still takes a top-up (measured landings: docs/lab/history.md, SPEEDUP_AIM).
 SPEEDUP_AIM = SPEEDUP_SLACK
-NEURON_BLOCK = 32  # FFN neurons of one layer removed together under a speed-up budget (one table lookup each)
 FLOOR_SHARE = 0.1  # a unit saves at least this share of its FLOP-proportional milliseconds (flat grid cells)
 
 

@@ -34,6 +34,7 @@ Runtime = Literal[runtimes.BUDGET_NAMES]
 RUNTIMES: tuple[str, ...] = runtimes.BUDGET_NAMES  # the declared runtimes a speed-up budget can be measured on
 Unit = Literal["head", "neurons"]
 DEFAULT_FRACTIONS: tuple[float, ...] = (0.0, 0.25, 0.5, 0.75, 1.0)
+NEURON_BLOCK = 32  # FFN neurons of one layer a speed-up budget removes together; the table measures this width too
 
 
 def check_runtime(runtime: str) -> str:
@@ -247,11 +248,18 @@ def measure(
     return {name: float(np.median(times)) for name, times in per_round.items()}
 
 
-def grid_counts(total: int, fractions: Sequence[float]) -> list[int]:
-    """Distinct unit counts at `fractions` of `total` (0 and `total` always included), ascending."""
+def grid_counts(total: int, fractions: Sequence[float], smallest: int = 0) -> list[int]:
+    """Distinct unit counts at `fractions` of `total` (0 and `total` always included), ascending, plus `smallest`
+    (the narrowest non-empty width a pruner leaves: one head, one block of neurons) when it is between them.
+
+    A block with no units at all skips its operations, so the step from 0 to the first non-empty width is the
+    block's fixed cost (its matrix products' calls, the softmax, thread hand-offs); interpolated between 0 and the
+    first fraction that cost would be spread over the units of that cell, and each of a layer's last units would
+    seem to save a share of it (see `LatencyTable`)."""
     if any(not 0.0 <= f <= 1.0 for f in fractions):
         raise UserError(f"latency.grid: expected fractions from 0 to 1, got {list(fractions)}")
-    return sorted({0, total, *(round(f * total) for f in fractions)})
+    extra = {smallest} if 0 < smallest < total else set()
+    return sorted({0, total, *(round(f * total) for f in fractions), *extra})
 
 
 def measure_grid(

@@ -30,6 +30,7 @@ from compressor.core.machine import cache_root, cpu_identity
 from compressor.core.timing import set_threads
 from compressor.pruning.latency.probe import (
     DEFAULT_FRACTIONS,
+    NEURON_BLOCK,
     Dims,
     Unit,
     Widths,
@@ -42,7 +43,7 @@ from compressor.pruning.latency.probe import (
 
 log = logging.getLogger(__name__)
 
-CACHE_VERSION = 1
+CACHE_VERSION = 2  # 2: one head and one neuron block measured (`grid_axes`)
 
 # ---------------------------------------------------------------------------------------------------- the table
 
@@ -66,6 +67,11 @@ class LatencyTable:
     Times are per forward call of a batch of `batch_size` sequences of `seq_len` tokens on `runtime`.
     `build` makes the grid monotone (`monotone_grid`; the raw medians are kept in `measured_grid_ms`), so removing a
     unit never costs time: `marginal_ms` is never negative, though it can be 0 where the grid is flat.
+    The grid includes one head and one block of neurons (`grid_axes`): a block's fixed cost then lies between its
+    one-unit width and 0, so only removing its last unit saves it. Interpolated from 0 to the first fraction (a
+    quarter of the heads or neurons), that cost was credited in shares to each of a block's last units, which made
+    them look cheap per millisecond: selections emptied FFNs and cut heads to the per-layer minimum, more so on CPUs
+    whose fixed costs are larger against their per-unit ones.
     """
 
     runtime: str
@@ -100,13 +106,14 @@ class LatencyTable:
     ) -> LatencyTable:
         """Measure the table for a transformers `config` (or `Dims`) on this machine now.
 
-        `grid`: fractions of the heads and of the FFN neurons at which layers are timed (0 and 1 always added).
+        `grid`: fractions of the heads and of the FFN neurons at which layers are timed (0 and 1 always added, and
+        one head and one neuron block: `grid_axes`).
         `threads`: intra-op threads (None: the runtime's default; recorded either way).
         """
         dims = config if isinstance(config, Dims) else Dims.from_config(config)
         check_runtime(runtime)
         _check_sizes(dims, batch_size, seq_len)
-        heads_grid, neurons_grid = grid_counts(dims.heads, grid), grid_counts(dims.intermediate, grid)
+        heads_grid, neurons_grid = grid_axes(dims, grid)
         previous = torch.get_num_threads()
         if is_pytorch(runtime):
             set_threads(threads)
@@ -176,6 +183,12 @@ class LatencyTable:
         data = dict(data)
         data.pop("_interp", None)
         return cls(**{**data, "dims": Dims(**data["dims"])})
+
+
+def grid_axes(dims: Dims, grid: Sequence[float]) -> tuple[list[int], list[int]]:
+    """The heads and neuron counts a table is measured at: `grid`'s fractions, plus one head and one block of
+    `NEURON_BLOCK` neurons, so a block's fixed cost is saved only by removing its last unit (`grid_counts`)."""
+    return grid_counts(dims.heads, grid, 1), grid_counts(dims.intermediate, grid, NEURON_BLOCK)
 
 
 def monotone_grid(grid_ms: Sequence[Sequence[float]]) -> list[list[float]]:
@@ -265,6 +278,9 @@ def load_file(path: str | Path, config, runtime: str, batch_size: int, seq_len: 
                 "and the model this run prunes)"
             )
     log.info("latency: table forced from %s (measured on %s)", path, table.key.get("cpu", "an unrecorded CPU"))
+    if 1 not in table.heads_grid or min(NEURON_BLOCK, dims.intermediate) not in table.neurons_grid:
+        log.warning("latency: %s has no one-head / one-block widths: a block's last units look cheaper than they are"
+                    " (measure it again with this version)", path)  # fmt: skip
     return table
 
 
@@ -287,9 +303,7 @@ def load_or_build(
     dims = config if isinstance(config, Dims) else Dims.from_config(config)
     check_runtime(runtime)
     path = cache_file(dims, runtime, batch_size, seq_len, Path(cache_dir) if cache_dir else default_cache_dir())
-    key = cache_key(
-        dims, runtime, batch_size, seq_len, threads, grid_counts(dims.heads, grid), grid_counts(dims.intermediate, grid)
-    )
+    key = cache_key(dims, runtime, batch_size, seq_len, threads, *grid_axes(dims, grid))
     table = _read_cached(path, key)
     if table is None:
         table = LatencyTable.build(dims, runtime, batch_size, seq_len, threads, grid, **timing)
