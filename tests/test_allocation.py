@@ -9,6 +9,7 @@ import torch.nn.functional as F
 import compressor
 from compressor.pruning.allocation import masked_loss, select_measured
 from compressor.pruning.budget import plan_budget
+from compressor.pruning.masking import gated
 from compressor.pruning.units import apply_plan_to_masks, masks_to_plan, pruned_units_copy
 from compressor.recipe import PruneSpec, TrainSpec
 from compressor.recovery.loop import Masks
@@ -100,3 +101,61 @@ def test_prune_logs_the_measured_slices_and_meets_the_flop_budget(task):
     assert total - masked_flops(model, result.masks.alive(), 64) >= 0.4 * total
     ratio = compressor.prune(task[0], tok, train, _spec(allocation="ratio"), validation=val)
     assert all("allocation" not in step for step in ratio.steps)
+
+
+def test_whole_layers_compete_as_a_kind_by_the_measured_loss_of_dropping_each(task):
+    """With `layers`, a layer whose removal costs no loss goes whole (its last heads too, though kept layers hold
+    `min_heads_per_layer`), where heads and neurons alone could not reach the goal; the other kinds are untouched
+    while the loss says they cost more."""
+    model = task[0]
+    spec = _spec(units=["heads", "neurons", "layers"], min_heads_per_layer=2, budget={"kind": "flops", "value": 0.3})
+    budget = plan_budget(model, spec)
+    alive = Masks.full(model, ["heads", "neurons"]).alive()
+    scores = {kind: torch.rand(mask.shape, generator=torch.Generator().manual_seed(0)) for kind, mask in alive.items()}
+
+    def loss(a: dict) -> float:  # dropping layer 1 is free; every other removal costs
+        others = [layer for layer in range(3) if layer != 1]
+        return sum(float((~a[kind][others]).sum()) for kind in a) + 0.01 * float((~a["heads"][1]).sum() == 0)
+
+    plan, log = select_measured(budget, 0, scores, alive, loss, parts=2, layers=True)
+    after = apply_plan_to_masks(plan, alive)
+    assert "layers" in [s["kind"] for s in log]
+    assert not after["heads"][1].any() and not after["neurons"][1].any()  # layer 1 removed whole
+    assert after["heads"][[0, 2]].all() and after["neurons"][[0, 2]].all()
+    removed = budget.total_flops - masked_flops(model, after, budget.costs.seq_len)
+    assert removed >= budget.goals[0]
+    without = select_measured(budget, 0, scores, alive, loss, parts=2)[1]
+    assert "layers" not in [s["kind"] for s in without]  # only when asked
+
+
+def test_prune_with_layer_units_removes_layers_and_the_pruned_model_matches(task):
+    """End to end on the tiny model: a FLOP budget beyond what heads (kept ≥ 3 of 4 per layer) and neurons can
+    give alone is reached by dropping layers whole; the physically pruned model equals the masked one."""
+    model, tok, train, val = task
+    spec = _spec(units=["heads", "neurons", "layers"], min_heads_per_layer=3, budget={"kind": "flops", "value": 0.75})
+    result = compressor.prune(model, tok, train, spec, validation=val)
+    total = masked_flops(model, {}, 64)
+    assert total - masked_flops(model, result.masks.alive(), 64) >= 0.75 * total
+    heads = result.masks.heads.sum(1)
+    assert (heads == 0).any() and ((heads == 0) | (heads >= 3)).all()  # kept layers keep their minimum
+    batch = next(iter(sample_batches(val, tok, 16, 16, seed=0)))
+    pruned = result.pruned()
+    with torch.inference_mode(), gated(result.model.eval(), result.masks.head_gates(), result.masks.neuron_gates()):
+        masked = result.model(**model_inputs(batch)).logits
+    with torch.inference_mode():
+        assert float((masked - pruned(**model_inputs(batch)).logits).abs().max()) < 1e-4
+    assert len(pruned.config.removed_layers) == int((heads == 0).sum())
+
+
+@pytest.mark.parametrize(
+    ("overrides", "words"),
+    [
+        ({"units": ["heads", "layers"]}, "'layers' needs units heads and neurons too"),
+        ({"allocation": "ratio"}, "allocation 'measured'"),
+        ({"uniform_ffn": True}, "uniform_ffn off"),
+    ],
+)
+def test_layer_units_need_heads_neurons_and_measured_allocation(overrides, words):
+    base = {"units": ["heads", "neurons", "layers"]}
+    with pytest.raises(ValueError, match=words):
+        _spec(**(base | overrides))

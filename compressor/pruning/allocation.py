@@ -10,8 +10,13 @@ with the smallest loss increase per unit of cost saved is kept. Non-additive eff
 heads) show up in the measured loss, where a first-order score cannot see them. If the kept slices fall short of
 the step's goal (a kind ran out), the budget's own cross-kind selection finishes the step.
 
-Cost: 1 + `parts` x kinds forward passes over the scoring batches per step (no backward); the step log records
-each slice's losses.
+Whole layers (`units: [heads, neurons, layers]`) are a third kind: each layer's loss increase when dropped is
+measured once per step, and the layers proposal removes the layers with the least increase per cost saved until
+the slice's goal is met (a speed-up far past MiniLM-size needs it: a layer kept with even one head and one neuron
+block still costs its fixed parts). `min_heads_per_layer` holds for the layers that are kept.
+
+Cost: 1 + `parts` x kinds forward passes over the scoring batches per step (no backward), plus one per layer with
+`layers`; the step log records each slice's losses.
 """
 
 from __future__ import annotations
@@ -58,11 +63,34 @@ def _merge(into: UnitPlan, plan: UnitPlan) -> None:
             into.setdefault(kind, {}).setdefault(layer, []).extend(ids)
 
 
-def _best_slice(budget: Budget, goal: float, scores: dict, alive: Alive, loss: LossFn, base: float) -> dict | None:
-    """The single-kind proposal toward `goal` with the lowest measured loss increase per cost saved, or None."""
+def layer_drop_increases(alive: Alive, loss: LossFn, base: float) -> dict[int, float]:
+    """Each layer that still has units: the measured loss increase over `base` when it is dropped whole (one pass
+    over the scoring batches per layer). What ranks whole layers as units (`units: [.., layers]`)."""
+    out = {}
+    for layer in range(next(iter(alive.values())).shape[0]):
+        if any(bool(mask[layer].any()) for mask in alive.values()):
+            without = {kind: mask.clone() for kind, mask in alive.items()}
+            for mask in without.values():
+                mask[layer] = False
+            out[layer] = loss(without) - base
+    return out
+
+
+def _propose(budget: Budget, kind: str, goal: float, scores: dict, alive: Alive, layers: dict | None) -> UnitPlan:
+    """One kind's removals toward `goal`: the budget's selection on that kind's scores, or whole layers."""
+    if kind == "layers":
+        return budget.select_layers_to(goal, layers or {}, alive)
+    return budget.select_to(goal, {kind: scores[kind]}, alive)
+
+
+def _best_slice(
+    budget: Budget, goal: float, scores: dict, alive: Alive, loss: LossFn, base: float, layers: dict | None = None
+) -> dict | None:
+    """The single-kind proposal toward `goal` with the lowest measured loss increase per cost saved, or None.
+    `layers` (each layer's loss increase when dropped) adds whole layers as a kind."""
     best, cost_now = None, budget.cost(alive)
-    for kind in sorted(scores):
-        plan = budget.select_to(goal, {kind: scores[kind]}, alive)
+    for kind in sorted(scores) + (["layers"] if layers is not None else []):
+        plan = _propose(budget, kind, goal, scores, alive, layers)
         if _empty(plan):
             continue
         after = apply_plan_to_masks(plan, alive)
@@ -77,21 +105,31 @@ def _best_slice(budget: Budget, goal: float, scores: dict, alive: Alive, loss: L
 
 
 def select_measured(
-    budget: Budget, step: int, scores: dict[str, torch.Tensor], alive: Alive, loss: LossFn, parts: int = 4
+    budget: Budget,
+    step: int,
+    scores: dict[str, torch.Tensor],
+    alive: Alive,
+    loss: LossFn,
+    parts: int = 4,
+    layers: bool = False,
 ) -> tuple[UnitPlan, list[dict]]:
     """Step `step`'s new removals, each slice paid by the kind whose removal costs the least measured loss per
-    FLOP or millisecond saved (see the module docstring), plus a log of the slices: kind, loss before/after."""
+    FLOP or millisecond saved (see the module docstring), plus a log of the slices: kind, loss before/after.
+    `layers`: whole layers compete too, ranked by the loss increase of dropping each, measured once per step."""
     current = {kind: mask.clone() for kind, mask in alive.items()}
     plan: UnitPlan = {kind: {} for kind in scores}
     base, log = loss(current), []
+    drops = layer_drop_increases(current, loss, base) if layers else None
     for goal in budget.intermediate_goals(step, current, parts):
-        best = _best_slice(budget, goal, scores, current, loss, base)
+        best = _best_slice(budget, goal, scores, current, loss, base, drops)
         if best is None:
             continue
         _merge(plan, best["plan"])
         log.append({"kind": best["kind"], "loss_before": round(base, 5), "loss_after": round(best["loss"], 5)})
         current, base = best["alive"], best["loss"]
     rest = budget.select_to(budget.aim(step), scores, current)  # a kind ran out: finish on the common scale
+    if drops is not None and budget.reached(after := apply_plan_to_masks(rest, current)) < budget.aim(step):
+        _merge(rest, budget.select_layers_to(budget.aim(step), drops, after))  # then whole layers, least loss first
     if not _empty(rest):
         _merge(plan, rest)
         log.append({"kind": "rest", "loss_before": round(base, 5), "loss_after": None})

@@ -155,8 +155,11 @@ class PruneSpec(Strict):
     target: float | None = Field(
         None, gt=0, lt=1, description="fraction of all heads removed at the end (default 0.5 without a budget)"
     )
-    units: list[Literal["heads", "neurons"]] = Field(
-        default_factory=lambda: ["heads"], min_length=1, description="unit kinds that compete for the budget"
+    units: list[Literal["heads", "neurons", "layers"]] = Field(
+        default_factory=lambda: ["heads"],
+        min_length=1,
+        description="unit kinds that compete for the budget; 'layers' (with heads and neurons, allocation "
+        "'measured') also proposes removing whole layers, ranked by the measured loss of dropping each",
     )
     budget: BudgetSpec | None = Field(None, description="one budget for the whole model instead of `target`")
     uniform_ffn: bool = Field(
@@ -195,6 +198,14 @@ class PruneSpec(Strict):
     baseline: Literal["layer_drop"] | None = Field(
         "layer_drop", description="compare with dropping top layers to the pruned FLOPs, fine-tuned alike (null: off)"
     )
+
+    def _layers_fit(self) -> None:
+        """Whole layers compete as units only beside heads and neurons, by measured loss, under a FLOP or speed-up
+        budget, and not with equal FFN widths (a removed layer has none)."""
+        if not {"heads", "neurons"} <= set(self.units) or self.allocation != "measured":
+            raise ValueError("units: 'layers' needs units heads and neurons too and allocation 'measured'")
+        if self.resolved_budget.kind == "heads" or self.uniform_ffn:
+            raise ValueError("units: 'layers' needs a flops or speedup budget and uniform_ffn off")
 
     @property
     def resolved_recovery(self) -> str:
@@ -253,8 +264,10 @@ class PruneSpec(Strict):
             raise ValueError("scope: 'per_layer' applies to a head-fraction target only; expected 'global' here")
         if self.uniform_ffn and "neurons" not in self.units:
             raise ValueError("uniform_ffn: only applies when units include 'neurons'")
+        if "layers" in self.units:
+            self._layers_fit()
         for unit in self.units:
-            if unit not in criteria().units_of(self.criterion.name):
+            if unit != "layers" and unit not in criteria().units_of(self.criterion.name):
                 raise ValueError(
                     f"criterion.name: '{self.criterion.name}' cannot score {unit}; expected one of "
                     f"{criteria().scoring(unit)}"

@@ -297,7 +297,8 @@ def _select(loop: _Loop, index: int, scores: dict[str, torch.Tensor], masks: Mas
         def loss(alive: dict[str, torch.Tensor]) -> float:
             return masked_loss(loop.model, loop.score_batches, alive, loop.accelerator)
 
-        return select_measured(loop.budget, index, scores, masks.alive(), loss, p.allocation_parts)
+        layers = "layers" in p.units
+        return select_measured(loop.budget, index, scores, masks.alive(), loss, p.allocation_parts, layers)
     return loop.budget.select(index, scores, masks.alive()), []
 
 
