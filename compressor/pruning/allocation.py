@@ -63,23 +63,48 @@ def _merge(into: UnitPlan, plan: UnitPlan) -> None:
             into.setdefault(kind, {}).setdefault(layer, []).extend(ids)
 
 
+def select_layers(budget: Budget, goal: float, increase: dict[int, float], alive: Alive) -> UnitPlan:
+    """Whole layers to remove (all their alive heads and neurons) until `goal` is reached (FLOPs removed, or the
+    expected speed-up), lowest `increase` (each layer's measured loss increase when dropped) per cost saved first;
+    layers without a unit left, or missing from `increase`, are not offered."""
+    current = {kind: mask.clone() for kind, mask in alive.items()}
+    plan: UnitPlan = {kind: {} for kind in alive}
+    cost_now = budget.cost(current)
+    saving = {layer: cost_now - budget.cost(_without(current, [layer])) for layer in increase}
+    for layer in sorted(increase, key=lambda layer: (increase[layer] / max(saving[layer], 1e-12), layer)):
+        if budget.reached(current) >= goal:
+            break
+        if not any(bool(mask[layer].any()) for mask in current.values()):
+            continue
+        for kind, mask in current.items():
+            plan[kind][layer] = mask[layer].nonzero().flatten().tolist()
+        current = _without(current, [layer])
+    return {kind: {k: v for k, v in sorted(layers.items()) if v} for kind, layers in plan.items()}
+
+
+def _without(alive: Alive, layers: list[int]) -> Alive:
+    """`alive` with every unit of `layers` removed."""
+    out = {kind: mask.clone() for kind, mask in alive.items()}
+    for mask in out.values():
+        mask[layers] = False
+    return out
+
+
 def layer_drop_increases(alive: Alive, loss: LossFn, base: float) -> dict[int, float]:
     """Each layer that still has units: the measured loss increase over `base` when it is dropped whole (one pass
     over the scoring batches per layer). What ranks whole layers as units (`units: [.., layers]`)."""
-    out = {}
-    for layer in range(next(iter(alive.values())).shape[0]):
-        if any(bool(mask[layer].any()) for mask in alive.values()):
-            without = {kind: mask.clone() for kind, mask in alive.items()}
-            for mask in without.values():
-                mask[layer] = False
-            out[layer] = loss(without) - base
-    return out
+    layers = range(next(iter(alive.values())).shape[0])
+    return {
+        layer: loss(_without(alive, [layer])) - base
+        for layer in layers
+        if any(bool(mask[layer].any()) for mask in alive.values())
+    }
 
 
 def _propose(budget: Budget, kind: str, goal: float, scores: dict, alive: Alive, layers: dict | None) -> UnitPlan:
     """One kind's removals toward `goal`: the budget's selection on that kind's scores, or whole layers."""
     if kind == "layers":
-        return budget.select_layers_to(goal, layers or {}, alive)
+        return select_layers(budget, goal, layers or {}, alive)
     return budget.select_to(goal, {kind: scores[kind]}, alive)
 
 
@@ -129,7 +154,7 @@ def select_measured(
         current, base = best["alive"], best["loss"]
     rest = budget.select_to(budget.aim(step), scores, current)  # a kind ran out: finish on the common scale
     if drops is not None and budget.reached(after := apply_plan_to_masks(rest, current)) < budget.aim(step):
-        _merge(rest, budget.select_layers_to(budget.aim(step), drops, after))  # then whole layers, least loss first
+        _merge(rest, select_layers(budget, budget.aim(step), drops, after))  # then whole layers, least loss first
     if not _empty(rest):
         _merge(plan, rest)
         log.append({"kind": "rest", "loss_before": round(base, 5), "loss_after": None})

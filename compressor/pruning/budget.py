@@ -230,32 +230,6 @@ class Budget:
         goal /= self.calibration  # the table's own scale
         return select_by_latency(scores, alive, self.table, goal, self.costs, p.min_heads_per_layer, p.uniform_ffn)
 
-    def select_layers_to(self, goal: float, increase: dict[int, float], alive: dict[str, torch.Tensor]) -> UnitPlan:
-        """Whole layers to remove (all their alive heads and neurons) until `goal` is reached (FLOPs removed, or the
-        expected speed-up), lowest `increase` (each layer's measured loss increase when dropped) per cost saved
-        first; layers without a unit left, or missing from `increase`, are not offered."""
-        current = {kind: mask.clone() for kind, mask in alive.items()}
-        plan: UnitPlan = {kind: {} for kind in alive}
-        order = sorted(
-            increase, key=lambda layer: (increase[layer] / max(self._layer_saving(current, layer), 1e-12), layer)
-        )
-        for layer in order:
-            if self.reached(current) >= goal:
-                break
-            if not any(bool(mask[layer].any()) for mask in current.values()):
-                continue
-            for kind, mask in current.items():
-                plan[kind][layer] = mask[layer].nonzero().flatten().tolist()
-                mask[layer] = False
-        return {kind: {k: v for k, v in sorted(layers.items()) if v} for kind, layers in plan.items()}
-
-    def _layer_saving(self, alive: dict[str, torch.Tensor], layer: int) -> float:
-        """FLOPs or predicted milliseconds saved by removing `layer` whole from `alive`."""
-        without = {kind: mask.clone() for kind, mask in alive.items()}
-        for mask in without.values():
-            mask[layer] = False
-        return self.cost(alive) - self.cost(without)
-
     def intermediate_goals(self, step: int, alive: dict[str, torch.Tensor], parts: int) -> list[float]:
         """`parts` goals evenly spaced from where `alive` stands to what step `step` aims at (the last is its `aim`):
         FLOPs removed spaced linearly, predicted speed-ups geometrically (FLOP / speed-up budgets)."""
