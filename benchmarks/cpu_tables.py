@@ -19,7 +19,7 @@ accuracy whichever table steered them. This script
 
 Usage (the lead's machine, machine to itself; each MiniLM family run takes ~20 min, the tables ~2 min each):
     .venv/bin/python benchmarks/cpu_tables.py --else-running "nothing"
-  development, reduced (two targets, 4 steps, 1,000 recovery examples per step; no export or bench figures needed):
+  development, reduced (3x and 4x only, 4 steps, 1,000 recovery examples per step, fp32 export, no baseline):
     nice -n 10 .venv/bin/python benchmarks/cpu_tables.py --reduced --work runs/cpu_tables_dev --else-running "..."
 """
 
@@ -107,6 +107,7 @@ def write_recipe(recipe: Path, name: str, table: Path, work: Path, reduced: bool
         raw["prune"]["finetune"] = dict(raw["prune"]["finetune"], max_examples=REDUCED["max_examples"])
         raw["export"] = dict(raw.get("export", {}), variants=["fp32"])
         raw["bench"] = dict(raw.get("bench", {}), batch_sizes=[32], rounds=1)
+        raw["prune"]["baseline"] = None
     path = work / f"{name}.yaml"
     path.write_text(yaml.safe_dump(raw, sort_keys=False))
     load_recipe(path)  # refuse to run a recipe that does not validate
@@ -173,7 +174,7 @@ def print_summary(results: list[dict]) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--recipe", default=str(ROOT / "recipes" / "minilm_rt_family.yaml"))
-    parser.add_argument("--work", default="runs/cpu_tables", help="tables, recipe copies and runs go here")
+    parser.add_argument("--work", default="runs/cpu_tables", help="tables, recipe copies, runs (in the repository)")
     parser.add_argument("--tables", nargs="*", default=["native", "avx2"], choices=["native", "avx2"])
     parser.add_argument("--table", nargs="*", default=[], metavar="NAME=FILE", help="a table measured elsewhere")
     parser.add_argument("--rebuild", action="store_true", help="measure the tables again")
@@ -189,6 +190,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if not args.else_running:
         parser.error("--else-running: expected what else ran on the machine during the runs")
+    os.chdir(ROOT)  # --work, the tables and the recipe copies are named relative to the repository
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     tables = build_tables(Path(args.recipe), work, args.tables, args.rebuild)
@@ -213,10 +215,9 @@ def main(argv: list[str] | None = None) -> int:
         "machine": machine_info(),
     }
     print(f"figure: every checked member within its goal on every table: {result['all_met']}")
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2, default=str) + "\n")
-    print(f"wrote {out.relative_to(ROOT) if out.is_relative_to(ROOT) else out}")
+    from family import write_result
+
+    write_result(result, Path(args.out))
     return 0
 
 

@@ -254,6 +254,13 @@ def print_figures(f: dict) -> None:
     print("pick at the recipe's max_drop:", json.dumps(f["pick_at_max_drop"]))
 
 
+def write_result(result: dict, out: Path) -> None:
+    """Write a benchmark's result JSON to `out` and say where (relative to the repository when inside it)."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2, default=str) + "\n")
+    print(f"wrote {out.relative_to(ROOT) if out.is_relative_to(ROOT) else out}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--family", default="runs/minilm_rt_family")
@@ -280,10 +287,7 @@ def main(argv: list[str] | None = None) -> int:
         **figures(Path(args.family), Path(args.single), [Path(c) for c in args.compare]),
     }
     print_figures(result)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2, default=str) + "\n")
-    print(f"wrote {out.relative_to(ROOT) if out.is_relative_to(ROOT) else out}")
+    write_result(result, Path(args.out))
     return 0
 
 
