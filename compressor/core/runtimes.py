@@ -4,7 +4,7 @@ A `Runtime` says, as data, everything the stages need to know about one way of r
 
 - `name`: what users write and read (`prune.budget.runtime`, `compressor pick --runtime`, the frontier's `runtime`
   column, the candidate names of `compressor.core.candidates`);
-- `engine`: which code builds sessions and benchmark candidates for it ("pytorch", "onnx");
+- `engine`: which code builds sessions and benchmark candidates for it ("pytorch", "onnx", "openvino");
 - `variant`: the export variant it runs (`export.variants`, a directory under `onnx/`), None for the saved
   PyTorch model itself;
 - `gated`: whether its export passes the int8 validation gate (a variant that fails it stays on disk, marked
@@ -46,12 +46,32 @@ RUNTIMES: tuple[Runtime, ...] = (
     Runtime("onnx-optimized", "onnx", "optimized", description="ONNX Runtime, the transformer-fused fp32 graph"),
     Runtime("onnx-int8", "onnx", "int8", gated=True, budget=True, description="ONNX Runtime, dynamic int8"),
     Runtime("onnx-int8_static", "onnx", "int8_static", gated=True, description="ONNX Runtime, static QDQ int8"),
+    Runtime(
+        "openvino-fp32",
+        "openvino",
+        "openvino-fp32",
+        budget=True,
+        description="OpenVINO, the IR of the fp32 graph (optional: compressor[openvino])",
+    ),
+    Runtime(
+        "openvino-int8",
+        "openvino",
+        "openvino-int8",
+        gated=True,
+        budget=True,
+        description="OpenVINO, NNCF static int8 calibrated on training examples (optional: compressor[openvino])",
+    ),
 )
 BY_NAME = {r.name: r for r in RUNTIMES}
 NAMES: tuple[str, ...] = tuple(BY_NAME)
 BUDGET_NAMES: tuple[str, ...] = tuple(r.name for r in RUNTIMES if r.budget)  # `prune.budget.runtime` values
 VARIANTS: tuple[str, ...] = tuple(r.variant for r in RUNTIMES if r.variant is not None)  # `export.variants` values
 GATED_VARIANTS: tuple[str, ...] = tuple(r.variant for r in RUNTIMES if r.gated and r.variant is not None)
+
+
+def engine_variants(engine: str, gated: bool | None = None) -> tuple[str, ...]:
+    """The export variants of the runtimes on `engine` (only the gated, i.e. int8, ones when `gated` is True)."""
+    return tuple(r.variant for r in RUNTIMES if r.engine == engine and r.variant and gated in (None, r.gated))
 
 
 def runtime(name: str, field: str = "runtime") -> Runtime:

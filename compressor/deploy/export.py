@@ -13,6 +13,8 @@ Layout of `out_dir` (each variant directory loads in a bare `onnxruntime.Inferen
     out_dir/optimized/model.onnx   onnxruntime.transformers optimizer (one fused Attention per layer, where ORT fuses)
     out_dir/int8/model.onnx        dynamic int8 quantisation of the optimised graph (else of fp32)
     out_dir/int8_static/model.onnx static QDQ int8 of the same graph, calibrated on training examples
+    out_dir/openvino-fp32/         OpenVINO IR of the fp32 graph (`deploy.openvino`: openvino_model.xml/.bin)
+    out_dir/openvino-int8/         NNCF int8 of that IR, calibrated on training examples and gated like ORT's int8
     out_dir/export.json            what `export_onnx` returned
 
 Both int8 variants quantise the same source graph, smoothed first when `Int8Options.smooth_alpha` is set
@@ -40,13 +42,18 @@ from compressor.core.runtimes import VARIANTS as DECLARED_VARIANTS
 from compressor.deploy.graph import attention_nodes, attention_scopes, optimize_graph, pin_head_counts
 from compressor.deploy.inference import (
     ONNX_FILE,
+    ExportParityError,
     OnnxClassifier,
+    check_parity,
     compare,
     evaluate_variant,
     graph_size,
     torch_logits,
 )
+from compressor.deploy.openvino import OPENVINO_VARIANTS
+from compressor.deploy.openvino import skip as openvino_skipped
 from compressor.deploy.quantize import (
+    CALIBRATED_VARIANTS,
     INT8_VARIANTS,
     Int8Options,
     build_int8,
@@ -62,6 +69,7 @@ from compressor.surgery.checkpoint import load_pruned
 # Int8Options, quantize_graph and the inference helpers stay importable from here.
 __all__ = [
     "ONNX_FILE",
+    "ExportParityError",
     "Int8Options",
     "OnnxClassifier",
     "evaluate_variant",
@@ -77,10 +85,6 @@ MANIFEST = "export.json"
 # Files of a saved model directory that are not copied next to the graphs (weights, the PyTorch model card).
 _NOT_COPIED = ("*.safetensors", "*.bin", "*.safetensors.index.json", "README.md", "config.json", "modeling_*.py")
 DEFAULT_OPSET = 17  # LayerNormalization as one op; ORT's optimizer and quantizer handle it
-
-
-class ExportParityError(UserError):
-    """The exported graph does not reproduce PyTorch's logits within the tolerance (nothing was written)."""
 
 
 # ------------------------------------------------------------------------------------------------------ variants
@@ -172,14 +176,6 @@ def _check(file: Path, batches: Sequence[Mapping], reference: dict) -> dict:
     return compare(evaluate_variant(OnnxClassifier(file), batches), reference)
 
 
-def _gate(name: str, stats: dict, atol: float) -> None:
-    if not stats["max_abs_diff"] <= atol:  # `not <=` also catches NaN
-        raise ExportParityError(
-            f"export: {name} ONNX logits differ from PyTorch by {stats['max_abs_diff']:.3g} > atol {atol:g} on "
-            f"{stats['check_examples']} examples (prediction agreement {stats['agreement']:.4f}); no variant written"
-        )
-
-
 def _build_optimized(
     fp32: Path,
     dest: Path,
@@ -213,7 +209,7 @@ def _build_optimized(
         fusion = f"unfused (fused attention differed by {stats['max_abs_diff']:.3g})"
         info = optimize_graph(fp32, dest / ONNX_FILE, fuse_attention=False, model_type=model_type)
         stats = _check(dest / ONNX_FILE, batches, reference)
-        _gate("optimized", stats, atol)
+        check_parity("optimized", stats, atol)
     return stats, {**info, "attention_fusion": fusion, "attention_layers": attention_layers}
 
 
@@ -242,9 +238,12 @@ def export_onnx(
     """
 
     names = check_variants(variants)
+    if openvino_skipped("export", names):  # not installed: one log line, the other variants are built
+        names = [n for n in names if n not in OPENVINO_VARIANTS]
     options = int8 or Int8Options()
-    if "int8_static" in names and not options.calibration:
-        raise UserError("export.int8: int8_static needs calibration batches; expected training examples")
+    calibrated = [n for n in CALIBRATED_VARIANTS if n in names]
+    if calibrated and not options.calibration:
+        raise UserError(f"export.int8: {calibrated[0]} needs calibration batches; expected training examples")
     if not check_batches:
         raise UserError("export: no check batches given; expected real evaluation batches for the parity gate")
     model_dir, out_dir = Path(model_dir), Path(out_dir)
@@ -258,6 +257,7 @@ def export_onnx(
             model, model_dir, tmp, out_dir, names, check_batches, reference, atol, opset, attention_layers
         )
         results.update(_build_int8(tmp, out_dir, names, results, check_batches, reference, options))
+        results.update(_build_openvino(tmp, out_dir, names, (check_batches, reference, atol), options))
         (tmp / MANIFEST).write_text(json.dumps(results, indent=2))
     return results
 
@@ -267,7 +267,7 @@ def _build_all(model, model_dir, tmp, out_dir, names, batches, reference, atol, 
     fp32 = export_fp32(model, tmp / "fp32", opset)
     _copy_side_files(model_dir, tmp / "fp32")
     stats = _check(fp32, batches, reference)
-    _gate("fp32", stats, atol)
+    check_parity("fp32", stats, atol)
     results = {"fp32": _variant_entry("fp32", fp32, stats, {}, out_dir)}
     if "optimized" in names:
         dest = _sibling_dir(tmp, "optimized", tmp / "fp32")
@@ -313,6 +313,17 @@ def _build_int8(tmp, out_dir, names, built: dict, batches, reference: dict, opti
         _log_int8(name, entry)
         results[name] = entry
     shutil.rmtree(tmp / ".smoothed", ignore_errors=True)
+    return results
+
+
+def _build_openvino(tmp: Path, out_dir: Path, names, check: tuple, options: Int8Options) -> dict:
+    """The requested OpenVINO variants, converted from the fp32 graph (`deploy.openvino`)."""
+    from compressor.deploy.openvino import build_variants
+
+    results = build_variants(tmp / "fp32", tmp, out_dir, names, check, options)
+    for name, entry in results.items():
+        if "status" in entry:
+            _log_int8(name, entry)
     return results
 
 

@@ -50,6 +50,20 @@ def graph_size(file: str | Path) -> int:
     return file.stat().st_size + extra
 
 
+def graph_feed(batch: Mapping, input_names: Iterable[str], graph: Path) -> dict[str, np.ndarray]:
+    """The inputs an exported graph (ONNX or OpenVINO) declares, from `batch` as numpy int64; `token_type_ids`
+    is zeros when the batch lacks it (as PyTorch defaults it), any other missing input a one-line error."""
+    feed = {}
+    for name in input_names:
+        if name in batch:
+            feed[name] = _as_int64(batch[name])
+        elif name == "token_type_ids" and "input_ids" in batch:
+            feed[name] = np.zeros_like(_as_int64(batch["input_ids"]))
+        else:
+            raise UserError(f"export: the graph '{graph}' needs input '{name}', which the batch lacks")
+    return feed
+
+
 class OnnxClassifier:
     """A CPU `onnxruntime.InferenceSession` over one exported variant, called like a model: batch → logits.
 
@@ -74,15 +88,7 @@ class OnnxClassifier:
 
     def feed(self, batch: Mapping) -> dict[str, np.ndarray]:
         """The session inputs for `batch` (numpy int64), filling `token_type_ids` with zeros when absent."""
-        feed = {}
-        for name in self.input_names:
-            if name in batch:
-                feed[name] = _as_int64(batch[name])
-            elif name == "token_type_ids" and "input_ids" in batch:
-                feed[name] = np.zeros_like(_as_int64(batch["input_ids"]))
-            else:
-                raise UserError(f"onnx: the graph '{self.path}' needs input '{name}', which the batch lacks")
-        return feed
+        return graph_feed(batch, self.input_names, self.path)
 
     def __call__(self, batch: Mapping) -> np.ndarray:
         return self.session.run([self.output_name], self.feed(batch))[0]
@@ -148,3 +154,16 @@ def quiet_ort():
 
 def _drop_ort_root_records(record: logging.LogRecord) -> bool:
     return record.levelno >= logging.ERROR or "onnxruntime" not in record.pathname
+
+
+class ExportParityError(UserError):
+    """The exported graph does not reproduce PyTorch's logits within the tolerance (nothing was written)."""
+
+
+def check_parity(name: str, stats: dict, atol: float, runtime: str = "ONNX") -> None:
+    """Raise `ExportParityError` when variant `name`'s max |Δlogit| against PyTorch (`compare` stats) exceeds atol."""
+    if not stats["max_abs_diff"] <= atol:  # `not <=` also catches NaN
+        raise ExportParityError(
+            f"export: {name} {runtime} logits differ from PyTorch by {stats['max_abs_diff']:.3g} > atol {atol:g} on "
+            f"{stats['check_examples']} examples (prediction agreement {stats['agreement']:.4f}); no variant written"
+        )

@@ -17,6 +17,7 @@ until the gate passes (mixed precision, chosen on the validation split).
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import shutil
 import tempfile
@@ -29,14 +30,16 @@ import numpy as np
 
 from compressor.core.errors import UserError
 from compressor.core.machine import CPUINFO, cpu_has_vnni
-from compressor.core.runtimes import GATED_VARIANTS
+from compressor.core.runtimes import engine_variants
 
-INT8_VARIANTS = GATED_VARIANTS  # the declared runtimes whose export passes the int8 gate
+INT8_VARIANTS = engine_variants("onnx", gated=True)  # ONNX Runtime's int8 variants (OpenVINO's: deploy.openvino)
 # The ops each kind turns into int8 (ORT's dynamic IntegerOps registry; static QDQ is limited to MatMuls here).
 QUANTIZED_OPS = {
     "int8": ("MatMul", "Attention", "Gather", "EmbedLayerNormalization"),
     "int8_static": ("MatMul",),
 }
+# The variants whose activation ranges are calibrated on training examples.
+CALIBRATED_VARIANTS = ("int8_static", *engine_variants("openvino", gated=True))
 
 ReduceRange = bool | Literal["auto"]
 REDUCE_RANGE_ENV = "COMPRESSOR_INT8_REDUCE_RANGE"  # "1"/"0" forces `auto` to 7-bit/8-bit weights on any CPU
@@ -234,6 +237,60 @@ def quantized_nodes(file: Path, name: str = "int8") -> list[str]:
 SCAN_EXAMPLES = 256  # validation examples the fallback's per-node scan measures (a ranking, not the gate)
 
 
+@dataclass(frozen=True)
+class Fallback:
+    """How one runtime's int8 variant keeps nodes in fp32, for `search_fallback` (ONNX Runtime's and OpenVINO's
+    int8 share the search and the gate; only building differs).
+
+    candidates: the nodes the variant quantises (what may be kept in fp32).
+    scan: `evaluate_variant` result on the given batches of the variant with that one node kept in fp32.
+    build: the variant with these nodes kept in fp32, written in a scratch place; returns its path.
+    evaluate: `evaluate_variant` result of a built variant on the given batches.
+    install: moves a built variant that passed its gate into place (over the failing one).
+    """
+
+    candidates: Sequence[str]
+    scan: Callable[[str, Sequence[Mapping]], dict]
+    build: Callable[[Sequence[str]], Path]
+    evaluate: Callable[[Path, Sequence[Mapping]], dict]
+    install: Callable[[Path], None]
+
+
+def search_fallback(how: Fallback, options: Int8Options, fp32: dict) -> dict:
+    """Rescue an int8 variant failing its gate by keeping its most error-prone nodes in fp32.
+
+    Why: int8's error is not spread evenly. One MatMul whose input has outlier activations (BERT's feed-forward
+    outputs are the known case: dynamic quantisation uses one scale per batch matrix, so one large channel crushes
+    the rest) can cause much of the error; keeping that node in fp32 costs a few percent of the speed, not all of it.
+
+    What: every candidate node is kept in fp32 alone, and the mean |Δlogit| against fp32 on the first
+    `SCAN_EXAMPLES` validation examples is measured (a continuous error: prediction agreement on a few hundred
+    examples moves by single flips and ranks nodes by chance). Then the 1, 2, ... `options.fallback_nodes` nodes
+    whose fp32 copy lowered the error most are kept in fp32 together and gated (`gate`) on the whole validation
+    split, until one passes; it is installed. `fp32` is the fp32 graph's `evaluate_variant` result on
+    `options.validation`. The choice and the gate use the same validation split, so the gate is optimistic by the
+    choice: measure the shipped variant on the test split (the bench stage does).
+
+    Returns the record for the report: "scan" (per node, lowest error first), "tries" (nodes kept and gate of
+    each), "kept_fp32" (the passing try's nodes, else []) and "passed".
+    """
+    candidates = [n for n in how.candidates if n not in options.exclude_nodes]
+    scan_batches = _first_examples(options.validation, SCAN_EXAMPLES)
+    scan_fp32 = _head(fp32, sum(len(b["input_ids"]) for b in scan_batches))
+    scan = [{"node": node, **_closeness(how.scan(node, scan_batches), scan_fp32)} for node in candidates]
+    scan.sort(key=lambda r: (r["mean_abs_logit_diff"], -r["agreement"]))
+    tries = []
+    for k in range(1, min(options.fallback_nodes, len(scan)) + 1):
+        nodes = [r["node"] for r in scan[:k]]
+        built = how.build(nodes)
+        verdict = gate(how.evaluate(built, options.validation), fp32, options.max_drop, options.min_agreement)
+        tries.append({"kept_fp32": nodes, "gate": verdict})
+        if verdict["passed"]:
+            how.install(built)
+            return {"scan": scan, "tries": tries, "kept_fp32": nodes, "passed": True}
+    return {"scan": scan, "tries": tries, "kept_fp32": [], "passed": False}
+
+
 def fp32_fallback(
     name: str,
     source: Path,
@@ -243,50 +300,27 @@ def fp32_fallback(
     evaluate: Callable[[Path, Sequence[Mapping]], dict],
     fp32: dict,
 ) -> dict:
-    """Rescue int8 variant `name` (at `dest`, failing its gate) by keeping its most error-prone nodes in fp32.
-
-    Why: int8's error is not spread evenly. One MatMul whose input has outlier activations (BERT's feed-forward
-    outputs are the known case: dynamic quantisation uses one scale per batch matrix, so one large channel crushes
-    the rest) can cause much of the error; keeping that node in fp32 costs a few percent of the speed, not all of it.
-
-    What: every node the variant quantises is kept in fp32 alone, and the mean |Δlogit| against fp32 on the first
-    `SCAN_EXAMPLES` validation examples is measured (a continuous error: prediction agreement on a few hundred
-    examples moves by single flips and ranks nodes by chance). Then the 1, 2, ... `options.fallback_nodes` nodes
-    whose fp32 copy lowered the error most are kept in fp32 together and gated on the whole validation split, until
-    one passes. `evaluate(graph, batches)` is an `evaluate_variant` result; `fp32` is the fp32 graph's on
-    `options.validation`. The first passing graph replaces `dest`; if none passes, `dest` is left as it was.
-    The choice and the gate use the same validation split, so the gate is optimistic by the choice: measure the
-    shipped variant on the test split (the bench stage does).
-
-    Returns the record for the report: "scan" (per node, lowest error first), "tries" (nodes kept and gate of
-    each), "kept_fp32" (the passing try's nodes, else []) and "passed".
-    """
-    candidates = [n for n in quantized_nodes(source, name) if n not in options.exclude_nodes]
-    scan_batches = _first_examples(options.validation, SCAN_EXAMPLES)
-    scan_fp32 = _head(fp32, sum(len(b["input_ids"]) for b in scan_batches))
+    """`search_fallback` for ONNX Runtime int8 variant `name` of graph `source`, failing its gate at `dest`: its
+    candidates are `quantized_nodes`, each build a re-quantisation with those nodes excluded. `evaluate(graph,
+    batches)` is an `evaluate_variant` result. The first passing graph replaces `dest`; if none passes, `dest` is
+    left as it was."""
     with tempfile.TemporaryDirectory(dir=dest.parent.parent) as tmp:
+        labels = itertools.count()
 
-        def build(nodes: Sequence[str], label: str) -> Path:
-            file = Path(tmp) / label / dest.name
+        def build(nodes: Sequence[str]) -> Path:
+            file = Path(tmp) / f"b{next(labels)}" / dest.name
             build_int8(name, source, file, replace(options, exclude_nodes=(*options.exclude_nodes, *nodes)), feed)
             return file
 
-        scan = []
-        for i, node in enumerate(candidates):
-            file = build([node], f"scan{i}")
-            scan.append({"node": node, **_closeness(evaluate(file, scan_batches), scan_fp32)})
-            shutil.rmtree(file.parent)
-        scan.sort(key=lambda r: (r["mean_abs_logit_diff"], -r["agreement"]))
-        tries = []
-        for k in range(1, min(options.fallback_nodes, len(scan)) + 1):
-            nodes = [r["node"] for r in scan[:k]]
-            file = build(nodes, f"try{k}")
-            verdict = gate(evaluate(file, options.validation), fp32, options.max_drop, options.min_agreement)
-            tries.append({"kept_fp32": nodes, "gate": verdict})
-            if verdict["passed"]:
-                os.replace(file, dest)
-                return {"scan": scan, "tries": tries, "kept_fp32": nodes, "passed": True}
-    return {"scan": scan, "tries": tries, "kept_fp32": [], "passed": False}
+        def scan(node: str, batches: Sequence[Mapping]) -> dict:
+            file = build([node])
+            try:
+                return evaluate(file, batches)
+            finally:
+                shutil.rmtree(file.parent)
+
+        how = Fallback(quantized_nodes(source, name), scan, build, evaluate, lambda file: os.replace(file, dest))
+        return search_fallback(how, options, fp32)
 
 
 def _first_examples(batches: Sequence[Mapping], n: int) -> list[Mapping]:
@@ -355,12 +389,13 @@ def status(entry: dict) -> str:
 
 def int8_options(spec, variants: Sequence[str], train_ds, validation_ds, tokenizer, seed: int = 0) -> Int8Options:
     """`Int8Options` for a run: the recipe's `export.int8` (`spec`), calibration batches drawn from the training
-    split (only when `int8_static` or smoothing is requested) and the validation split (or `spec.eval_examples`
-    of it), in batches of `spec.eval_batch_size`, for the gate."""
+    split (only when a calibrated variant, `CALIBRATED_VARIANTS`, or smoothing is requested) and the validation
+    split (or `spec.eval_examples` of it), in batches of `spec.eval_batch_size`, for the gate."""
     from compressor.sources.batches import sample_batches
 
     calibration = ()
-    if "int8_static" in variants or (spec.smooth_alpha is not None and any(v in INT8_VARIANTS for v in variants)):
+    smoothed = spec.smooth_alpha is not None and any(v in INT8_VARIANTS for v in variants)
+    if any(v in CALIBRATED_VARIANTS for v in variants) or smoothed:
         calibration = sample_batches(train_ds, tokenizer, spec.calibration_examples, 32, seed=seed + 2)
     n = spec.eval_examples or len(validation_ds)
     return Int8Options(
