@@ -46,7 +46,7 @@ class Candidate:
     predict: Callable[[Batch], np.ndarray]
     size_bytes: int
     flops_per_example: int | None
-    kind: Literal["pytorch", "onnx"]
+    kind: Literal["pytorch", "onnx", "openvino"]
     heads_per_layer: list[int] | None = None
     vocab_size: int | None = None
     threads: int | None = None
@@ -136,16 +136,55 @@ def onnx_candidate(
         return np.asarray(classifier({k: batch[k] for k in keys if k in batch}))
 
     size = classifier.size_bytes
-    by_seq = {int(k): int(v) for k, v in flops_per_example.items()} if isinstance(flops_per_example, Mapping) else {}
+    flops, by_seq = _exported_flops(flops_per_example)
     return Candidate(
         name=name,
         predict=predict,
         size_bytes=int(size),
-        flops_per_example=next(iter(by_seq.values())) if by_seq else flops_per_example,
+        flops_per_example=flops,
         kind="onnx",
         heads_per_layer=heads_per_layer,
         threads=threads if threads is not None else ort_default_threads(),
         extra={} if threads is not None else {"threads_note": ORT_DEFAULT_NOTE},
+        flops_by_seq_len=by_seq,
+    )
+
+
+def _exported_flops(flops: int | Mapping[int, int] | None) -> tuple[int | None, dict[int, int]]:
+    """(headline FLOPs, {seq_len: FLOPs}) of an exported graph from its PyTorch model's FLOPs (one int or per
+    length; the first length is the headline)."""
+    by_seq = {int(k): int(v) for k, v in flops.items()} if isinstance(flops, Mapping) else {}
+    return (next(iter(by_seq.values())) if by_seq else flops), by_seq
+
+
+def openvino_candidate(
+    name: str,
+    variant_dir: str | Path,
+    threads: int | None = None,
+    flops_per_example: int | Mapping[int, int] | None = None,
+    heads_per_layer: list[int] | None = None,
+) -> Candidate:
+    """An OpenVINO variant (`compressor.deploy.openvino`: an IR directory) as a candidate, like `onnx_candidate`:
+    `threads` is fixed when the model is compiled (None: OpenVINO's default, which the candidate records)."""
+    from compressor.deploy.openvino import OpenVinoClassifier
+
+    if not Path(variant_dir).is_dir():
+        raise UserError(f"openvino: variant directory '{variant_dir}' not found")
+    classifier = OpenVinoClassifier(variant_dir, threads)
+    keys = input_keys(classifier.input_names)
+
+    def predict(batch: Batch) -> np.ndarray:
+        return classifier({k: batch[k] for k in keys if k in batch})
+
+    flops, by_seq = _exported_flops(flops_per_example)
+    return Candidate(
+        name=name,
+        predict=predict,
+        size_bytes=int(classifier.size_bytes),
+        flops_per_example=flops,
+        kind="openvino",
+        heads_per_layer=heads_per_layer,
+        threads=classifier.threads,
         flops_by_seq_len=by_seq,
     )
 
@@ -160,15 +199,23 @@ def _pytorch_built(name: str, source: nn.Module | Path, seq_lens, threads: int |
     return pytorch_candidate(name, load_pruned(source, attn_implementation="sdpa"), seq_lens, source)
 
 
-def _onnx_built(name: str, source: Path, seq_lens, threads: int | None, like: Candidate | None):
-    """An ONNX runtime's candidate: an export variant's directory, with the FLOPs and heads of `like` (the PyTorch
-    candidate of the model it was exported from)."""
-    flops = like.flops_by_seq_len or like.flops_per_example if like is not None else None
-    return onnx_candidate(name, source, threads, flops, like.heads_per_layer if like is not None else None)
+def _exported_built(make: Callable[..., Candidate]) -> Callable[..., Candidate]:
+    """The builder of an exported runtime's candidate (`make`: `onnx_candidate`, `openvino_candidate`): a variant's
+    directory, with the FLOPs and heads of `like` (the PyTorch candidate of the model it was exported from)."""
+
+    def built(name: str, source: Path, seq_lens, threads: int | None, like: Candidate | None) -> Candidate:
+        flops = like.flops_by_seq_len or like.flops_per_example if like is not None else None
+        return make(name, source, threads, flops, like.heads_per_layer if like is not None else None)
+
+    return built
 
 
 # How each engine of `compressor.core.runtimes` becomes a candidate: (name, built model, seq_lens, threads, like).
-CANDIDATE_BUILDERS: dict[str, Callable[..., Candidate]] = {"pytorch": _pytorch_built, "onnx": _onnx_built}
+CANDIDATE_BUILDERS: dict[str, Callable[..., Candidate]] = {
+    "pytorch": _pytorch_built,
+    "onnx": _exported_built(onnx_candidate),
+    "openvino": _exported_built(openvino_candidate),
+}
 
 
 def runtime_candidate(

@@ -139,7 +139,7 @@ def measure_throughput(
         "min_calls": min_calls,
         "torch_threads": used_threads,
         "candidate_threads": {
-            c.name: (used_threads if c.kind != "onnx" else c.threads or ort_default_threads()) for c in candidates
+            c.name: (used_threads if c.kind == "pytorch" else c.threads or ort_default_threads()) for c in candidates
         },
         "candidate_threads_notes": thread_notes,
         "memory": "peak_rss_delta_bytes: median over rounds of the growth of the process's resident-set high-water "

@@ -80,6 +80,26 @@ def cpu_summary(cpuinfo: Path = CPUINFO) -> dict:
     }
 
 
+INT8_FEATURES = (
+    ("avx2", "AVX2"),
+    ("avx512f", "AVX-512"),
+    ("avx512_vnni", "VNNI"),
+    ("avx_vnni", "AVX-VNNI"),
+    ("amx_int8", "AMX"),
+)
+
+
+def int8_features(summary: dict | None = None) -> str:
+    """The CPU's features that decide what int8 gains, in words ("AVX2, AVX-512, VNNI, AMX": those present; "no
+    AVX2" or "flags unknown"), from a `cpu_summary` (this machine's by default). int8 runtimes pay differently per
+    CPU (OpenVINO's int8 kernels need VNNI or AMX), so every int8 figure is printed beside these."""
+    summary = cpu_summary() if summary is None else summary
+    if summary.get("flags") is None:
+        return "flags unknown"
+    flags = set(summary["flags"])
+    return ", ".join(word for flag, word in INT8_FEATURES if flag in flags) or "no AVX2"
+
+
 def cache_root() -> Path:
     """`$COMPRESSOR_CACHE` (default `~/.cache/compressor`): the base fine-tunes and latency tables of this machine."""
     return Path(os.environ.get("COMPRESSOR_CACHE", Path.home() / ".cache" / "compressor"))

@@ -57,7 +57,7 @@ def missing() -> str | None:
     for module in ("openvino", "nncf"):
         try:
             importlib.import_module(module)
-        except ImportError as err:
+        except (ImportError, AttributeError, OSError) as err:  # absent, or a broken install (missing symbols, libs)
             return f"{module} is not installed ({INSTALL_HINT}): {err}"
     return None
 
