@@ -62,7 +62,10 @@ def test_undeclared_runtime_is_refused():
 
 
 def test_readers_take_their_values_from_the_declarations():
-    assert VARIANTS == runtimes.VARIANTS and INT8_VARIANTS == runtimes.GATED_VARIANTS
+    assert VARIANTS == runtimes.VARIANTS
+    openvino_int8 = runtimes.engine_variants("openvino", gated=True)
+    assert INT8_VARIANTS == runtimes.engine_variants("onnx", gated=True) and openvino_int8 == ("openvino-int8",)
+    assert set(INT8_VARIANTS) | set(openvino_int8) == set(runtimes.GATED_VARIANTS)
     assert LATENCY_RUNTIMES == runtimes.BUDGET_NAMES
     assert ExportSpec(variants=list(runtimes.VARIANTS)).variants == list(runtimes.VARIANTS)
     for name in runtimes.BUDGET_NAMES:  # a speed-up budget on each is a valid recipe

@@ -60,7 +60,7 @@ from compressor.bench.timing import (
     synthetic_batch,
 )
 from compressor.core.errors import UserError
-from compressor.core.machine import machine_info
+from compressor.core.machine import cpu_summary, int8_features, machine_info
 from compressor.core.timing import ORT_DEFAULT_NOTE, ort_default_threads, set_threads, time_call
 
 __all__ = [
@@ -95,9 +95,23 @@ __all__ = [
 ]
 
 
-def summarize(candidates: Sequence[Candidate], throughput: dict, quality: dict | None, reference: str) -> dict:
+def is_int8(name: str) -> bool:
+    """Whether candidate `name` (`compressor.core.candidates`) runs on an int8 runtime (a gated declaration)."""
+    from compressor.core.candidates import CandidateName
+    from compressor.core.runtimes import runtime
+
+    cid = CandidateName.parse(name)
+    return cid is not None and runtime(cid.runtime).gated
+
+
+def summarize(
+    candidates: Sequence[Candidate], throughput: dict, quality: dict | None, reference: str, cpu: dict | None = None
+) -> dict:
     """Per candidate: size, heads, FLOPs and ratios vs the reference, measured and FLOP-ideal, per sequence length
-    (and batch size); the one headline figure is at the headline batch and the first sequence length."""
+    (and batch size); the one headline figure is at the headline batch and the first sequence length. An int8
+    candidate's entry names the CPU's int8 features (`cpu`: a `cpu_summary`, this machine's by default), since its
+    speed-up depends on them."""
+    features = int8_features(cpu)
     speedups = paired_speedups(throughput, reference)
     by_name = {c.name: c for c in candidates}
     ref = by_name[reference]
@@ -129,6 +143,8 @@ def summarize(candidates: Sequence[Candidate], throughput: dict, quality: dict |
             "headline_speedup": speed[seq][head],
             "speedup_over_ideal": speed[seq][head] / ideal[seq] if ideal[seq] else None,
         }
+        if is_int8(c.name):
+            entry["cpu_int8_features"] = features
         if quality is not None:
             q = quality["results"][c.name]
             entry |= {k: q.get(k) for k in ("accuracy", "accuracy_ci95", "accuracy_delta", "agreement")}
@@ -163,12 +179,14 @@ def bench(
         min_time_s=spec.min_time_s,
         threads=spec.threads,
     )
+    cpu = cpu_summary()
     result = {
         "schema_version": SCHEMA_VERSION,
         "reference": reference,
         "machine": machine_info(),
+        "cpu": {**cpu, "int8_features": int8_features(cpu)},
         "setup": throughput["setup"],
-        "summary": summarize(candidates, throughput, quality, reference),
+        "summary": summarize(candidates, throughput, quality, reference, cpu),
         "quality": quality,
         "throughput": throughput["results"],
         "speedups": paired_speedups(throughput, reference),

@@ -67,6 +67,7 @@ def frontier(summary: dict, points: list[Point], batch: int | None = None, recov
                 "mcnemar_p": s.get("mcnemar_p"),
                 "size_bytes": s.get("size_bytes"),
                 "recovery": recovery if point.role == "member" else None,
+                "cpu_int8_features": s.get("cpu_int8_features"),  # set on int8 runtimes: what their speed rests on
             }
         )
     for row in rows:

@@ -109,6 +109,24 @@ def _size_md(result: dict) -> list[str]:
     return lines + [""]
 
 
+def cpu_line(result: dict) -> list[str]:
+    """'CPU: model, cores; int8 features: ...' for a bench result that records its CPU (older ones do not): the
+    int8 rows' speed-ups hold for CPUs with the same int8 features only."""
+    cpu = result.get("cpu")
+    if not cpu:
+        return []
+    return [
+        f"CPU: {cpu['model']}, {cpu['cores']} cores; int8 features: {cpu['int8_features']} (int8 speed-ups, marked "
+        "int8 below, hold for CPUs with the same features: OpenVINO's int8 needs VNNI or AMX to pay)."
+    ]
+
+
+def int8_mark(row: dict) -> str:
+    """' (int8; CPU: <features>)' for a summary entry or frontier row of an int8 runtime, else ''."""
+    features = row.get("cpu_int8_features")
+    return f" (int8; CPU: {features})" if features else ""
+
+
 def render_bench_md(result: dict) -> str:
     """Markdown tables for a `bench` result (pure function of the dict, so it can be re-rendered from JSON)."""
     setup, m, ref = result["setup"], result["machine"], result["reference"]
@@ -128,6 +146,7 @@ def render_bench_md(result: dict) -> str:
         f"Machine: {m['processor']}, {m['cpu_count']} CPUs, load average at the end {m['load_average']}; "
         f"torch {m['torch']}, onnxruntime {m['onnxruntime']}. Absolute times depend on the machine and its load; "
         "compare ratios.",
+        *cpu_line(result),
         "",
         f"## Summary (batch {head}, sequence length {seq})",
         "",
@@ -137,7 +156,7 @@ def render_bench_md(result: dict) -> str:
     for name, s in result["summary"].items():
         delta = None if s.get("accuracy_delta") is None else f"{100 * s['accuracy_delta']:+.2f}"
         lines.append(
-            f"| {name} | {_pct(s.get('accuracy'))} | {delta or '–'} | {_f(s.get('mcnemar_p'), '.3g')} | "
+            f"| {name}{int8_mark(s)} | {_pct(s.get('accuracy'))} | {delta or '–'} | {_f(s.get('mcnemar_p'), '.3g')} | "
             f"{s['headline_speedup']:.3f}× | {_f(s['flop_ideal_speedup'], '.3f')} | {_f(s['size_ratio'], '.2f')}× |"
         )
     lines += ["", "## Quality", "", *_quality_md(result), "## Throughput", "", *_throughput_md(result)]

@@ -103,8 +103,14 @@ def pick(
     typer.echo(
         f"{chosen['name']}: {chosen['speedup']:.2f}x the PyTorch original at batch {chosen['batch']}, "
         f"{chosen['seq_len']} tokens; test accuracy {100 * chosen['accuracy']:.2f}% "
-        f"({-chosen['drop_points']:+.2f} points; McNemar p {p_value}); {source}{copied}"
+        f"({-chosen['drop_points']:+.2f} points; McNemar p {p_value}){int8_cpu(chosen)}; {source}{copied}"
     )
+
+
+def int8_cpu(row: dict) -> str:
+    """'; int8 measured on a CPU with <features>' for an int8 row (its speed-up holds on such CPUs only), else ''."""
+    features = row.get("cpu_int8_features")
+    return f"; int8 measured on a CPU with {features}" if features else ""
 
 
 def register(app: typer.Typer) -> None:

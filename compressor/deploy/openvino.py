@@ -88,6 +88,15 @@ def ir_size(file: Path) -> int:
     return sum(p.stat().st_size for p in (file, file.with_suffix(".bin")) if p.is_file())
 
 
+def compile_on_cpu(model, threads: int | None = None):
+    """`model` (an `openvino.Model` or an IR path) compiled for the CPU as every runtime here runs it
+    (`COMPILE_CONFIG`), with `threads` inference threads (None: OpenVINO's default)."""
+    import openvino as ov
+
+    config = {**COMPILE_CONFIG, **({"INFERENCE_NUM_THREADS": int(threads)} if threads else {})}
+    return ov.Core().compile_model(model if not isinstance(model, Path) else str(model), "CPU", config)
+
+
 class OpenVinoClassifier:
     """A compiled OpenVINO model on the CPU, called like a model: batch → logits (same interface as
     `OnnxClassifier`: `feed`, `input_names`, `path`, `size_bytes`, `threads`).
@@ -97,11 +106,8 @@ class OpenVinoClassifier:
     """
 
     def __init__(self, variant_dir: str | Path, threads: int | None = None, model=None):
-        import openvino as ov
-
         self.path = ir_file(variant_dir) if model is None else Path(variant_dir)
-        config = {**COMPILE_CONFIG, **({"INFERENCE_NUM_THREADS": int(threads)} if threads else {})}
-        self.compiled = ov.Core().compile_model(model if model is not None else self.path, "CPU", config)
+        self.compiled = compile_on_cpu(model if model is not None else self.path, threads)
         self.request = self.compiled.create_infer_request()
         self.input_names = tuple(i.get_any_name() for i in self.compiled.inputs)
         self.threads = int(self.compiled.get_property("INFERENCE_NUM_THREADS"))
@@ -119,38 +125,52 @@ class OpenVinoClassifier:
 # ------------------------------------------------------------------------------------------------------ building
 
 
+def from_onnx(onnx_graph: Path):
+    """`openvino.convert_model` of an ONNX graph: an in-memory `openvino.Model`."""
+    import openvino as ov
+
+    return ov.convert_model(str(onnx_graph))
+
+
 def convert(onnx_graph: Path, dest: Path) -> Path:
-    """`openvino.convert_model` of an ONNX graph, saved with fp32 weights as `dest/openvino_model.xml` (+ .bin)."""
+    """`from_onnx`, saved with fp32 weights as `dest/openvino_model.xml` (+ .bin)."""
     import openvino as ov
 
     dest.mkdir(parents=True, exist_ok=True)
-    ov.save_model(ov.convert_model(str(onnx_graph)), str(dest / IR_FILE), compress_to_fp16=False)
+    ov.save_model(from_onnx(onnx_graph), str(dest / IR_FILE), compress_to_fp16=False)
     return dest / IR_FILE
 
 
-def _quantized_model(fp32: Path, options: Int8Options, ignored: Sequence[str] = ()):
-    """NNCF int8 (`ModelType.TRANSFORMER`) of the IR `fp32` in memory, calibrated on `options.calibration`, with
-    `ignored` nodes (and those of `options.exclude_nodes` the IR has) kept in fp32."""
+def nncf_int8(model, feeds: Sequence[Mapping[str, np.ndarray]], keep_fp32: Sequence[str] = ()):
+    """NNCF int8 of an in-memory `openvino.Model` (`ModelType.TRANSFORMER`), calibrated on `feeds` (its inputs,
+    ready), with the `keep_fp32` nodes in its ignored scope."""
     import nncf
-    import openvino as ov
 
-    model = ov.Core().read_model(str(fp32))
-    names = [i.get_any_name() for i in model.inputs]
-    present = {op.get_friendly_name() for op in model.get_ops()}
-    keep = [n for n in dict.fromkeys([*options.exclude_nodes, *ignored]) if n in present]
     nncf_log = logging.getLogger("nncf")
     previous = nncf_log.level
     nncf_log.setLevel(logging.ERROR)  # its INFO lines name every ignored node; the progress bars stay
     try:
         return nncf.quantize(
             model,
-            nncf.Dataset(list(options.calibration), lambda batch: graph_feed(batch, names, fp32)),
+            nncf.Dataset(list(feeds)),
             model_type=nncf.ModelType.TRANSFORMER,
-            subset_size=max(1, len(options.calibration)),
-            ignored_scope=nncf.IgnoredScope(names=keep) if keep else None,
+            subset_size=max(1, len(feeds)),
+            ignored_scope=nncf.IgnoredScope(names=list(keep_fp32)) if keep_fp32 else None,
         )
     finally:
         nncf_log.setLevel(previous)
+
+
+def _quantized_model(fp32: Path, options: Int8Options, ignored: Sequence[str] = ()):
+    """NNCF int8 of the IR `fp32` in memory, calibrated on `options.calibration`, with `ignored` nodes (and those of
+    `options.exclude_nodes` the IR has) kept in fp32."""
+    import openvino as ov
+
+    model = ov.Core().read_model(str(fp32))
+    names = [i.get_any_name() for i in model.inputs]
+    present = {op.get_friendly_name() for op in model.get_ops()}
+    keep = [n for n in dict.fromkeys([*options.exclude_nodes, *ignored]) if n in present]
+    return nncf_int8(model, [graph_feed(batch, names, fp32) for batch in options.calibration], keep)
 
 
 def quantize(fp32: Path, dest: Path, options: Int8Options, ignored: Sequence[str] = ()) -> str:

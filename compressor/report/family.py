@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from compressor.bench.plots import plot_frontier
+from compressor.bench.render import cpu_line, int8_mark
 from compressor.core import atomic
 from compressor.report.summary import _pct, _steps_table, _timings_table, _x, distillation, recovery_lines
 
@@ -30,8 +31,9 @@ def _frontier_table(rows: list[dict]) -> list[str]:
         p = "–" if r["mcnemar_p"] is None else f"{r['mcnemar_p']:.3g}"
         status = " (int8 gate failed: never picked)" if r["rejected"] else ""
         where = f"`{r['path']}`" if r["path"] else "–"
+        runtime = f"{r['runtime']}{int8_mark(r)}{status}"
         lines.append(
-            f"| {model} | {r['runtime']}{status} | {_x(r['speedup'])} | {_pct(r['accuracy'])} | {drop} | {p} | "
+            f"| {model} | {runtime} | {_x(r['speedup'])} | {_pct(r['accuracy'])} | {drop} | {p} | "
             f"{'✓' if r['pareto'] else ''} | {where} |"
         )
     return lines
@@ -95,6 +97,8 @@ def render_family(report: dict) -> str:
             "unpruned model: the alternative that needs no pruning) and each member's layer-drop baseline, timed in "
             "the same interleaved rounds. Speed-ups are against the PyTorch original; McNemar's exact test is "
             "against the original on the same test examples.",
+            "",
+            *cpu_line(report.get("bench", {})),
             "",
             *_frontier_table(section["frontier"]),
             "",

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from compressor.bench.frontier import frontier, relative_to_run, single_run_points
+from compressor.bench.render import cpu_line, int8_mark
 from compressor.core import atomic
 from compressor.core.candidates import ORIGINAL_NAME, SINGLE, CandidateName, name_of
 from compressor.core.runtimes import for_variant, runtime
@@ -45,8 +46,9 @@ def _bench_table(bench: dict) -> list[str]:
         where = ", ".join(str(row[k]) for k in ("headline_batch", "headline_seq_len") if row.get(k) is not None)
         speed_text = "–" if speed is None else f"{speed:.2f}× ({where})"
         ideal_text = "–" if ideal is None else f"{ideal:.2f}×"
-        lines.append(f"| {name} | {acc} | {_pct(row.get('agreement'))} | {p_text} | {speed_text} | {ideal_text} |")
-    return lines
+        cells = f"{acc} | {_pct(row.get('agreement'))} | {p_text} | {speed_text} | {ideal_text}"
+        lines.append(f"| {name}{int8_mark(row)} | {cells} |")
+    return [*cpu_line(bench), "", *lines] if cpu_line(bench) else lines
 
 
 def _roles_table(analysis: dict) -> list[str]:

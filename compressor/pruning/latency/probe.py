@@ -194,6 +194,33 @@ def _onnx_call(
     return lambda: session.run(None, feed)
 
 
+def _openvino_call(
+    module: nn.Module, example: torch.Tensor, runtime: str, threads: int | None, workdir: Path
+) -> Callable[[], object]:
+    """`module` on `example` in OpenVINO (`compressor.deploy.openvino`): its ONNX graph converted, NNCF int8
+    (calibrated on `example`) for a gated runtime. A budget on OpenVINO without it installed is a one-line error."""
+    from compressor.deploy import openvino as ovd
+
+    reason = ovd.missing()
+    if reason is not None:
+        raise UserError(f"budget.runtime: {runtime} needs OpenVINO; {reason}")
+    model = ovd.from_onnx(_onnx_graph(module, example, workdir))
+    feed = {"x": example.numpy()}
+    if runtimes.runtime(runtime).gated:
+        model = ovd.nncf_int8(model, [feed])
+    request = ovd.compile_on_cpu(model, threads).create_infer_request()
+    return lambda: request.infer(feed)
+
+
+def _onnx_graph(module: nn.Module, example: torch.Tensor, workdir: Path) -> Path:
+    """`module` traced on `example` to an ONNX graph under `workdir` (input "x", output "y")."""
+    fp32 = Path(tempfile.mkdtemp(dir=workdir)) / "model.onnx"
+    with warnings.catch_warnings():  # the TorchScript exporter's deprecation notes; the graph is static anyway
+        warnings.simplefilter("ignore")
+        torch.onnx.export(module, (example,), str(fp32), input_names=["x"], output_names=["y"], dynamo=False)
+    return fp32
+
+
 def _onnx_session(module: nn.Module, example: torch.Tensor, runtime: str, threads: int | None, workdir: Path):
     """An ONNX Runtime session over `module` exported to `workdir` (dynamic-int8 quantised for a gated, i.e. int8,
     runtime)."""
@@ -201,10 +228,7 @@ def _onnx_session(module: nn.Module, example: torch.Tensor, runtime: str, thread
 
     from compressor.deploy.export import quantize_graph
 
-    fp32 = Path(tempfile.mkdtemp(dir=workdir)) / "model.onnx"
-    with warnings.catch_warnings():  # the TorchScript exporter's deprecation notes; the graph is static anyway
-        warnings.simplefilter("ignore")
-        torch.onnx.export(module, (example,), str(fp32), input_names=["x"], output_names=["y"], dynamo=False)
+    fp32 = _onnx_graph(module, example, workdir)
     graph = fp32
     if runtimes.runtime(runtime).gated:
         graph = fp32.with_name("int8.onnx")
@@ -226,7 +250,11 @@ def runner(
 
 
 # How each engine of `compressor.core.runtimes` runs a module: (module, example, runtime, threads, workdir) -> call.
-SESSIONS: dict[str, Callable[..., Callable[[], object]]] = {"pytorch": _pytorch_call, "onnx": _onnx_call}
+SESSIONS: dict[str, Callable[..., Callable[[], object]]] = {
+    "pytorch": _pytorch_call,
+    "onnx": _onnx_call,
+    "openvino": _openvino_call,
+}
 
 
 def measure(

@@ -224,6 +224,7 @@ def cache_key(dims: Dims, runtime: str, batch_size: int, seq_len: int, threads: 
         "threads": runtime_threads(runtime, threads),
         "torch": torch.__version__,
         "onnxruntime": onnxruntime.__version__,
+        **_engine_version(runtime),
         "runtime": runtime,
         "batch_size": batch_size,
         "seq_len": seq_len,
@@ -231,6 +232,17 @@ def cache_key(dims: Dims, runtime: str, batch_size: int, seq_len: int, threads: 
         "heads_grid": list(heads_grid),
         "neurons_grid": list(neurons_grid),
     }
+
+
+def _engine_version(runtime: str) -> dict:
+    """{"openvino": version} for a runtime OpenVINO runs (its tables are redone when it is upgraded), else {}."""
+    from compressor.core.runtimes import runtime as declared
+
+    if declared(runtime).engine != "openvino":
+        return {}
+    import openvino
+
+    return {"openvino": openvino.__version__}
 
 
 def default_cache_dir() -> Path:

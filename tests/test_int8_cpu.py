@@ -1,0 +1,80 @@
+"""Every int8 figure names the CPU's int8 features: the bench result and its report.md, the frontier rows and table,
+the run report's bench table and `compressor pick`'s output."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from test_export import CHECK, saved_model
+from typer.testing import CliRunner
+
+import compressor.bench as bench
+from compressor.bench.frontier import Point, frontier
+from compressor.bench.render import render_bench_md
+from compressor.cli import app
+from compressor.core.candidates import ORIGINAL_NAME, CandidateName
+from compressor.core.machine import cpu_summary, int8_features
+from compressor.deploy.export import export_onnx
+from compressor.recipe import parse_recipe
+from compressor.report.family import _frontier_table
+from compressor.report.summary import _bench_table
+from compressor.surgery.checkpoint import load_pruned
+
+SAPPHIRE = {"model": "Xeon (test)", "vendor": "GenuineIntel", "cores": 2, "vnni": True,
+            "flags": ["avx2", "avx512f", "avx512_vnni", "avx_vnni", "amx_int8"]}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [
+        (["avx2"], "AVX2"),
+        (["avx2", "avx512f"], "AVX2, AVX-512"),
+        (SAPPHIRE["flags"], "AVX2, AVX-512, VNNI, AVX-VNNI, AMX"),
+        ([], "no AVX2"),
+        (None, "flags unknown"),
+    ],
+)
+def test_int8_features_in_words(flags, expected):
+    assert int8_features({**SAPPHIRE, "flags": flags}) == expected
+
+
+def test_int8_features_default_to_this_machine():
+    assert int8_features() == int8_features(cpu_summary())
+
+
+def test_every_int8_figure_names_the_cpus_int8_features(tmp_path, monkeypatch):
+    monkeypatch.setattr(bench, "cpu_summary", lambda: dict(SAPPHIRE))
+    features = "AVX2, AVX-512, VNNI, AVX-VNNI, AMX"
+    model_dir = saved_model(tmp_path, "bert", {0: [1]})
+    exported = export_onnx(model_dir, tmp_path / "onnx", ["fp32", "int8"], CHECK)
+    original = bench.runtime_candidate(ORIGINAL_NAME, "pytorch", load_pruned(model_dir), [11])
+    candidates, points = [original], [Point.of(CandidateName.original(), None)]
+    for runtime in ("onnx-fp32", "onnx-int8"):
+        cid = CandidateName("m", "member", runtime)
+        variant = exported[runtime.removeprefix("onnx-")]["dir"]
+        candidates.append(bench.runtime_candidate(cid.name, runtime, variant, [11], 1, original))
+        points.append(Point.of(cid, variant))
+    spec = parse_recipe({"bench": {"batch_sizes": [2], "seq_len": 11, "rounds": 1, "warmup": 0}}).bench
+    result = bench.bench(candidates, CHECK, spec.model_copy(update={"min_time_s": 0.001}), None)
+
+    assert result["cpu"]["int8_features"] == features and result["cpu"]["model"] == "Xeon (test)"
+    assert result["summary"]["m/onnx-int8"]["cpu_int8_features"] == features
+    assert "cpu_int8_features" not in result["summary"]["m/onnx-fp32"], "fp32 figures carry no int8 note"
+    md = render_bench_md(result)
+    assert f"CPU: Xeon (test), 2 cores; int8 features: {features}" in md
+    assert f"| m/onnx-int8 (int8; CPU: {features}) |" in md and "| m/onnx-fp32 |" in md
+    table = "\n".join(_bench_table(result))
+    assert f"int8 features: {features}" in table and f"m/onnx-int8 (int8; CPU: {features})" in table
+
+    rows = frontier(result["summary"], points)
+    by_name = {r["name"]: r for r in rows}
+    assert by_name["m/onnx-int8"]["cpu_int8_features"] == features
+    assert by_name["m/onnx-fp32"]["cpu_int8_features"] is None
+    assert f"onnx-int8 (int8; CPU: {features})" in "\n".join(_frontier_table(rows))
+
+    (tmp_path / "report.json").write_text(json.dumps({"family": {"frontier": rows}}))
+    for runtime, noted in (("onnx-int8", True), ("onnx-fp32", False)):
+        cli = CliRunner().invoke(app, ["pick", str(tmp_path), "--max-drop", "none", "--runtime", runtime])
+        assert cli.exit_code == 0, cli.output
+        assert (f"int8 measured on a CPU with {features}" in cli.output) is noted
