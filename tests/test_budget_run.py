@@ -22,7 +22,7 @@ from compressor.surgery.checkpoint import load_pruned
 
 UNITS = {"units": ["heads", "neurons"], "criterion": {"name": "taylor"}, "steps": 2, "score_examples": 64}
 FINETUNE = {"epochs": 1, "lr": 5e-4, "batch_size": 16, "max_examples": 96}
-BENCH = {"batch_sizes": [1], "seq_len": 32, "rounds": 2, "warmup": 1, "min_time_s": 0.01}
+BENCH = {"batch_sizes": [1], "seq_len": 32, "rounds": 2, "warmup": 1, "min_time_s": 0.01, "quantize_only": []}
 
 
 def _recipe(tmp_path, model_dir, data, name, budget, **overrides):

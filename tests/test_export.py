@@ -502,7 +502,15 @@ def test_rejected_int8_is_reported_and_never_recommended(tmp_path, tiny_model_di
         tiny_csv,
         tmp_path / "out",
         export={"variants": ["fp32", "int8", "int8_static"], "int8": int8},
-        bench={"batch_sizes": [4], "seq_len": 16, "rounds": 1, "warmup": 0, "min_time_s": 0.01, "max_drop": None},
+        bench={
+            "batch_sizes": [4],
+            "seq_len": 16,
+            "rounds": 1,
+            "warmup": 0,
+            "min_time_s": 0.01,
+            "max_drop": None,
+            "quantize_only": [],
+        },  # fmt: skip
     )  # no accuracy gate vs the original: this test is about the int8 gate (tests/test_report.py has that one)
     report = run_recipe(parse_recipe(recipe))
     assert report["export"]["int8"]["status"] == "rejected"

@@ -78,3 +78,19 @@ def test_every_int8_figure_names_the_cpus_int8_features(tmp_path, monkeypatch):
         cli = CliRunner().invoke(app, ["pick", str(tmp_path), "--max-drop", "none", "--runtime", runtime])
         assert cli.exit_code == 0, cli.output
         assert (f"int8 measured on a CPU with {features}" in cli.output) is noted
+
+
+def test_the_original_quantized_is_on_every_frontier_by_default():
+    """`bench.quantize_only` (declared: ORT int8 and OpenVINO int8) adds the original's int8 exports to what a run
+    benchmarks beside its members, one-target or family; [] or export disabled adds none."""
+    from compressor.core.runtimes import QUANTIZE_ONLY
+    from compressor.pipeline.stages import with_quantize_only
+    from compressor.recipe import RecipeError
+
+    recipe = parse_recipe({})
+    assert recipe.bench.quantize_only == list(QUANTIZE_ONLY) == ["onnx-int8", "openvino-int8"]
+    assert with_quantize_only(recipe, ["fp32", "int8"]) == ["fp32", "int8", "openvino-int8"]
+    assert with_quantize_only(parse_recipe({"bench": {"quantize_only": []}}), ["int8"]) == ["int8"]
+    assert with_quantize_only(parse_recipe({"export": {"enabled": False}}), []) == []
+    with pytest.raises(RecipeError, match=r"bench\.quantize_only: .*'pytorch' runs no export"):
+        parse_recipe({"bench": {"quantize_only": ["pytorch"]}})

@@ -18,6 +18,8 @@ from conftest import tiny_recipe
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 from compressor.core.errors import UserError
+from compressor.core.machine import int8_features
+from compressor.deploy.openvino import missing as openvino_missing
 from compressor.pipeline.runner import run_recipe
 from compressor.recipe import parse_recipe
 from compressor.surgery.checkpoint import load_pruned
@@ -178,6 +180,13 @@ def test_run_all_stages(tmp_path, tiny_model_dir, tiny_csv, cache_dir) -> None:
     summary = report["bench"]["summary"]
     assert {"pytorch-original", "pytorch-pruned", "onnx-fp32", "onnx-int8"} <= set(summary)
     assert summary["onnx-fp32"]["agreement"] == 1.0
+    # The original quantized (bench.quantize_only's default: ORT int8, OpenVINO int8 where installed) beside them.
+    quantized = {"onnx-int8-original", *(["openvino-int8-original"] if openvino_missing() is None else [])}
+    assert quantized <= set(summary) and "onnx-fp32-original" not in summary
+    originals = {r["runtime"]: r for r in report["frontier"] if r["role"] == "original"}
+    assert set(originals) == {"pytorch", *(n.removesuffix("-original") for n in quantized)}
+    assert originals["onnx-int8"]["cpu_int8_features"] == int8_features()
+    assert "onnx-int8-original" in (out / "report.md").read_text()
     assert [s["step"] for s in report["analysis"]["pruning_steps"]] == [1, 2]
     assert report["analysis"]["pruning_steps"][-1]["heads_removed"] == 6
     md = (out / "report.md").read_text()

@@ -70,7 +70,10 @@ def test_readers_take_their_values_from_the_declarations():
     assert ExportSpec(variants=list(runtimes.VARIANTS)).variants == list(runtimes.VARIANTS)
     for name in runtimes.BUDGET_NAMES:  # a speed-up budget on each is a valid recipe
         budget = {"kind": "speedup", "value": 2.0, "runtime": name}
-        assert parse_recipe({"prune": {"units": ["heads"], "budget": budget}}).prune.budget.runtime == name
+        variant = runtimes.runtime(name).variant
+        export = {"variants": ["fp32", variant] if variant else ["fp32"]}  # measured on the run's own export
+        recipe = parse_recipe({"prune": {"units": ["heads"], "budget": budget}, "export": export})
+        assert recipe.prune.budget.runtime == name
     assert set(bench.candidates.CANDIDATE_BUILDERS) >= {r.engine for r in runtimes.RUNTIMES}
 
 

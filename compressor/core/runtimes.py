@@ -9,7 +9,9 @@ A `Runtime` says, as data, everything the stages need to know about one way of r
   PyTorch model itself;
 - `gated`: whether its export passes the int8 validation gate (a variant that fails it stays on disk, marked
   rejected, and is never recommended or picked);
-- `budget`: whether a speed-up budget may be measured on it (the latency table and the in-run check can time it).
+- `budget`: whether a speed-up budget may be measured on it (the latency table and the in-run check can time it);
+- `quantize_only`: whether the unpruned original on it is a point of every frontier by default (`bench.quantize_only`:
+  what a user gets by quantizing the original instead of pruning it).
 
 The declarations live in `core`, the lowest layer, so every reader may import them: the recipe schema (its allowed
 `runtime` and `variants` values), `deploy` (which variants exist), `pruning.latency` (what it can time), `bench`
@@ -38,13 +40,22 @@ class Runtime:
     gated: bool = False
     budget: bool = False
     description: str = ""
+    quantize_only: bool = False
 
 
 RUNTIMES: tuple[Runtime, ...] = (
     Runtime("pytorch", "pytorch", None, budget=True, description="the saved model in PyTorch (SDPA attention)"),
     Runtime("onnx-fp32", "onnx", "fp32", budget=True, description="ONNX Runtime, the exported fp32 graph"),
     Runtime("onnx-optimized", "onnx", "optimized", description="ONNX Runtime, the transformer-fused fp32 graph"),
-    Runtime("onnx-int8", "onnx", "int8", gated=True, budget=True, description="ONNX Runtime, dynamic int8"),
+    Runtime(
+        "onnx-int8",
+        "onnx",
+        "int8",
+        gated=True,
+        budget=True,
+        description="ONNX Runtime, dynamic int8",
+        quantize_only=True,
+    ),
     Runtime("onnx-int8_static", "onnx", "int8_static", gated=True, description="ONNX Runtime, static QDQ int8"),
     Runtime(
         "openvino-fp32",
@@ -60,6 +71,7 @@ RUNTIMES: tuple[Runtime, ...] = (
         gated=True,
         budget=True,
         description="OpenVINO, NNCF static int8 calibrated on training examples (optional: compressor[openvino])",
+        quantize_only=True,
     ),
 )
 BY_NAME = {r.name: r for r in RUNTIMES}
@@ -67,6 +79,7 @@ NAMES: tuple[str, ...] = tuple(BY_NAME)
 BUDGET_NAMES: tuple[str, ...] = tuple(r.name for r in RUNTIMES if r.budget)  # `prune.budget.runtime` values
 VARIANTS: tuple[str, ...] = tuple(r.variant for r in RUNTIMES if r.variant is not None)  # `export.variants` values
 GATED_VARIANTS: tuple[str, ...] = tuple(r.variant for r in RUNTIMES if r.gated and r.variant is not None)
+QUANTIZE_ONLY: tuple[str, ...] = tuple(r.name for r in RUNTIMES if r.quantize_only)  # `bench.quantize_only` default
 
 
 def engine_variants(engine: str, gated: bool | None = None) -> tuple[str, ...]:

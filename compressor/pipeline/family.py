@@ -34,6 +34,7 @@ from compressor.pipeline.stages import (
     export_original,
     measured_speedup,
     run_stages,
+    with_quantize_only,
 )
 from compressor.pruning.selection import mask_to_plan
 from compressor.recipe import BudgetSpec
@@ -127,7 +128,8 @@ def family_bench(run: RunState, members: list[dict]) -> tuple[dict, list[Point]]
     seq = spec.seq_lens
     original = bench.runtime_candidate(ORIGINAL_NAME, "pytorch", as_sdpa(run.original), seq)
     candidates, points = [original], [Point.of(CandidateName.original(), None)]
-    for variant, info in export_original(run, run.recipe.export.variants if run.recipe.export.enabled else []).items():
+    variants = with_quantize_only(run.recipe, run.recipe.export.variants if run.recipe.export.enabled else [])
+    for variant, info in export_original(run, variants).items():
         cid = CandidateName.original(for_variant(variant).name)
         candidates.append(bench.runtime_candidate(cid.name, cid.runtime, info["dir"], seq, spec.threads, original))
         points.append(Point.of(cid, None))

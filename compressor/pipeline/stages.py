@@ -210,18 +210,26 @@ def bench_stage(state: RunState) -> dict:
 
 
 def _original_onnx(state: RunState, threads: int | None, original: Candidate | None) -> list:
-    """For a speed-up budget on an exported runtime: the original exported to that variant (under
-    `onnx-original/`), so the asked speed-up can be measured against the original on the same runtime
-    (`export_original`)."""
+    """The original on the exported runtimes it is measured on: a speed-up budget's (so the asked speed-up can be
+    measured against the original on the same runtime) and `bench.quantize_only`'s (quantizing instead of pruning),
+    exported under `onnx-original/` (`export_original`); one not built (OpenVINO absent) is left out."""
     from compressor import bench
 
     budget = state.recipe.prune.budget
-    if budget is None or budget.kind != "speedup" or runtime(budget.runtime).variant is None:
-        return []
-    variant = runtime(budget.runtime).variant
-    out = export_original(state, [variant])
-    name = name_of(ORIGINAL, "original", budget.runtime)
-    return [bench.runtime_candidate(name, budget.runtime, out[variant]["dir"], None, threads, original)]
+    budget_variant = runtime(budget.runtime).variant if budget is not None and budget.kind == "speedup" else None
+    out = export_original(state, with_quantize_only(state.recipe, [budget_variant] if budget_variant else []))
+    return [
+        bench.runtime_candidate(name_of(ORIGINAL, "original", rt.name), rt.name, out[v]["dir"], None, threads, original)
+        for v in out
+        for rt in [for_variant(v)]
+    ]
+
+
+def with_quantize_only(recipe: Recipe, variants: list[str]) -> list[str]:
+    """The original's export `variants` plus those of the `bench.quantize_only` runtimes (when export is enabled):
+    the original quantized, the alternative to pruning that every frontier shows."""
+    extra = [runtime(name).variant for name in recipe.bench.quantize_only] if recipe.export.enabled else []
+    return list(dict.fromkeys([*variants, *extra]))
 
 
 def export_original(state: RunState, variants: list[str]) -> dict:

@@ -13,7 +13,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
-from compressor.core.runtimes import VARIANTS, runtime
+from compressor.core.runtimes import NAMES, QUANTIZE_ONLY, VARIANTS, runtime
 from compressor.recipe.base import Strict
 from compressor.recipe.prune import PruneSpec, TrainSpec
 from compressor.recipe.yamlio import RecipeError, format_validation_error, read_yaml, short, short_key
@@ -167,9 +167,22 @@ class BenchSpec(Strict):
     min_time_s: float = Field(0.5, gt=0, le=3600, description="minimum timed duration of one measurement")
     threads: int | None = Field(None, ge=1, le=4096)
     eval_examples: int | None = Field(None, ge=1, le=10**9)
+    quantize_only: list[Literal[NAMES]] = Field(
+        default_factory=lambda: list(QUANTIZE_ONLY),
+        description="runtimes on which the unpruned original is exported too and benchmarked beside the members "
+        "(quantizing instead of pruning, on every frontier; needs export.enabled); [] = none",
+    )
     max_drop: float | None = Field(
         0.01, ge=0, le=1, description="test accuracy a recommended variant may lose vs the original (null: no gate)"
     )
+
+    @field_validator("quantize_only")
+    @classmethod
+    def _exported_runtimes(cls, names: list[str]) -> list[str]:
+        unexported = [n for n in names if runtime(n).variant is None]
+        if unexported:
+            raise ValueError(f"{unexported[0]!r} runs no export; expected exported runtimes such as onnx-int8")
+        return list(dict.fromkeys(names))
 
     @model_validator(mode="before")
     @classmethod

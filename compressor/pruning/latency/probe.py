@@ -209,7 +209,7 @@ def _openvino_call(
     if runtimes.runtime(runtime).gated:
         model = ovd.nncf_int8(model, [feed])
     request = ovd.compile_on_cpu(model, threads).create_infer_request()
-    return lambda: request.infer(feed)
+    return lambda: request.infer(feed)[0]
 
 
 def _onnx_graph(module: nn.Module, example: torch.Tensor, workdir: Path) -> Path:
