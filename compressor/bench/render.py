@@ -110,14 +110,15 @@ def _size_md(result: dict) -> list[str]:
 
 
 def cpu_line(result: dict) -> list[str]:
-    """'CPU: model, cores; int8 features: ...' for a bench result that records its CPU (older ones do not): the
-    int8 rows' speed-ups hold for CPUs with the same int8 features only."""
+    """['CPU: model, cores; int8 features: ...', ''] for a bench result that records its CPU (older ones do not:
+    []): the int8 rows' speed-ups hold for CPUs with the same int8 features only."""
     cpu = result.get("cpu")
     if not cpu:
         return []
     return [
         f"CPU: {cpu['model']}, {cpu['cores']} cores; int8 features: {cpu['int8_features']} (int8 speed-ups, marked "
-        "int8 below, hold for CPUs with the same features: OpenVINO's int8 needs VNNI or AMX to pay)."
+        "int8 below, hold for CPUs with the same features: OpenVINO's int8 needs VNNI or AMX to pay).",
+        "",
     ]
 
 
@@ -146,8 +147,8 @@ def render_bench_md(result: dict) -> str:
         f"Machine: {m['processor']}, {m['cpu_count']} CPUs, load average at the end {m['load_average']}; "
         f"torch {m['torch']}, onnxruntime {m['onnxruntime']}. Absolute times depend on the machine and its load; "
         "compare ratios.",
-        *cpu_line(result),
         "",
+        *cpu_line(result),
         f"## Summary (batch {head}, sequence length {seq})",
         "",
         "| variant | accuracy (%) | Δ vs ref (points) | McNemar p | speed-up | FLOP-ideal | size ratio |",

@@ -7,6 +7,7 @@ from pathlib import Path
 import typer
 
 from compressor.core.errors import UserError, one_line_errors
+from compressor.core.runtimes import VARIANTS as DECLARED_VARIANTS
 
 
 def parse_variants(text: str) -> list[str]:
@@ -62,7 +63,12 @@ def recipe_int8(recipe, data, tokenizer, names: list[str]):
 def export(
     model_dir: Path = typer.Argument(..., help="saved model directory (compressor output or a plain HF model dir)"),
     out_dir: Path = typer.Argument(..., help="where fp32/, optimized/, int8/ and export.json go"),
-    variants: str = typer.Option("fp32,optimized,int8", "--variants", help="comma-separated: fp32,optimized,int8"),
+    variants: str = typer.Option(
+        "fp32,optimized,int8",
+        "--variants",
+        help=f"comma-separated, some of: {','.join(DECLARED_VARIANTS)} (int8_static and openvino-int8 need --recipe "
+        "for calibration; openvino-* need compressor[openvino])",
+    ),
     atol: float = typer.Option(1e-4, "--atol", help="max |logit difference| allowed between ONNX fp32 and PyTorch"),
     opset: int = typer.Option(None, "--opset", help="ONNX opset (default 17)"),
     recipe: Path = typer.Option(

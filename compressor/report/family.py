@@ -99,7 +99,6 @@ def render_family(report: dict) -> str:
             "against the original on the same test examples.",
             "",
             *cpu_line(report.get("bench", {})),
-            "",
             *_frontier_table(section["frontier"]),
             "",
             f"![speed/quality frontier]({FRONTIER_PNG})",
