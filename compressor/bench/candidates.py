@@ -10,6 +10,7 @@ import copy
 import inspect
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Literal
 
@@ -116,77 +117,45 @@ def onnx_candidate(
     threads: int | None = None,
     flops_per_example: int | Mapping[int, int] | None = None,
     heads_per_layer: list[int] | None = None,
+    kind: Literal["onnx", "openvino"] = "onnx",
 ) -> Candidate:
-    """An exported ONNX variant (a directory written by `compressor.deploy.export`) as a candidate.
+    """An exported ONNX variant (a directory written by `compressor.deploy.export`) as a candidate; with `kind`
+    "openvino", an OpenVINO IR variant (`compressor.deploy.openvino`; `openvino_candidate`).
 
-    ONNX Runtime fixes its intra-op thread count when the session is created, so `threads` is given here; left
-    None, ONNX Runtime picks its default and the candidate records that count (`ort_default_threads`).
-    FLOPs and heads are those of the PyTorch model it was exported from (FLOPs as one int for the headline length
-    or `{seq_len: flops}`, e.g. the PyTorch candidate's `flops_by_seq_len`); pass them to get FLOP-ideal ratios.
+    Both runtimes fix their thread count when the session (compiled model) is created, so `threads` is given here;
+    left None, the runtime picks its default and the candidate records that count (`ort_default_threads`, or what
+    OpenVINO reports). FLOPs and heads are those of the PyTorch model it was exported from (FLOPs as one int for the
+    headline length or `{seq_len: flops}`, e.g. the PyTorch candidate's `flops_by_seq_len`); pass them to get
+    FLOP-ideal ratios.
     """
     from compressor.deploy.export import OnnxClassifier
+    from compressor.deploy.openvino import OpenVinoClassifier
 
     variant_dir = Path(variant_dir)
     if not variant_dir.is_dir():
-        raise UserError(f"onnx: variant directory '{variant_dir}' not found")
-    classifier = OnnxClassifier(variant_dir, threads)
+        raise UserError(f"{kind}: variant directory '{variant_dir}' not found")
+    classifier = (OnnxClassifier if kind == "onnx" else OpenVinoClassifier)(variant_dir, threads)
     keys = input_keys(classifier.input_names)
 
     def predict(batch: Batch) -> np.ndarray:
         return np.asarray(classifier({k: batch[k] for k in keys if k in batch}))
 
-    size = classifier.size_bytes
-    flops, by_seq = _exported_flops(flops_per_example)
-    return Candidate(
-        name=name,
-        predict=predict,
-        size_bytes=int(size),
-        flops_per_example=flops,
-        kind="onnx",
-        heads_per_layer=heads_per_layer,
-        threads=threads if threads is not None else ort_default_threads(),
-        extra={} if threads is not None else {"threads_note": ORT_DEFAULT_NOTE},
-        flops_by_seq_len=by_seq,
-    )
-
-
-def _exported_flops(flops: int | Mapping[int, int] | None) -> tuple[int | None, dict[int, int]]:
-    """(headline FLOPs, {seq_len: FLOPs}) of an exported graph from its PyTorch model's FLOPs (one int or per
-    length; the first length is the headline)."""
-    by_seq = {int(k): int(v) for k, v in flops.items()} if isinstance(flops, Mapping) else {}
-    return (next(iter(by_seq.values())) if by_seq else flops), by_seq
-
-
-def openvino_candidate(
-    name: str,
-    variant_dir: str | Path,
-    threads: int | None = None,
-    flops_per_example: int | Mapping[int, int] | None = None,
-    heads_per_layer: list[int] | None = None,
-) -> Candidate:
-    """An OpenVINO variant (`compressor.deploy.openvino`: an IR directory) as a candidate, like `onnx_candidate`:
-    `threads` is fixed when the model is compiled (None: OpenVINO's default, which the candidate records)."""
-    from compressor.deploy.openvino import OpenVinoClassifier
-
-    if not Path(variant_dir).is_dir():
-        raise UserError(f"openvino: variant directory '{variant_dir}' not found")
-    classifier = OpenVinoClassifier(variant_dir, threads)
-    keys = input_keys(classifier.input_names)
-
-    def predict(batch: Batch) -> np.ndarray:
-        return classifier({k: batch[k] for k in keys if k in batch})
-
-    flops, by_seq = _exported_flops(flops_per_example)
+    by_seq = {int(k): int(v) for k, v in flops_per_example.items()} if isinstance(flops_per_example, Mapping) else {}
+    default = ort_default_threads() if kind == "onnx" else classifier.threads
     return Candidate(
         name=name,
         predict=predict,
         size_bytes=int(classifier.size_bytes),
-        flops_per_example=flops,
-        kind="openvino",
+        flops_per_example=next(iter(by_seq.values())) if by_seq else flops_per_example,
+        kind=kind,
         heads_per_layer=heads_per_layer,
-        threads=classifier.threads,
+        threads=threads if threads is not None else default,
+        extra={"threads_note": ORT_DEFAULT_NOTE} if threads is None and kind == "onnx" else {},
         flops_by_seq_len=by_seq,
     )
+
+
+openvino_candidate = partial(onnx_candidate, kind="openvino")  # an OpenVINO IR variant's directory as a candidate
 
 
 def _pytorch_built(name: str, source: nn.Module | Path, seq_lens, threads: int | None, like: Candidate | None):
