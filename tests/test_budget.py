@@ -255,6 +255,11 @@ def test_unreachable_speedup_is_refused_in_one_line(task, tiny_table):
         RecipeError, match=r"^prune\.budget\.value: a 4\.0x speed-up on pytorch is out of reach.*expected ≤ 3\.18"
     ):
         compressor.prune(model, tok, train, spec)
+    thin = _spec(kind="speedup", value=8.0).model_copy(update={"min_heads_per_layer": 2})  # 8x out of reach
+    with pytest.raises(RecipeError, match=r"8\.0x speed-up on pytorch is out of reach"):
+        budget_mod.plan_budget(model, thin)
+    layers = thin.model_copy(update={"units": ["heads", "neurons", "layers"]})
+    assert budget_mod.plan_budget(model, layers).goals[-1] == 8.0  # whole layers may go: reachable
 
 
 def test_latency_selection_prefers_cheap_importance_per_ms(tiny_table):
