@@ -206,7 +206,8 @@ def test_original_int8_is_quantised_like_the_pruned_one(tmp_path, tiny_model_dir
 
     budget = {"kind": "speedup", "value": 1.5, "runtime": "onnx-int8", "batch_size": 4, "seq_len": 16}
     int8 = {"per_channel": False, "reduce_range": True, "exclude_nodes": ["/classifier/MatMul"]}
-    recipe = _recipe(tmp_path, tiny_model_dir, tiny_csv, "run", budget, export={"variants": graphs, "int8": int8})
+    export = {"variants": graphs, "int8": int8}
+    recipe = _recipe(tmp_path, tiny_model_dir, tiny_csv, "run", budget, export=export, bench=BENCH)  # no quantize-only
     data, tokenizer = load_task_data(recipe.data), AutoTokenizer.from_pretrained(tiny_model_dir)
     splits = {name: tokenize(getattr(data, name), tokenizer, data.text_fields, 16) for name in ("train", "validation")}
     original = AutoModelForSequenceClassification.from_pretrained(tiny_model_dir, attn_implementation="eager")
