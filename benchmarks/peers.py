@@ -215,14 +215,14 @@ def parse_target(text: str) -> tuple[str, Target]:
 def run_peer(setup: Setup, python: Path, peer: str, heads: int, ffn: int, iters: int, point: Path) -> dict:
     """The peer's pruning to `heads` heads and `ffn` FFN neurons (cached in `point`), replayed on our base with
     compressor's slicing and checked against the peer's own logits; saved with `save_pruned` as `point/model`."""
-    done = point / "point.json"
-    if done.exists():
-        return json.loads(done.read_text())
-    shutil.rmtree(point, ignore_errors=True)
-    point.mkdir(parents=True)
     files = {"batches": str(setup.work / "score_batches.pt"), "probe": str(setup.work / "probe.pt")}
     job = {"peer": peer, "model_dir": str(setup.base_dir), **files, "heads": heads, "ffn": ffn, "iters": iters,
            "out": str(point)}  # fmt: skip
+    done = point / "point.json"
+    if done.exists() and _same_json(point / "job.json", job):
+        return json.loads(done.read_text())
+    shutil.rmtree(point, ignore_errors=True)  # unfinished, or made for other settings: redone whole
+    point.mkdir(parents=True)
     (point / "job.json").write_text(json.dumps(job))
     log.info("%s: pruning to %d heads, %d FFN neurons (%d iterations)", peer, heads, ffn, iters)
     worker = ROOT / "benchmarks" / "peers_worker.py"
@@ -245,6 +245,11 @@ def run_peer(setup: Setup, python: Path, peer: str, heads: int, ffn: int, iters:
                 "ffn_per_layer": [int(x) for x in alive["neurons"].sum(1)]}  # fmt: skip
     done.write_text(json.dumps(summary, indent=2))
     return summary
+
+
+def _same_json(path: Path, value: dict) -> bool:
+    """Whether `path` holds `value` as JSON (a cached point made with the same settings)."""
+    return path.exists() and json.loads(path.read_text()) == value
 
 
 def quick_speedup(setup: Setup, model_dir: Path) -> dict:
@@ -278,7 +283,9 @@ def speed_point(setup: Setup, python: Path, peer: str, target: Target, units: di
     within `speed_tolerance`; the closest point is kept (the units point itself when it is already close)."""
     base = setup.work / peer / target.label
     cached = base / "speed.json"
-    if cached.exists():
+    search = {"aim": target.aim, "tolerance": args.speed_tolerance, "tries": args.speed_tries,
+              "units": [units["heads_left"], units["ffn_left"], units["prune_seconds"]]}  # fmt: skip
+    if cached.exists() and json.loads(cached.read_text()).get("search") == search:
         return json.loads(cached.read_text())
     heads_total, ffn_total = _totals(setup.base)
     history = [(1.0, 1.0), (units["flop_share"], 1 / units["quick_speedup"])]
@@ -295,7 +302,7 @@ def speed_point(setup: Setup, python: Path, peer: str, target: Target, units: di
         history.append((result["flop_share"], 1 / result["quick_speedup"]))
         if _off(result, target) < _off(best, target):
             best = result
-    cached.write_text(json.dumps(best, indent=2))
+    cached.write_text(json.dumps(best | {"search": search}, indent=2))
     return best
 
 
@@ -328,9 +335,10 @@ def recovered(setup: Setup, point_dir: Path, steps: int) -> dict:
     """Our recovery on a point's model: the recipe's `prune.finetune` once per step the member took (seed
     `seed + step`, the same distillation targets), saved as `point_dir/recovered`; its test accuracy."""
     out = point_dir / "recovered.json"
-    if out.exists():
-        return json.loads(out.read_text())
     recipe, run, finetune = setup.recipe, setup.run, setup.finetune
+    settings = {"steps": steps, "finetune": finetune.model_dump(mode="json"), "seed": recipe.seed}
+    if out.exists() and json.loads(out.read_text()).get("settings") == settings:
+        return json.loads(out.read_text())
     model = load_pruned(point_dir / "model", attn_implementation="eager")
     started = time.perf_counter()
     for step in range(steps):
@@ -339,7 +347,8 @@ def recovered(setup: Setup, point_dir: Path, steps: int) -> dict:
     seconds = time.perf_counter() - started
     model = run.accelerator.unwrap_model(model).cpu().eval()
     save_pruned(model, point_dir / "recovered", run.tokenizer, metadata={"recovery_steps": steps})
-    result = {"test": evaluate(model, run.splits["test"], run.tokenizer)["accuracy"], "seconds": round(seconds, 1)}
+    result = {"test": evaluate(model, run.splits["test"], run.tokenizer)["accuracy"], "seconds": round(seconds, 1),
+              "settings": settings}  # fmt: skip
     out.write_text(json.dumps(result))
     return result
 
@@ -515,6 +524,22 @@ def plot(sections: dict, path: Path) -> None:
     plt.close(fig)
 
 
+def portable(value, args):
+    """`value` (JSON-like) with this machine's paths written as `<work-dir>/...`, `<venv-dir>/...`, repository-relative
+    or a bare file name: a committed result names no local path."""
+    if isinstance(value, dict):
+        return {k: portable(v, args) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [portable(v, args) for v in value]
+    if isinstance(value, Path):
+        value = str(value)
+    if not isinstance(value, str):
+        return value
+    for prefix, name in ((args.work_dir, "<work-dir>"), (args.venv_dir, "<venv-dir>"), (ROOT, ".")):
+        value = value.replace(str(Path(prefix).resolve()), name).replace(str(prefix), name)
+    return Path(value).name if value.startswith(("/", "~")) else value
+
+
 def commit() -> str:
     out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
     return out.stdout.strip() or "unknown"
@@ -585,11 +610,13 @@ def main(argv: list[str] | None = None) -> None:
         "else_running": args.else_running,
         "quick": args.quick,
         "settings": {k: v for k, v in vars(args).items() if k not in ("work_dir", "venv_dir")},
+        "work_dir": "--work-dir (default $COMPRESSOR_CACHE/peers/work): every point's models, logs and caches",
         "peer_stacks": {peer: VENVS[peer][0] + VENVS[peer][1] for peer in args.peers},
         "models": sections,
         "seconds": round(time.perf_counter() - started, 1),
     }
-    (RESULTS / f"{stem}.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
+    text = json.dumps(portable(result, args), indent=2, default=str)
+    (RESULTS / f"{stem}.json").write_text(text + "\n")
     print(f"wrote benchmarks/results/{stem}.json and {stem}.png")
 
 

@@ -4,6 +4,7 @@ The peers themselves run in their own environments (the benchmark builds them); 
 
 from __future__ import annotations
 
+import argparse
 import json
 
 import pytest
@@ -93,3 +94,22 @@ def test_speed_search_steps_along_the_secant():
     assert inv(share) == pytest.approx(1 / 2.5)
     assert peers.next_share([(1.0, 1.0), (1.0, 1.0)], 2.0) == 1.0  # no slope: stay
     assert peers.next_share(points, 100.0) == 0.01  # never a share below 1%
+
+
+def test_results_name_no_local_path(tmp_path):
+    """A committed result names no path of the machine it ran on: work and venv folders by placeholder, the
+    repository relative, anything else absolute by its file name."""
+    args = argparse.Namespace(work_dir=tmp_path / "work", venv_dir=tmp_path / "venvs")
+    result = {
+        "dir": str(tmp_path / "work" / "minilm" / "textpruner" / "2x" / "units"),
+        "error": f"textpruner failed: boom (log: {tmp_path / 'work' / 'x' / 'worker.log'})",
+        "python": tmp_path / "venvs" / "textpruner" / "bin" / "python",
+        "recipe": [str(peers.ROOT / "recipes" / "minilm_rt_family.yaml"), "/elsewhere/my_recipe.yaml"],
+        "count": 3,
+    }
+    out = peers.portable(result, args)
+    assert out["dir"] == "<work-dir>/minilm/textpruner/2x/units"
+    assert out["error"] == "textpruner failed: boom (log: <work-dir>/x/worker.log)"
+    assert out["python"] == "<venv-dir>/textpruner/bin/python"
+    assert out["recipe"] == ["./recipes/minilm_rt_family.yaml", "my_recipe.yaml"]
+    assert out["count"] == 3
