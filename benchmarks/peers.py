@@ -14,14 +14,20 @@ compressor's own slicing on the same base (logits checked against the peer's own
 from our evaluator, speed-ups from one interleaved bench per model (`compressor.bench.timing`: the original, our
 members and every peer point, paired with the same original in one process). Prune wall time of every point.
 
-Each point is cached under the work directory (default `$COMPRESSOR_CACHE/peers/work/<model>`): a rerun skips
-finished ones. Results: a printed table, benchmarks/results/peers.json, benchmarks/results/peers.png.
+Each point is cached under the work directory (default `$COMPRESSOR_CACHE/peers/work/<recipe name>`) with the
+settings it was made with: a rerun skips finished points and redoes those whose settings changed. A peer that fails
+(or whose masks do not reproduce its own model) is reported as a failed point; the others go on. The peers' pinned
+environments are built once under `--venv-dir` (default `$COMPRESSOR_CACHE/peers/venvs`). Results: a printed table,
+benchmarks/results/peers.json (peers_quick.json with --quick), benchmarks/results/peers.png.
 
-Usage (the lead's machine, machine to itself, after the family runs):
+Usage (the lead's machine, machine to itself, after the family runs; one model at a time is fine, points are kept):
+    .venv/bin/python benchmarks/peers.py --models minilm --ours minilm=runs/minilm_rt_family --else-running "nothing"
     .venv/bin/python benchmarks/peers.py --ours minilm=runs/minilm_rt_family mpnet=runs/mpnet_rt_family \
-        --else-running "nothing"
-    .venv/bin/python benchmarks/peers.py --models minilm --quick       # a few minutes: one member, one peer step
-Without `--ours`, targets come from `--target MODEL:LABEL:SPEEDUP:HEADS:FFN:STEPS` (repeatable; no member is timed).
+        --else-running "nothing"                                        # both models in one JSON (MiniLM cached)
+    .venv/bin/python benchmarks/peers.py --models minilm --quick --ours minilm=runs/minilm_rt_family
+        # a check of the whole pipeline: first member only, one peer iteration, no speed matching, a short recovery
+Without `--ours`, targets come from `--target MODEL:LABEL:SPEEDUP:HEADS:FFN:STEPS` (repeatable; no member is timed);
+`--recipe MODEL=PATH` swaps a model's recipe (its base fine-tune, data, scoring and recovery settings).
 """
 
 from __future__ import annotations
@@ -189,9 +195,9 @@ def targets_from_run(run_dir: Path) -> list[Target]:
         pruned, budget = m["pruned"], m.get("budget", {})
         done = steps[: m["step"]]
         recovery = sum((s.get("finetune") or {}).get("seconds", 0.0) for s in done)
-        model_dir = Path(pruned["model_dir"])
-        if not model_dir.is_absolute():
-            model_dir = run_dir / "members" / m["label"] / "model"
+        model_dir = run_dir / "members" / m["label"] / "model"  # where the run saved it, wherever the run now is
+        if not model_dir.exists() and Path(pruned["model_dir"]).is_absolute():
+            model_dir = Path(pruned["model_dir"])
         out.append(
             Target(
                 label=m["label"], speedup=float(budget["measured_speedup"]), heads=int(pruned["heads_left"]),
