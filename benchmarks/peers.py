@@ -543,6 +543,9 @@ def portable(value, args):
         return value
     for prefix, name in ((args.work_dir, "<work-dir>"), (args.venv_dir, "<venv-dir>"), (ROOT, ".")):
         value = value.replace(str(Path(prefix).resolve()), name).replace(str(prefix), name)
+    key, sep, rest = value.partition("=")  # MODEL=PATH options
+    if sep and rest.startswith(("/", "~")):
+        return f"{key}={Path(rest).name}"
     return Path(value).name if value.startswith(("/", "~")) else value
 
 

@@ -105,6 +105,7 @@ def test_results_name_no_local_path(tmp_path):
         "error": f"textpruner failed: boom (log: {tmp_path / 'work' / 'x' / 'worker.log'})",
         "python": tmp_path / "venvs" / "textpruner" / "bin" / "python",
         "recipe": [str(peers.ROOT / "recipes" / "minilm_rt_family.yaml"), "/elsewhere/my_recipe.yaml"],
+        "ours": ["minilm=runs/minilm_rt_family", "mpnet=/data/runs/mpnet_rt_family"],
         "count": 3,
     }
     out = peers.portable(result, args)
@@ -112,4 +113,5 @@ def test_results_name_no_local_path(tmp_path):
     assert out["error"] == "textpruner failed: boom (log: <work-dir>/x/worker.log)"
     assert out["python"] == "<venv-dir>/textpruner/bin/python"
     assert out["recipe"] == ["./recipes/minilm_rt_family.yaml", "my_recipe.yaml"]
+    assert out["ours"] == ["minilm=runs/minilm_rt_family", "mpnet=mpnet_rt_family"]
     assert out["count"] == 3
