@@ -192,7 +192,7 @@ def targets_from_run(run_dir: Path) -> list[Target]:
     steps = report.get("steps", [])
     out = []
     for m in report["family"]["members"]:
-        pruned, budget = m["pruned"], m.get("budget", {})
+        pruned = m["pruned"]
         done = steps[: m["step"]]
         recovery = sum((s.get("finetune") or {}).get("seconds", 0.0) for s in done)
         model_dir = run_dir / "members" / m["label"] / "model"  # where the run saved it, wherever the run now is
@@ -200,12 +200,23 @@ def targets_from_run(run_dir: Path) -> list[Target]:
             model_dir = Path(pruned["model_dir"])
         out.append(
             Target(
-                label=m["label"], speedup=float(budget["measured_speedup"]), heads=int(pruned["heads_left"]),
+                label=m["label"], speedup=_member_speedup(report, m), heads=int(pruned["heads_left"]),
                 ffn=int(pruned["ffn_neurons"]), steps=int(m["step"]), model_dir=str(model_dir),
                 prune_seconds=round(sum(s["seconds"] for s in done) - recovery, 1), recovery_seconds=round(recovery, 1),
             )
         )  # fmt: skip
     return out
+
+
+def _member_speedup(report: dict, member: dict) -> float:
+    """The member's measured PyTorch speed-up: its speed-up budget's check, else its frontier row (FLOP and head
+    budgets have no check)."""
+    measured = (member.get("budget") or {}).get("measured_speedup")
+    rows = {r["name"]: r for r in report["family"].get("frontier", [])}
+    measured = measured or (rows.get(f"{member['label']}/pytorch") or {}).get("speedup")
+    if measured is None:
+        raise SystemExit(f"peers: member {member['label']} has no measured PyTorch speed-up in its report")
+    return float(measured)
 
 
 def parse_target(text: str) -> tuple[str, Target]:

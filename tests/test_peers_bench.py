@@ -75,6 +75,20 @@ def test_members_are_read_from_a_family_report(tmp_path):
         peers.targets_from_run(tmp_path / "missing")
 
 
+def test_member_speedup_falls_back_to_the_frontier(tmp_path):
+    """A FLOP or head budget has no speed-up check: the member's PyTorch row of the frontier gives its speed-up."""
+    member = {"label": "50pct", "step": 1, "pruned": {"heads_left": 36, "ffn_neurons": 4608, "model_dir": "m"}}
+    frontier = [{"name": "50pct/onnx-int8", "speedup": 3.9}, {"name": "50pct/pytorch", "speedup": 1.7}]
+    report = {"steps": [{"seconds": 5.0}], "family": {"members": [member], "frontier": frontier}}
+    (tmp_path / "report.json").write_text(json.dumps(report))
+    (target,) = peers.targets_from_run(tmp_path)
+    assert target.speedup == 1.7 and target.recovery_seconds == 0.0
+    report["family"]["frontier"] = frontier[:1]
+    (tmp_path / "report.json").write_text(json.dumps(report))
+    with pytest.raises(SystemExit, match="member 50pct has no measured PyTorch speed-up"):
+        peers.targets_from_run(tmp_path)
+
+
 def test_target_from_the_command_line():
     model, target = peers.parse_target("minilm:2x:2.01:50:3072:4")
     assert model == "minilm" and (target.heads, target.ffn, target.steps, target.speedup) == (50, 3072, 4, 2.01)
