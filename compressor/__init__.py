@@ -8,8 +8,11 @@ read and write pruned checkpoints; `PruneSpec` and `TrainSpec` are the recipe's 
 
 from __future__ import annotations
 
+from compressor.core import compat as _compat
 from compressor.core.lazy import lazy_attributes
-from compressor.pruning import criteria as _criteria  # noqa: F401  registers the criteria with the recipe schema
+
+if not _compat.outside():  # on an unsupported stack nothing heavy is imported: the CLI and API report it as one line
+    from compressor.pruning import criteria as _criteria  # noqa: F401  registers the criteria with the recipe schema
 
 __version__ = "0.1.0"
 __all__ = ["PruneResult", "PruneSpec", "TrainSpec", "__version__", "load_pruned", "prune", "save_pruned"]
@@ -22,4 +25,4 @@ _LAZY = {
     "TrainSpec": "compressor.recipe",
 }
 
-__getattr__ = lazy_attributes(__name__, _LAZY)
+__getattr__ = lazy_attributes(__name__, _LAZY, before=_compat.require_supported)

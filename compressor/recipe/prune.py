@@ -13,11 +13,13 @@ from compressor.recipe.base import Strict, criteria
 
 
 class TrainSpec(Strict):
-    epochs: float = Field(1.0, gt=0, le=1000)
-    lr: float = Field(3e-5, gt=0, lt=1)
-    batch_size: int = Field(32, ge=1, le=65536)
-    weight_decay: float = Field(0.01, ge=0, le=10)
-    warmup_ratio: float = Field(0.06, ge=0, lt=1)
+    """A fine-tune: AdamW with linear warm-up and decay, through Accelerate."""
+
+    epochs: float = Field(1.0, gt=0, le=1000, description="passes over the training examples (fractions allowed)")
+    lr: float = Field(3e-5, gt=0, lt=1, description="peak learning rate")
+    batch_size: int = Field(32, ge=1, le=65536, description="examples per optimiser step (per process)")
+    weight_decay: float = Field(0.01, ge=0, le=10, description="AdamW weight decay")
+    warmup_ratio: float = Field(0.06, ge=0, lt=1, description="share of the steps spent warming the rate up")
     max_examples: int | None = Field(None, ge=1, le=10**9, description="cap on training examples per epoch")
     group_by_length: bool = Field(
         True, description="shuffle batches of similar-length examples (less padding on ragged text)"
@@ -48,8 +50,10 @@ class FinetuneSpec(TrainSpec):
 
 
 class CriterionSpec(Strict):
-    name: str = "taylor"
-    params: dict[str, Any] = Field(default_factory=dict)
+    """How units are scored (`compressor.pruning.criteria`; the lowest scores are removed)."""
+
+    name: str = Field("taylor", description="a registered criterion (`compressor validate` lists them on a typo)")
+    params: dict[str, Any] = Field(default_factory=dict, description="the criterion's own parameters")
 
     @model_validator(mode="after")
     def _known(self) -> CriterionSpec:
@@ -72,7 +76,7 @@ class BudgetSpec(Strict):
     units go (its cost ratios) while the measured speed-up decides when a target is met.
     """
 
-    kind: Literal["heads", "flops", "speedup"] = "heads"
+    kind: Literal["heads", "flops", "speedup"] = Field("heads", description="what the budget counts")
     value: float = Field(
         0.5, allow_inf_nan=False, description="heads/flops: fraction removed, in (0, 1); speedup: factor, in (1, 100]"
     )
@@ -83,10 +87,12 @@ class BudgetSpec(Strict):
         description="several targets, ascending: one run prunes through them in order and saves a model at each "
         "(a model family); `value` is then the last",
     )
-    runtime: Literal[BUDGET_NAMES] = "pytorch"  # the declared runtimes a speed-up can be measured on
-    batch_size: int = Field(32, ge=1)
-    seq_len: int = Field(64, ge=8, le=4096)
-    calibrate: bool = True
+    runtime: Literal[BUDGET_NAMES] = Field(
+        "pytorch", description="where a speed-up is timed (the declared runtimes a speed-up can be measured on)"
+    )
+    batch_size: int = Field(32, ge=1, description="batch size a speed-up is timed at")
+    seq_len: int = Field(64, ge=8, le=4096, description="tokens per example a speed-up is timed at")
+    calibrate: bool = Field(True, description="time the real pruned model after every step to correct the table")
     latency_table: str | None = Field(
         None, description="a latency table JSON to use instead of measuring this machine's (kind 'speedup' only)"
     )
@@ -169,14 +175,19 @@ class PruneSpec(Strict):
     schedule: Literal["linear", "geometric"] = Field(
         "linear", description="head/FLOP budgets: equal amounts per step, or the same share of what is left"
     )
-    scope: Literal["global", "per_layer"] = "global"
-    min_heads_per_layer: int = Field(0, ge=0, le=4096)
+    scope: Literal["global", "per_layer"] = Field(
+        "global", description="rank heads across the model, or remove the same share from every layer"
+    )
+    min_heads_per_layer: int = Field(0, ge=0, le=4096, description="heads every layer keeps")
     allocation: Literal["measured", "ratio"] = Field("measured", description="unit kinds share a FLOP/speed-up "
         "budget by each slice's measured loss increase per cost, or by the criterion's score per cost")  # fmt: skip
     allocation_parts: int = Field(4, ge=1, le=64, description="slices per step for allocation 'measured'")
-    score_examples: int = Field(512, ge=1, le=10**7)
-    score_batch_size: int = Field(32, ge=1, le=65536)
-    finetune: FinetuneSpec | None = Field(default_factory=lambda: FinetuneSpec(epochs=1.0, lr=3e-5))
+    score_examples: int = Field(512, ge=1, le=10**7, description="training examples the criterion reads per step")
+    score_batch_size: int = Field(32, ge=1, le=65536, description="batch size of the scoring passes")
+    finetune: FinetuneSpec | None = Field(
+        default_factory=lambda: FinetuneSpec(epochs=1.0, lr=3e-5),
+        description="recovery fine-tune after every pruning step (null = none)",
+    )
 
     @field_validator("finetune", mode="before")
     @classmethod

@@ -20,14 +20,18 @@ from compressor.recipe.yamlio import RecipeError, format_validation_error, read_
 
 
 class ModelSpec(Strict):
+    """The model to prune: a sequence classifier (or an encoder a classification head is added to)."""
+
     source: str = Field(
         "builtin:minilm-l6",
         max_length=4096,
         description="'builtin:minilm-l6', 'builtin:mpnet-base', a hub id, or a local directory",
     )
-    revision: str | None = Field(None, max_length=256)
-    task_tuned: bool = Field(False, description="true if the model is already fine-tuned on this task")
-    trust_remote_code: bool = False
+    revision: str | None = Field(None, max_length=256, description="hub revision (branch, tag or commit); null = main")
+    task_tuned: bool = Field(
+        False, description="true if the model is already fine-tuned on this task (base_finetune is then skipped)"
+    )
+    trust_remote_code: bool = Field(False, description="run modeling code shipped with a hub model (trust it first)")
 
     @model_validator(mode="after")
     def _no_remote_code_for_builtins(self) -> ModelSpec:
@@ -42,12 +46,16 @@ class ModelSpec(Strict):
 
 
 class DataSpec(Strict):
+    """The labelled text data: where it is, which columns hold text and label, and how much of it is used."""
+
     source: str = Field(
         "builtin:rotten_tomatoes", max_length=4096, description="'builtin:rotten_tomatoes', a hub dataset, or a path"
     )
-    config: str | None = Field(None, max_length=256)
-    text_fields: list[str] = Field(default_factory=lambda: ["text"], min_length=1, max_length=2)
-    label_field: str = Field("label", max_length=256)
+    config: str | None = Field(None, max_length=256, description="hub dataset configuration (e.g. a GLUE task)")
+    text_fields: list[str] = Field(
+        default_factory=lambda: ["text"], min_length=1, max_length=2, description="one text column, or two for pairs"
+    )
+    label_field: str = Field("label", max_length=256, description="the column of class labels")
     train_labels: bool = Field(
         True,
         description="false: the training split is read as unlabelled text (its label_field is not needed, and "
@@ -59,9 +67,13 @@ class DataSpec(Strict):
         description="split names for train and validation (required) and test (defaults to the validation split)",
     )
     max_length: int = Field(128, ge=8, le=4096, description="also checked against the model's position embeddings")
-    max_train_examples: int | None = Field(None, ge=1, le=10**9)
-    max_eval_examples: int | None = Field(None, ge=1, le=10**9)
-    split_seed: int = Field(0, ge=0, lt=2**32)
+    max_train_examples: int | None = Field(None, ge=1, le=10**9, description="cap on training examples; null = all")
+    max_eval_examples: int | None = Field(
+        None, ge=1, le=10**9, description="cap on validation and test examples; null = all"
+    )
+    split_seed: int = Field(
+        0, ge=0, lt=2**32, description="seed of the splits carved out of one file and of the capped subsets"
+    )
 
     @field_validator("splits")
     @classmethod
@@ -142,11 +154,16 @@ class Int8Spec(Strict):
 
 
 class ExportSpec(Strict):
-    enabled: bool = True
-    variants: list[Literal[VARIANTS]] = Field(default_factory=lambda: ["fp32", "optimized", "int8"])
+    """ONNX export of the pruned model, each variant checked against PyTorch's logits."""
+
+    enabled: bool = Field(True, description="export ONNX graphs of the pruned model")
+    variants: list[Literal[VARIANTS]] = Field(
+        default_factory=lambda: ["fp32", "optimized", "int8"],
+        description="fp32 graph, ONNX Runtime's fused graph, dynamic int8, static (calibrated) int8",
+    )
     int8: Int8Spec = Field(default_factory=Int8Spec)
-    atol: float = Field(1e-4, gt=0, le=1)
-    opset: int | None = Field(None, ge=11, le=30)
+    atol: float = Field(1e-4, gt=0, le=1, description="largest logit difference from PyTorch an fp32 graph may show")
+    opset: int | None = Field(None, ge=11, le=30, description="ONNX opset; null = the exporter's default")
 
 
 class BenchSpec(Strict):
@@ -157,16 +174,16 @@ class BenchSpec(Strict):
     first length.
     """
 
-    enabled: bool = True
-    batch_sizes: list[int] = Field(default_factory=lambda: [1, 8, 32, 64], min_length=1)
+    enabled: bool = Field(True, description="time and score the original, the pruned model and its ONNX variants")
+    batch_sizes: list[int] = Field(default_factory=lambda: [1, 8, 32, 64], min_length=1, description="distinct")
     seq_lens: list[int] = Field(
         default_factory=lambda: [64], min_length=1, description="tokens per synthetic timing example, 8 to 4096"
     )
-    rounds: int = Field(5, ge=1, le=1000)
-    warmup: int = Field(2, ge=0, le=1000)
+    rounds: int = Field(5, ge=1, le=1000, description="interleaved timing rounds; the median is reported")
+    warmup: int = Field(2, ge=0, le=1000, description="untimed calls before timing")
     min_time_s: float = Field(0.5, gt=0, le=3600, description="minimum timed duration of one measurement")
-    threads: int | None = Field(None, ge=1, le=4096)
-    eval_examples: int | None = Field(None, ge=1, le=10**9)
+    threads: int | None = Field(None, ge=1, le=4096, description="intra-op threads; null = the runtime's default")
+    eval_examples: int | None = Field(None, ge=1, le=10**9, description="test examples scored; null = all")
     quantize_only: list[Literal[NAMES]] = Field(
         default_factory=lambda: list(QUANTIZE_ONLY),
         description="runtimes on which the unpruned original is exported too and benchmarked beside the members "
@@ -233,25 +250,47 @@ class AnalysisSpec(Strict):
         min_relation_count: int = Field(30, ge=1, le=10**7, description="instances a relation/direction needs to count")
         sieve_tau: float = Field(2.0, gt=0, le=1000, description="sieve bias that H0 allows (1 = no preference)")
         sieve_alpha: float = Field(0.05, gt=0, lt=1, description="significance level after correction")
-        sieve_test: Literal["t", "wilcoxon"] = "t"
-        sieve_correction: Literal["holm", "bh", "bonferroni", "none"] = "holm"
+        sieve_test: Literal["t", "wilcoxon"] = Field("t", description="the sieve's paired test")
+        sieve_correction: Literal["holm", "bh", "bonferroni", "none"] = Field(
+            "holm", description="multiple-comparison correction across heads"
+        )
 
-    enabled: bool = True
-    examples: int = Field(256, ge=8, le=10**6)
+    enabled: bool = Field(True, description="classify what the kept and removed heads attend to")
+    examples: int = Field(256, ge=8, le=10**6, description="validation examples the detectors read")
     roles: Roles = Field(default_factory=Roles)
 
 
+class AccelerateSpec(Strict):
+    """Accelerate's settings for the run's fine-tunes (the base fine-tune and every recovery fine-tune).
+
+    `mixed_precision` runs their forward passes under autocast: `bf16` on CPUs and GPUs that support it, `fp16` on
+    CUDA GPUs (with loss scaling). Scoring, evaluation, surgery, export and benchmarks stay fp32, and the saved
+    weights are fp32. `accelerate launch --mixed_precision bf16` sets the same thing for a launched run (the recipe
+    wins where it says other than `no`).
+    """
+
+    mixed_precision: Literal["no", "bf16", "fp16"] = Field(
+        "no", description="fine-tune forward passes in bf16 or fp16 (autocast); no = fp32"
+    )
+
+
 class Recipe(Strict):
-    name: str = Field("run", max_length=200)
-    seed: int = Field(0, ge=0, lt=2**32)
-    output_dir: str = Field("runs/out", min_length=1, max_length=4096)
+    name: str = Field("run", max_length=200, description="the run's name in its report")
+    seed: int = Field(0, ge=0, lt=2**32, description="seed of every random choice (shuffling, initialisation)")
+    output_dir: str = Field(
+        "runs/out", min_length=1, max_length=4096, description="where the run writes (relative to the working dir)"
+    )
     model: ModelSpec = Field(default_factory=ModelSpec)
     data: DataSpec = Field(default_factory=DataSpec)
-    base_finetune: TrainSpec = Field(default_factory=lambda: TrainSpec(epochs=2.0, lr=5e-5))
+    base_finetune: TrainSpec = Field(
+        default_factory=lambda: TrainSpec(epochs=2.0, lr=5e-5),
+        description="fine-tuning of a model not yet tuned on the task, before pruning (cached and reused)",
+    )
     prune: PruneSpec = Field(default_factory=PruneSpec)
     export: ExportSpec = Field(default_factory=ExportSpec)
     bench: BenchSpec = Field(default_factory=BenchSpec)
     analysis: AnalysisSpec = Field(default_factory=AnalysisSpec)
+    accelerate: AccelerateSpec = Field(default_factory=AccelerateSpec)
 
     @model_validator(mode="after")
     def _post_training_needs_a_task(self) -> Recipe:

@@ -139,7 +139,8 @@ def _capture_hidden_state(model: nn.Module, replaced: nn.Module, skipped: Skippe
     if isinstance(spec, type):
         spec = OutputRecorder(target_class=spec, index=0)
     if isinstance(spec, OutputRecorder) and spec.target_class is not None and isinstance(replaced, spec.target_class):
-        install_output_capuring_hook(skipped, "hidden_states", spec.index, spec.capture_initial_hidden_state)
+        initial = getattr(spec, "capture_initial_hidden_state", None)  # not an argument of early 5.x (compat.py)
+        install_output_capuring_hook(skipped, "hidden_states", spec.index, *(() if initial is None else (initial,)))
 
 
 def removal_marker(layer: nn.Module, ffn_out: str) -> str:

@@ -1,0 +1,86 @@
+"""The library versions compressor runs on, checked before anything imports them, and every version-dependent path.
+
+`REQUIRED` is the declared range (pyproject.toml's dependencies carry the same specifiers; tests/test_compat.py
+keeps the two equal). Each floor is the lowest release on which the fast suite was run and passed
+(`make test-compat` runs it at the floor; README, "Versions"); no upper cap is declared where no break is known.
+
+`problems()` reads the installed versions from package metadata, so an unsupported transformers or torch is
+reported as one line (`UnsupportedVersionError`, exit 2 from the CLI) before a model class is ever imported:
+`compressor/__init__.py` skips its eager imports on such a stack, the CLI checks first thing, and the Python API's
+lazy attributes check before importing their module.
+
+Version-dependent code paths (each named once, here; none is an `if version` check elsewhere):
+- `OUTPUT_CAPTURING`: where transformers installs the hook that records a layer's hidden state
+  (`transformers.utils.output_capturing`). `compressor/surgery/portable.py` imports it to report the hidden state
+  of a removed layer; that file ships standalone inside every saved model (it may import only torch and
+  transformers), so it carries its own fallback: on a transformers without the module, `output_hidden_states`
+  simply lists no entry for a removed layer.
+"""
+
+from __future__ import annotations
+
+import platform
+from importlib.metadata import PackageNotFoundError, version
+
+from packaging.specifiers import SpecifierSet
+from packaging.version import InvalidVersion, Version
+
+from compressor.core.errors import UserError
+
+REQUIRED: dict[str, str] = {
+    "transformers": ">=5.0",
+    "torch": ">=2.13",
+    "onnxruntime": ">=1.32",
+    "accelerate": ">=1.15",
+}
+CHECKED_AT_RUN_TIME = ("transformers", "torch")  # the two whose wrong version fails deep inside a model class
+OUTPUT_CAPTURING = "transformers.utils.output_capturing"
+
+
+class UnsupportedVersionError(UserError):
+    """An installed library outside the range compressor supports (one line: installed vs supported)."""
+
+
+def installed(package: str) -> str | None:
+    """The installed version of `package` from its metadata (nothing is imported), or None if it is absent."""
+    try:
+        return version(package)
+    except PackageNotFoundError:
+        return None
+
+
+def _within(found: str, spec: str) -> bool:
+    """Whether version string `found` (a local tag like '+cpu' ignored) satisfies `spec`."""
+    try:
+        return Version(found) in SpecifierSet(spec)
+    except InvalidVersion:
+        return False
+
+
+def outside(packages: tuple[str, ...] = CHECKED_AT_RUN_TIME) -> dict[str, str | None]:
+    """The packages of `packages` that are missing (None) or installed outside `REQUIRED`, with their versions."""
+    found = {name: installed(name) for name in packages}
+    return {name: v for name, v in found.items() if v is None or not _within(v, REQUIRED[name])}
+
+
+def require_supported() -> None:
+    """Raise `UnsupportedVersionError` naming the installed and the supported versions if transformers or torch
+    is outside the declared range."""
+    wrong = outside()
+    if wrong:
+        found = "; ".join(f"{name} {v} is installed" if v else f"{name} is not installed" for name, v in wrong.items())
+        wanted = [f"{name}{REQUIRED[name]}" for name in wrong]
+        quoted = " ".join(f"'{w}'" for w in wanted)
+        raise UnsupportedVersionError(f"{found}; compressor supports {', '.join(wanted)} (pip install {quoted})")
+
+
+def versions_report(compressor_version: str) -> str:
+    """The lines `compressor --version` prints: compressor's version, then each library's installed version with
+    its supported range (flagged where outside it), then Python's."""
+    lines = [f"compressor {compressor_version}"]
+    for name, spec in REQUIRED.items():
+        found = installed(name)
+        flag = "" if found and _within(found, spec) else "  UNSUPPORTED"
+        lines.append(f"{name} {found or 'not installed'} (supported {spec}){flag}")
+    lines.append(f"python {platform.python_version()}")
+    return "\n".join(lines)
