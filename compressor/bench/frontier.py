@@ -14,8 +14,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from compressor.core.candidates import KINDS, ORIGINAL_NAME, SINGLE, CandidateName
-from compressor.core.runtimes import runtime as declared
+from compressor.core.candidates import KINDS, ORIGINAL_NAME, CandidateName
 
 ROLES = KINDS  # a point's role is its candidate's kind (`compressor.core.candidates`)
 
@@ -102,26 +101,6 @@ def pick(rows: list[dict], max_drop: float | None, batch: int | None = None, run
         if speed is not None and speed > best_speed:
             best, best_speed = row, speed
     return None if best is None else {**best, "speedup": best_speed, "batch": batch or best["batch"]}
-
-
-def single_run_points(report: dict) -> list[Point]:
-    """The points of a one-target run's bench (its candidates keep their single-run names), so `compressor pick`
-    and the frontier read any run."""
-    names = report.get("bench", {}).get("summary", {})
-    exported = report.get("export", {})
-    points = []
-    for name in names:
-        cid = CandidateName.parse(name)
-        if cid is None or cid.kind == "reference" or (cid.kind != "original" and cid.model != SINGLE):
-            continue
-        if cid.kind in ("original", "baseline"):
-            points.append(Point.of(cid, None))
-        elif cid.runtime == "pytorch":
-            points.append(Point.of(cid, report.get("pruned", {}).get("model_dir")))
-        elif declared(cid.runtime).variant in exported:
-            info = exported[declared(cid.runtime).variant]
-            points.append(Point.of(cid, info.get("dir"), info.get("status") == "rejected"))
-    return points
 
 
 def relative_to_run(rows: list[dict], root: str | Path) -> list[dict]:

@@ -1,13 +1,16 @@
-"""A model family: one run, several targets (`prune.budget.values`), one model saved at each.
+"""A run's members: the model saved at each target (`prune.budget.values`), one for a one-target run.
 
-The pruning loop passes through every target in order (`Budget.closing` marks the step that reaches each one) and
-`StepCheckpoints` keeps that step's weights. After the loop, each member runs the single-run stages that make a
-shippable model (surgery + save, layer-drop baseline at its FLOPs, ONNX export with the int8 gate, model card)
-under `<output_dir>/members/<label>/`, and `member.json` is written last: a resumed run keeps every member that has
-one and redoes only the rest. Then one benchmark times every member and runtime beside the original, the original's
-own ONNX exports (the "just quantize" alternative) and each layer-drop baseline, on the same interleaved rounds, and
-`compressor.bench.frontier` turns it into the speed/quality frontier the report, `report.json` and `compressor pick`
-share.
+Every run is a family: a one-target run is a family of one member, labelled `SINGLE` ("pruned"), made in the run
+directory itself (`model/`, `onnx/`) so its layout and report keys stay as they always were; a family's members
+live under `<output_dir>/members/<label>/`. The pruning loop passes through every target in order
+(`Budget.closing` marks the step that reaches each one) and `StepCheckpoints` keeps that step's weights. After the
+loop, each member runs the stages that make a shippable model (surgery + save, layer-drop baseline at its FLOPs,
+ONNX export with the int8 gate, model card), and `member.json` is written last: a resumed run keeps every member
+that has one and redoes only the rest. Then one benchmark times every member and runtime beside the original (and
+the original's ONNX exports: every exported variant for a family, the budget's runtime for one target) and each
+layer-drop baseline, on the same interleaved rounds; `compressor.bench.frontier` turns it into the speed/quality
+frontier the report, `report.json` and `compressor pick` share, and each member's budget check reads the speed-up
+the bench measured.
 """
 
 from __future__ import annotations
@@ -25,8 +28,8 @@ from compressor.bench.baseline import Baseline
 from compressor.bench.candidates import as_sdpa
 from compressor.bench.frontier import Point, frontier, pick, relative_to_run
 from compressor.core import atomic
-from compressor.core.candidates import ORIGINAL_NAME, CandidateName, name_of
-from compressor.core.runtimes import for_variant
+from compressor.core.candidates import ORIGINAL_NAME, SINGLE, CandidateName, name_of
+from compressor.core.runtimes import for_variant, runtime
 from compressor.pipeline.stages import (
     STAGES,
     RunState,
@@ -45,31 +48,51 @@ from compressor.surgery.checkpoint import load_pruned, save_pruned
 log = logging.getLogger("compressor")
 MEMBER_FILE = "member.json"  # written last in a member's directory: its presence means the member is complete
 MEMBERS_DIR = "members"
-MEMBER_STAGES = ("pruned", "baseline", "export", "model_card")  # what makes one member shippable
+MEMBER_STAGES = tuple(stage.name for stage in STAGES)  # what makes one member shippable
 BASELINE_DIR = "layer_drop"  # the member's layer-drop baseline, saved so a resumed run can still benchmark it
+MEMBER_OUTPUTS = ("model", "onnx", BASELINE_DIR, MEMBER_FILE)  # everything a member writes in its directory
+
+
+def members(run: RunState) -> list[Member]:
+    """The run's members: each target's step for a family; for one target, the model the loop ended with (after
+    any top-up step), so a one-target run ships what it always shipped."""
+    result, budget = run.result, run.recipe.prune.resolved_budget
+    if budget.is_family:
+        return result.members
+    return [Member(budget.value, len(result.records), result.masks)]
 
 
 def member_label(budget: BudgetSpec, target: float) -> str:
-    """A member's directory name: '2x', '1.5x' (speed-up), '50pct' (a fraction of heads or FLOPs)."""
+    """A member's name: '2x', '1.5x' (speed-up), '50pct' (a fraction of heads or FLOPs); `SINGLE` ("pruned") for
+    the one member of a one-target run."""
+    if not budget.is_family:
+        return SINGLE
     if budget.kind == "speedup":
         return f"{target:g}x"
     return f"{100 * target:g}pct"
+
+
+def member_dir(run: RunState, label: str) -> Path:
+    """Where a member is made: the run directory itself for a one-target run, else `members/<label>/`."""
+    return run.out if label == SINGLE else run.out / MEMBERS_DIR / label
 
 
 def member_state(run: RunState, member: Member) -> RunState:
     """The run state one member's stages see: the member's masks, its step's weights and step log, its own
     directory and report (the original's figures copied in, as the stages read them)."""
     result = run.result
-    sub = PruneResult(
-        model=result.member_model(member),
-        masks=member.masks,
-        plan=mask_to_plan(member.masks.heads),
-        records=result.records[: member.step],
-    )
+    sub = result
+    if member.step != len(result.records) or member.masks is not result.masks:
+        sub = PruneResult(
+            model=result.member_model(member),
+            masks=member.masks,
+            plan=mask_to_plan(member.masks.heads),
+            records=result.records[: member.step],
+        )
     label = member_label(run.recipe.prune.resolved_budget, member.target)
     return dataclasses.replace(
         run,
-        out=run.out / MEMBERS_DIR / label,
+        out=member_dir(run, label),
         result=sub,
         report={"original": copy.deepcopy(run.report["original"])},
         pruned=None,
@@ -95,21 +118,31 @@ def saved_baseline(section: dict) -> Baseline | None:
     return Baseline(model, base["layers_dropped"], {k: v for k, v in base.items() if k != "model_dir"})
 
 
+def _clear(out: Path) -> None:
+    """Remove what an earlier, unfinished try of a member wrote (`MEMBER_OUTPUTS`), so it is redone whole; the rest
+    of the directory stays (a one-target run's member is made in the run directory itself)."""
+    for name in MEMBER_OUTPUTS:
+        path = out / name
+        if path.is_dir():
+            shutil.rmtree(path)
+        elif path.exists():
+            path.unlink()
+    out.mkdir(parents=True, exist_ok=True)
+
+
 def run_member(state: RunState, member: Member, make_baseline: Callable[[RunState], Baseline] | None) -> dict:
-    """Make one member shippable in `state.out` (a fresh directory) and return its report section; `member.json` is
-    written last. Every process takes part in the baseline's fine-tune; only the main one writes."""
+    """Make one member shippable in `state.out` and return its report section; `member.json` is written last.
+    Every process takes part in the baseline's fine-tune; only the main one writes."""
     if make_baseline is not None:
         with state.timed("layer-drop baseline: fine-tune"):
             state.baseline = make_baseline(state)
     if not state.main:
         return {}
-    shutil.rmtree(state.out, ignore_errors=True)  # an earlier try's unfinished member: redone whole
-    state.out.mkdir(parents=True)
-    stages = tuple(s for s in STAGES if s.name in MEMBER_STAGES)
-    run_stages(state, stages)
+    _clear(state.out)
+    run_stages(state, STAGES)
     section = {
         "target": member.target,
-        "label": state.out.name,
+        "label": member_label(state.recipe.prune.resolved_budget, member.target),
         "step": member.step,
         **{name: state.report[name] for name in MEMBER_STAGES if name in state.report},
     }
@@ -121,20 +154,33 @@ def run_member(state: RunState, member: Member, make_baseline: Callable[[RunStat
     return section
 
 
-def family_bench(run: RunState, members: list[dict]) -> tuple[dict, list[Point]]:
-    """One benchmark of the original (PyTorch and each exported variant), every member on every runtime, and each
-    member's layer-drop baseline; returns the bench result and the frontier's point descriptions."""
+def original_variants(run: RunState) -> list[str]:
+    """The export variants of the original the bench times: for a family every exported variant (the "just
+    quantize" alternative beside every member); for one target, that of a speed-up budget's exported runtime only
+    (its speed-up is measured against the original on that runtime)."""
+    recipe = run.recipe
+    budget = recipe.prune.resolved_budget
+    if not recipe.export.enabled:
+        return []
+    if budget.is_family:
+        return list(recipe.export.variants)
+    variant = runtime(budget.runtime).variant if budget.kind == "speedup" else None
+    return [variant] if variant is not None else []
+
+
+def run_bench(run: RunState, sections: list[dict]) -> tuple[dict, list[Point]]:
+    """One benchmark of the original (PyTorch and its exports, `original_variants`), every member on every runtime,
+    and each member's layer-drop baseline; returns the bench result and the frontier's point descriptions."""
     spec = bench_spec_for(run.recipe)
     seq = spec.seq_lens
     original = bench.runtime_candidate(ORIGINAL_NAME, "pytorch", as_sdpa(run.original), seq)
     candidates, points = [original], [Point.of(CandidateName.original(), None)]
-    variants = with_quantize_only(run.recipe, run.recipe.export.variants if run.recipe.export.enabled else [])
-    for variant, info in export_original(run, variants).items():
+    for m in sections:
+        candidates += _member_candidates(m, spec, points)
+    for variant, info in export_original(run, with_quantize_only(run.recipe, original_variants(run))).items():
         cid = CandidateName.original(for_variant(variant).name)
         candidates.append(bench.runtime_candidate(cid.name, cid.runtime, info["dir"], seq, spec.threads, original))
         points.append(Point.of(cid, None))
-    for m in members:
-        candidates += _member_candidates(m, spec, points)
     test = run.splits["test"]
     batches = sample_batches(test, run.tokenizer, spec.eval_examples or len(test), 32, seed=0)
     result = bench.bench(candidates, batches, spec, run.out / "bench", reference=ORIGINAL_NAME)
@@ -142,21 +188,21 @@ def family_bench(run: RunState, members: list[dict]) -> tuple[dict, list[Point]]
 
 
 def _member_candidates(member: dict, spec, points: list[Point]) -> list:
-    """A member's candidates (PyTorch, each ONNX variant, its layer-drop baseline) and their frontier points."""
+    """A member's candidates (PyTorch, its layer-drop baseline, each ONNX variant) and their frontier points."""
     label, model_dir = member["label"], Path(member["pruned"]["model_dir"])
     cid = CandidateName(label, "member")
     pruned = bench.runtime_candidate(cid.name, cid.runtime, model_dir, spec.seq_lens)
     out = [pruned]
     points.append(Point.of(cid, str(model_dir)))
-    for variant, info in member.get("export", {}).items():
-        cid = CandidateName(label, "member", for_variant(variant).name)
-        out.append(bench.runtime_candidate(cid.name, cid.runtime, info["dir"], spec.seq_lens, spec.threads, pruned))
-        points.append(Point.of(cid, info["dir"], rejected=info.get("status") == "rejected"))
     if "baseline" in member:
         cid = CandidateName(label, "baseline")
         base_dir = Path(member["baseline"]["model_dir"])
         out.append(bench.runtime_candidate(cid.name, cid.runtime, base_dir, spec.seq_lens))
         points.append(Point.of(cid, str(base_dir)))
+    for variant, info in member.get("export", {}).items():
+        cid = CandidateName(label, "member", for_variant(variant).name)
+        out.append(bench.runtime_candidate(cid.name, cid.runtime, info["dir"], spec.seq_lens, spec.threads, pruned))
+        points.append(Point.of(cid, info["dir"], rejected=info.get("status") == "rejected"))
     return out
 
 
@@ -170,18 +216,45 @@ def member_budget(budget: BudgetSpec, member: dict, speedups: dict) -> dict:
     return out | measured_speedup(speedups, name, budget, member["target"])
 
 
-def family_report(run: RunState, members: list[dict]) -> dict:
-    """The family's bench, each member's budget check, the frontier and the pick at `bench.max_drop`."""
+def run_budget(run: RunState, member: dict) -> dict:
+    """A one-target run's budget section: the budget asked, what the run reached (heads, steps) and, for a speed-up
+    budget, the latency table's prediction and the last step's own check beside the member's check
+    (`member_budget`: the speed-up the bench measured, against the original on the same runtime)."""
+    budget, steps = run.recipe.prune.resolved_budget, run.result.steps
+    out = {**budget.model_dump(mode="json"), "heads_left": member["pruned"]["heads_left"], "steps_run": len(steps)}
+    if budget.kind == "speedup":
+        out["predicted_speedup"] = steps[-1].get("predicted_speedup") if steps else None
+        out["measured_in_run"] = steps[-1].get("measured_speedup") if steps else None  # the last step's own check
+    return out | member["budget"]
+
+
+def run_report(run: RunState, sections: list[dict]) -> dict:
+    """The report sections after the members: one bench of them all, each member's budget check, the frontier
+    and (a family) the pick at `bench.max_drop`. A family's go under `family`; a one-target run's member sections
+    stay at the top (`pruned`, `baseline`, `export`, `model_card`, `budget`, `frontier`), as its report always had
+    them."""
     budget = run.recipe.prune.resolved_budget
-    result, points = family_bench(run, members) if run.recipe.bench.enabled else ({}, [])
-    for m in members:
+    with run.timed("family bench" if budget.is_family else "bench"):
+        result, points = run_bench(run, sections) if run.recipe.bench.enabled else ({}, [])
+    for m in sections:
         m["budget"] = member_budget(budget, m, result.get("speedups", {}))
-    section = {"targets": budget.targets, "kind": budget.kind, "runtime": budget.runtime, "members": members}
-    if result:
-        batch = budget.batch_size if budget.kind == "speedup" else None
-        table = frontier(result["summary"], points, batch, run.recipe.prune.resolved_recovery)
-        max_drop = result["max_drop"]
-        relative_to_run(table, run.out)
-        section["frontier"] = table
-        section["pick"] = pick(table, None if max_drop is None else 100 * max_drop, batch)
-    return {"bench": result, "family": section} if result else {"family": section}
+    recovery = run.recipe.prune.resolved_recovery
+    rows = relative_to_run(frontier(result["summary"], points, _batch(budget), recovery), run.out) if result else None
+    if budget.is_family:
+        section = {"targets": budget.targets, "kind": budget.kind, "runtime": budget.runtime, "members": sections}
+        if result:
+            max_drop = result["max_drop"]
+            section["frontier"] = rows
+            section["pick"] = pick(rows, None if max_drop is None else 100 * max_drop, _batch(budget))
+        return {"bench": result, "family": section} if result else {"family": section}
+    (member,) = sections
+    out = {name: member[name] for name in MEMBER_STAGES if name in member}
+    out |= {"bench": result} if result else {}
+    with run.timed("budget check"):
+        out["budget"] = run_budget(run, member)
+    return out | ({"frontier": rows} if result else {})
+
+
+def _batch(budget: BudgetSpec) -> int | None:
+    """The batch size the frontier compares speed at: a speed-up budget's, else each candidate's headline."""
+    return budget.batch_size if budget.kind == "speedup" else None

@@ -1,8 +1,9 @@
 """`compressor run`: sequencing, resume and preflight; the only module that knows the whole order of stages.
 
 preflight → sources → base fine-tune (cached) → `recovery.loop.prune` (loop {score → select → mask → fine-tune},
-each step checkpointed by `StepCheckpoints` under `<output_dir>/state/`) → `stages.run_stages` (surgery + save →
-layer-drop baseline → export → model card → bench → budget → analysis) → report. A killed run resumes from its last
+each step checkpointed by `StepCheckpoints` under `<output_dir>/state/`) → for each member (`family`: one for a
+one-target run) `stages.run_stages` (surgery + save → layer-drop baseline → export → model card) → one bench of
+every member → budget check and frontier → analysis → report. A killed run resumes from its last
 finished step and ends exactly where an uninterrupted run would (CPU, seeded). Only the main process writes; under
 `accelerate launch` the others train, score and wait.
 """
@@ -25,9 +26,10 @@ from accelerate.utils import InitProcessGroupKwargs, set_seed
 
 from compressor.bench.baseline import Baseline, baseline_examples, layer_drop_baseline
 from compressor.core import atomic, outdir
+from compressor.core.candidates import SINGLE
 from compressor.core.errors import UserError
 from compressor.core.machine import cache_root
-from compressor.pipeline.stages import RunState, run_stages
+from compressor.pipeline.stages import RunState
 from compressor.pruning.budget import check_budget, max_steps
 from compressor.pruning.selection import check_against_model
 from compressor.recipe import Recipe, RecipeError, dump_recipe, parse_recipe
@@ -37,8 +39,7 @@ from compressor.recovery.evaluate import evaluate
 from compressor.recovery.loop import prune
 from compressor.recovery.rescale import post_training_sample, recovery_summary
 from compressor.recovery.train import train
-from compressor.report.family import write_family_report
-from compressor.report.summary import write_run_report
+from compressor.report.writer import write_report
 from compressor.sources import TaskData, load_model, load_task_data, load_tokenizer
 from compressor.sources.batches import tokenize
 from compressor.sources.builtins import BUILTINS
@@ -193,7 +194,7 @@ def run_recipe(recipe: Recipe, force: bool = False, accelerator: Accelerator | N
     """Execute the whole recipe; returns the report dict (also written to `<output_dir>/report.json`).
 
     The order: preflight → sources → base model → `recovery.loop.prune` (checkpointed by `StepCheckpoints`) →
-    `stages.run_stages` (surgery + save, layer-drop baseline, export, model card, bench, budget, analysis) → report;
+    each member's stages (surgery + save, layer-drop baseline, export, model card) → bench → budget → analysis → report;
     the wall time of each phase goes into the report (`timings`).
     """
     t0 = time.perf_counter()
@@ -225,22 +226,27 @@ def run_recipe(recipe: Recipe, force: bool = False, accelerator: Accelerator | N
             accelerator=accelerator, hook=hook, teacher=teacher,
         )  # fmt: skip
     run.result.model.cpu()
-    if recipe.prune.resolved_budget.is_family:
-        return _finish_family(run, start, teacher, base_info, original, t0)
-    if recipe.prune.baseline == "layer_drop":
-        with run.timed("layer-drop baseline: fine-tune"):
-            run.baseline = _baseline(run, start, teacher)
-    if not run.main:
-        accelerator.wait_for_everyone()
-        return {}
+    return _finish(run, start, teacher, base_info, original, t0)
+
+
+def _finish(
+    run: RunState, start: torch.nn.Module, teacher: TeacherTargets | None, base_info: dict, original: dict, t0: float
+) -> dict:
+    """After the loop: make each member shippable (`family.run_member`; one member for a one-target run), then one
+    bench of them all, the budget check and frontier (`family.run_report`), the analysis, the report and, last and
+    atomically, the done marker; release the run directory. Returns the report."""
+    from compressor.pipeline import family
+    from compressor.pipeline.stages import analysis_stage
+
     run.report = _report_head(run, base_info, original)
-    run_stages(run)
-    return _finish(run, t0, write_run_report)
-
-
-def _finish(run: RunState, t0: float, write_report) -> dict:
-    """Write the report (`write_report(report, out)`) and, last and atomically, the done marker; release the run
-    directory. Returns the report."""
+    sections = _make_members(run, start, teacher)
+    if not run.main:
+        run.accelerator.wait_for_everyone()
+        return {}
+    run.report |= family.run_report(run, sections)
+    if run.recipe.analysis.enabled:
+        with run.timed("analysis"):
+            run.report["analysis"] = analysis_stage(run)
     run.report["seconds"] = time.perf_counter() - t0
     run.report["timings"] = run.timings
     write_report(run.report, run.out)
@@ -251,42 +257,32 @@ def _finish(run: RunState, t0: float, write_report) -> dict:
     return run.report
 
 
-def _finish_family(
-    run: RunState, start: torch.nn.Module, teacher: TeacherTargets | None, base_info: dict, original: dict, t0: float
-) -> dict:
-    """After the loop of a family run: make each member shippable (`family.run_member`, skipping members an earlier
-    try finished), then one bench of them all, the frontier and the report."""
+def _make_members(run: RunState, start: torch.nn.Module, teacher: TeacherTargets | None) -> list[dict]:
+    """Each member's report section, ascending: kept from an earlier try when it finished (`member.json`), else
+    made now (`family.run_member`; its stage times join the run's, prefixed with the member's label in a family).
+    Empty on processes other than the main one."""
     from compressor.pipeline import family
-    from compressor.pipeline.stages import analysis_stage
 
-    recipe, accelerator = run.recipe, run.accelerator
-    run.report = _report_head(run, base_info, original)
     sections, previous, steps_before = [], None, 0
-    for index, member in enumerate(run.result.members):
-        member_dir = run.out / family.MEMBERS_DIR / family.member_label(recipe.prune.resolved_budget, member.target)
-        if (done := family.completed(member_dir)) is not None:
-            log.info("member %s: kept from an earlier try (%s)", member_dir.name, member_dir)
+    for index, member in enumerate(family.members(run)):
+        label = family.member_label(run.recipe.prune.resolved_budget, member.target)
+        if (done := family.completed(family.member_dir(run, label))) is not None:
+            log.info("member %s: kept from an earlier try (%s)", label, family.member_dir(run, label))
             sections.append(done)
             previous, steps_before = family.saved_baseline(done), member.step
             continue
         state = family.member_state(run, member)
         make_baseline = None
-        if recipe.prune.baseline:  # the family's baselines are one layer-dropped model trained on, like its members
+        if run.recipe.prune.baseline:  # the family's baselines are one layer-dropped model trained on, like its members
             make_baseline = partial(_baseline, original=start, teacher=teacher, previous=previous,
                                     steps_before=steps_before, index=index)  # fmt: skip
-        sections.append(family.run_member(state, member, make_baseline))
-        run.timings |= {f"member {state.out.name}: {k}": v for k, v in state.timings.items()}
+        section = family.run_member(state, member, make_baseline)
+        sections += [section] if run.main else []
+        prefix = "" if label == SINGLE else f"member {label}: "
+        run.timings |= {f"{prefix}{k}": v for k, v in state.timings.items()}
         previous, steps_before = state.baseline, member.step
-        accelerator.wait_for_everyone()
-    if not run.main:
-        accelerator.wait_for_everyone()
-        return {}
-    with run.timed("family bench"):
-        run.report |= family.family_report(run, sections)
-    if recipe.analysis.enabled:
-        with run.timed("analysis"):
-            run.report["analysis"] = analysis_stage(run)
-    return _finish(run, t0, write_family_report)
+        run.accelerator.wait_for_everyone()
+    return sections
 
 
 def _teacher(run: RunState, model: torch.nn.Module) -> TeacherTargets | None:

@@ -1,9 +1,10 @@
-"""The stages after pruning, as one typed sequence over a typed run state.
+"""The stages that make one member shippable, as one typed sequence over a typed run state; and the run-level
+pieces the bench and the analysis use (the original's exports, the bench settings, the measured speed-up).
 
-`runner.run_recipe` builds a `RunState` (sources, base model, the API's `PruneResult`) and calls `run_stages`,
-which runs `STAGES` in order: surgery + save → layer-drop baseline → export → model card → bench → budget →
-analysis. Each
-stage reads the state, may add to it (the saved model directory, the exports) and returns its section of the report.
+`runner.run_recipe` builds a `RunState` (sources, base model, the API's `PruneResult`); for each member
+(`pipeline.family`: one for a one-target run) `run_stages` runs `STAGES` in order: surgery + save → layer-drop
+baseline → export → model card. Each stage reads the state, may add to it (the saved model directory, the exports)
+and returns its section of the report. The bench, the budget check and the analysis then run once for the run.
 """
 
 from __future__ import annotations
@@ -23,8 +24,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from compressor.bench.baseline import Baseline
-from compressor.bench.candidates import as_sdpa
-from compressor.core.candidates import ORIGINAL, ORIGINAL_NAME, SINGLE, CandidateName, name_of
+from compressor.core.candidates import ORIGINAL, ORIGINAL_NAME, name_of
 from compressor.core.runtimes import for_variant, runtime
 from compressor.pruning.masking import gated
 from compressor.recipe import BenchSpec, Recipe
@@ -37,7 +37,6 @@ from compressor.surgery.checkpoint import save_pruned
 from compressor.surgery.cost import model_stats
 
 if TYPE_CHECKING:
-    from compressor.bench.candidates import Candidate
     from compressor.deploy.quantize import Int8Options
 
 log = logging.getLogger("compressor")
@@ -187,44 +186,6 @@ def export_stage(state: RunState) -> dict:
     return state.exported
 
 
-def bench_stage(state: RunState) -> dict:
-    """Quality and throughput of the original, the saved pruned model and its ONNX exports."""
-    from compressor import bench
-
-    spec = bench_spec_for(state.recipe)
-    seq = spec.seq_lens
-    pruned = bench.runtime_candidate(name_of(SINGLE, "member"), "pytorch", state.model_dir, seq)
-    original = bench.runtime_candidate(ORIGINAL_NAME, "pytorch", as_sdpa(state.original), seq)
-    candidates = [original, pruned]
-    if state.baseline is not None:
-        name = name_of(SINGLE, "baseline")
-        candidates.append(bench.runtime_candidate(name, "pytorch", as_sdpa(state.baseline.model), seq))
-    for variant, info in state.exported.items():
-        cid = CandidateName(SINGLE, "member", for_variant(variant).name)
-        candidates.append(bench.runtime_candidate(cid.name, cid.runtime, info["dir"], seq, spec.threads, pruned))
-    candidates += _original_onnx(state, spec.threads, original)
-    test = state.splits["test"]
-    batches = sample_batches(test, state.tokenizer, spec.eval_examples or len(test), 32, seed=0)
-    result = bench.bench(candidates, batches, spec, state.out / "bench", reference=ORIGINAL_NAME)
-    return {**result, "max_drop": spec.max_drop}  # the recommendation's quality gate, kept beside the figures
-
-
-def _original_onnx(state: RunState, threads: int | None, original: Candidate | None) -> list:
-    """The original on the exported runtimes it is measured on: a speed-up budget's (so the asked speed-up can be
-    measured against the original on the same runtime) and `bench.quantize_only`'s (quantizing instead of pruning),
-    exported under `onnx-original/` (`export_original`); one not built (OpenVINO absent) is left out."""
-    from compressor import bench
-
-    budget = state.recipe.prune.budget
-    budget_variant = runtime(budget.runtime).variant if budget is not None and budget.kind == "speedup" else None
-    out = export_original(state, with_quantize_only(state.recipe, [budget_variant] if budget_variant else []))
-    return [
-        bench.runtime_candidate(name_of(ORIGINAL, "original", rt.name), rt.name, out[v]["dir"], None, threads, original)
-        for v in out
-        for rt in [for_variant(v)]
-    ]
-
-
 def with_quantize_only(recipe: Recipe, variants: list[str]) -> list[str]:
     """The original's export `variants` plus those of the `bench.quantize_only` runtimes (when export is enabled):
     the original quantized, the alternative to pruning that every frontier shows."""
@@ -276,22 +237,6 @@ def bench_spec_for(recipe: Recipe) -> BenchSpec:
     lengths = [budget.seq_len] + [s for s in spec.seq_lens if s != budget.seq_len]
     batches = spec.batch_sizes + [b for b in [budget.batch_size] if b not in spec.batch_sizes]
     return spec.model_copy(update={"seq_lens": lengths, "batch_sizes": batches})
-
-
-def budget_stage(state: RunState) -> dict:
-    """The budget asked, what the run reached (FLOPs, heads) and, for a speed-up budget, the latency table's
-    prediction beside the speed-up measured by this run's own bench at the budget's batch size and length, against
-    the original on the same runtime (`measured_vs`: the PyTorch original, or the original's ONNX export)."""
-    budget, pruned = state.recipe.prune.resolved_budget, state.report["pruned"]
-    out = {**budget.model_dump(mode="json"), "flop_ratio": pruned["flop_ratio"], "heads_left": pruned["heads_left"]}
-    steps = state.result.steps if state.result is not None else []
-    out["steps_run"] = len(steps)
-    if budget.kind != "speedup":
-        return out
-    out["predicted_speedup"] = steps[-1].get("predicted_speedup") if steps else None
-    out["measured_in_run"] = steps[-1].get("measured_speedup") if steps else None  # the last step's own check
-    speedups = state.report.get("bench", {}).get("speedups", {})
-    return out | measured_speedup(speedups, name_of(SINGLE, "member", budget.runtime), budget, budget.value)
 
 
 def measured_speedup(speedups: dict, candidate: str, budget, target: float) -> dict:
@@ -371,14 +316,11 @@ def _finite_or_nan(scores: torch.Tensor) -> torch.Tensor:
     return scores.float().masked_fill(torch.isneginf(scores), float("nan"))
 
 
-STAGES: tuple[Stage, ...] = (
+STAGES: tuple[Stage, ...] = (  # what makes one member shippable; the run's bench and budget follow in `family`
     Stage("pruned", save_stage, label="surgery + save"),
     Stage("baseline", baseline_stage, lambda recipe: recipe.prune.baseline is not None),
     Stage("export", export_stage, lambda recipe: recipe.export.enabled),
     Stage("model_card", card_stage, label="model card"),
-    Stage("bench", bench_stage, lambda recipe: recipe.bench.enabled),
-    Stage("budget", budget_stage, label="budget check"),
-    Stage("analysis", analysis_stage, lambda recipe: recipe.analysis.enabled),
 )
 
 

@@ -6,11 +6,7 @@ Written from the same dict as `report.json`; the recommendation is `bench.fronti
 
 from __future__ import annotations
 
-from pathlib import Path
-
-from compressor.bench.plots import plot_frontier
 from compressor.bench.render import cpu_line, int8_mark
-from compressor.core import atomic
 from compressor.report.summary import _pct, _steps_table, _timings_table, _x, distillation, recovery_lines
 
 FRONTIER_PNG = "frontier.png"
@@ -124,16 +120,3 @@ def render_family(report: dict) -> str:
     if report.get("timings"):
         lines += ["## Where the time went", "", *_timings_table(report["timings"], report.get("seconds")), ""]
     return "\n".join(lines)
-
-
-def write_family_report(report: dict, out: Path) -> Path:
-    """Write report.md (and the frontier chart) of a family run; fills `report["distillation"]` and
-    `report["recommendation"]` (the pick) for report.json."""
-    section = report["family"]
-    report.setdefault("distillation", distillation(report))
-    report.setdefault("recommendation", section.get("pick"))
-    if section.get("frontier"):
-        plot_frontier(section["frontier"], Path(out) / FRONTIER_PNG)
-    path = Path(out) / "report.md"
-    atomic.write_text(path, render_family(report))
-    return path

@@ -3,11 +3,8 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
-from compressor.bench.frontier import frontier, relative_to_run, single_run_points
 from compressor.bench.render import cpu_line, int8_mark
-from compressor.core import atomic
 from compressor.core.candidates import ORIGINAL_NAME, SINGLE, CandidateName, name_of
 from compressor.core.runtimes import for_variant, runtime
 from compressor.deploy.quantize import smoothing_note
@@ -69,11 +66,6 @@ def distillation(report: dict) -> dict | None:
     """The distillation settings the recovery fine-tuning used (None when it was off or nothing was fine-tuned)."""
     used = [s["finetune"]["distill"] for s in report.get("steps", []) if s.get("finetune", {}).get("distill")]
     return used[0] if used else None
-
-
-def recovery_mode(report: dict) -> str | None:
-    """The run's recovery mode (`report["recovery"]["mode"]`), None for reports written before it was recorded."""
-    return report.get("recovery", {}).get("mode")
 
 
 def recovery_lines(report: dict) -> list[str]:
@@ -404,17 +396,3 @@ def _timings_table(timings: dict[str, float], total: float | None) -> list[str]:
     lines = ["| phase | seconds | share |", "|---|---:|---:|"]
     lines += [f"| {name} | {sec:.0f} | {100 * sec / total:.0f}% |" for name, sec in timings.items()]
     return lines
-
-
-def write_run_report(report: dict, out: Path) -> Path:
-    """Write report.md; also fills `report["distillation"]` and `report["recommendation"]` for report.json."""
-    report.setdefault("distillation", distillation(report))
-    report.setdefault("recommendation", recommendation(report))
-    if report.get("bench", {}).get("summary"):  # the same frontier a family run has, so `compressor pick` reads both
-        budget = report.get("budget", {})
-        batch = budget.get("batch_size") if budget.get("kind") == "speedup" else None
-        rows = frontier(report["bench"]["summary"], single_run_points(report), batch, recovery_mode(report))
-        report.setdefault("frontier", relative_to_run(rows, out))
-    path = Path(out) / "report.md"
-    atomic.write_text(path, render(report))
-    return path
