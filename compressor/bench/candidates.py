@@ -6,7 +6,6 @@ measuring code never knows which runtime it times.
 
 from __future__ import annotations
 
-import copy
 import inspect
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -20,17 +19,11 @@ from torch import nn
 
 from compressor.core.errors import UserError
 from compressor.core.timing import ORT_DEFAULT_NOTE, ort_default_threads
-from compressor.pruning.units import apply_unit_plan
+from compressor.pruning.deployed import as_deployed
 from compressor.sources.batches import input_keys
-from compressor.surgery.arch import (
-    original_ffn_size,
-    original_num_heads,
-    pruned_heads,
-    pruned_neurons,
-    removed_layers,
-)
 
 Batch = dict[str, torch.Tensor]
+as_sdpa = as_deployed  # the model as deployed (SDPA), for timing; kept under its public name
 
 
 @dataclass
@@ -203,24 +196,3 @@ def runtime_candidate(
     engine = declared(runtime, "bench runtime").engine
     built = source if isinstance(source, nn.Module) else Path(source)
     return CANDIDATE_BUILDERS[engine](name, built, seq_lens, threads, like)
-
-
-def as_sdpa(model: nn.Module) -> nn.Module:
-    """A copy of an eager-attention model (pruned or not) using SDPA (what users deploy), for fair timing.
-
-    transformers builds the attention modules of these architectures at construction time, so the copy is rebuilt
-    from the config (eager where SDPA is unsupported), pruned the same way and given the same weights, in memory.
-    """
-    from compressor.surgery.checkpoint import _build as build_classifier  # eager where the family has no SDPA
-    from compressor.surgery.checkpoint import _original_shape
-
-    config = copy.deepcopy(model.config)
-    _original_shape(config, original_ffn_size(model))  # the unpruned shape the plan is replayed on
-    fast = build_classifier(config, "sdpa", next(model.parameters()).dtype)
-    plan = {"heads": pruned_heads(model), "neurons": pruned_neurons(model)}
-    for layer in removed_layers(model):  # removed whole: every head and neuron of the layer
-        plan["heads"][layer] = list(range(original_num_heads(model)))
-        plan["neurons"][layer] = list(range(original_ffn_size(model)))
-    apply_unit_plan(fast, plan)
-    fast.load_state_dict(model.state_dict())
-    return fast.eval()

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
 
 from compressor.bench.candidates import Batch, Candidate, check_names, lengths_of
 from compressor.core.errors import UserError
-from compressor.core.timing import ORT_DEFAULT_NOTE, ort_default_threads, set_threads, time_call
+from compressor.core.timing import ORT_DEFAULT_NOTE, ort_default_threads, set_threads, timed_rounds
 
 LAYOUT = "throughput[variant][seq_len][batch_size], speedups[variant][seq_len][batch_size]"
 
@@ -75,7 +75,7 @@ def measure_throughput(
     seed: int = 0,
     min_calls: int = 3,
 ) -> dict:
-    """Interleaved timing of every candidate at every (sequence length, batch size).
+    """Interleaved timing of every candidate at every (sequence length, batch size), by `core.timing.timed_rounds`.
 
     After `warmup` calls per candidate and shape, each round visits every sequence length, inside it every batch
     size, and inside that every candidate (order rotated each round) for at least `min_time_s` and `min_calls`
@@ -91,35 +91,27 @@ def measure_throughput(
     vocab = min([c.vocab_size for c in candidates if c.vocab_size] or [100])
     shapes = [(s, b) for s in lengths for b in batch_sizes]
     inputs = {(s, b): synthetic_batch(b, s, vocab, seed + b + 1000 * (s - lengths[0])) for s, b in shapes}
-    per_round = {c.name: {shape: [] for shape in shapes} for c in candidates}
-    memory: dict[str, dict[tuple[int, int], list[int | None]]] = {c.name: {sh: [] for sh in shapes} for c in candidates}
-    for shape in shapes:
-        for c in candidates:
-            for _ in range(warmup):
-                c.predict(inputs[shape])
-    order = list(candidates)
-    for r in tqdm(range(rounds), desc="bench rounds", leave=False):
-        rotated = order[r % len(order) :] + order[: r % len(order)]
-        for shape in shapes:
-            for c in rotated:
-                timed: list[float] = []
+    memory: dict[tuple[str, tuple[int, int]], list[int | None]] = {}
 
-                def run(c=c, shape=shape, timed=timed) -> None:
-                    timed.append(time_call(lambda: c.predict(inputs[shape]), min_time_s, min_calls)[0])
+    def with_memory(key: tuple[str, tuple[int, int]], measure: Callable[[], float]) -> float:
+        timed: list[float] = []
+        memory.setdefault(key, []).append(peak_rss_delta(lambda: timed.append(measure())))
+        return timed[0]
 
-                memory[c.name][shape].append(peak_rss_delta(run))
-                per_round[c.name][shape].append(timed[0])
+    calls = {(c.name, shape): partial(c.predict, inputs[shape]) for shape in shapes for c in candidates}
+    groups = [[(c.name, shape) for c in candidates] for shape in shapes]  # every shape's candidates, rotated
+    secs = timed_rounds(calls, rounds, min_time_s, min_calls, warmup, groups, with_memory, desc="bench rounds")
     results: dict[str, dict[str, dict[str, dict]]] = {}
     for c in candidates:
         results[c.name] = {str(s): {} for s in lengths}
         for s, b in shapes:
-            secs = per_round[c.name][(s, b)]
-            mem = memory[c.name][(s, b)]
+            mem = memory[(c.name, (s, b))]
             known = [m for m in mem if m is not None]
+            times = secs[(c.name, (s, b))]
             results[c.name][str(s)][str(b)] = {
-                "seconds_per_round": secs,
-                "ms_per_batch": _spread([1000 * x for x in secs]),
-                "examples_per_s": _spread([b / x for x in secs]),
+                "seconds_per_round": times,
+                "ms_per_batch": _spread([1000 * x for x in times]),
+                "examples_per_s": _spread([b / x for x in times]),
                 "peak_rss_delta_bytes": int(np.median(known)) if known else None,
                 "peak_rss_delta_bytes_per_round": mem,
             }

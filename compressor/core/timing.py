@@ -1,15 +1,19 @@
-"""Timing primitives shared by the latency tables (pruning) and the benchmark: intra-op threads and a
-call timed to a minimum duration; ONNX Runtime's default thread count.
+"""Timing shared by the latency tables (pruning) and the benchmark: intra-op threads, a call timed to a minimum
+duration, the interleaved rotating rounds both measure with, and ONNX Runtime's default thread count.
 """
 
 from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from pathlib import Path
+from typing import TypeVar
 
 import torch
+from tqdm.auto import tqdm
+
+K = TypeVar("K", bound=Hashable)
 
 
 def set_threads(threads: int | None) -> int:
@@ -35,6 +39,43 @@ def time_call(fn: Callable[[], object], min_time_s: float, min_calls: int = 3) -
         times.append(t1 - t0)
         if t1 - start >= min_time_s and len(times) >= min_calls:
             return min(times), len(times)
+
+
+def timed_rounds(
+    calls: Mapping[K, Callable[[], object]],
+    rounds: int,
+    min_time_s: float,
+    min_calls: int = 3,
+    warmup: int = 1,
+    groups: Sequence[Sequence[K]] | None = None,
+    visit: Callable[[K, Callable[[], float]], float] | None = None,
+    desc: str | None = None,
+) -> dict[K, list[float]]:
+    """Seconds per call of each of `calls`, one figure per round: the timing protocol of the benchmark and of the
+    latency table.
+
+    Every call is first run `warmup` times. Then each round visits every call once, group by group (`groups`,
+    default: all calls in one group), and inside a group in an order rotated one further every round, so slow drift
+    of a shared machine (thermal, other processes) spreads over all of them instead of favouring the ones timed
+    first; a visit keeps the fastest of at least `min_calls` calls lasting `min_time_s` together (`time_call`).
+    Ratios between calls are best taken round by round, figures over rounds as medians. `visit(key, measure)`, when
+    given, runs each visit's `measure()` (returning its seconds) and returns them, to observe something around it
+    (the benchmark's peak memory). `desc` shows a progress bar over the rounds.
+    """
+    groups = [list(group) for group in groups] if groups is not None else [list(calls)]
+    for key in (key for group in groups for key in group):
+        for _ in range(warmup):
+            calls[key]()
+    per_round: dict[K, list[float]] = {key: [] for group in groups for key in group}
+    for r in tqdm(range(rounds), desc=desc, leave=False, disable=desc is None):
+        for group in groups:
+            for key in group[r % len(group) :] + group[: r % len(group)]:
+
+                def measure(key: K = key) -> float:
+                    return time_call(calls[key], min_time_s, min_calls)[0]
+
+                per_round[key].append(visit(key, measure) if visit is not None else measure())
+    return per_round
 
 
 ORT_DEFAULT_NOTE = "not set: ONNX Runtime's default, one intra-op thread per physical core"

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from compressor.core.timing import set_threads
+from compressor.pruning.deployed import as_deployed
 from compressor.pruning.latency.probe import check_runtime, is_pytorch, measure, runner
 
 
@@ -31,14 +32,9 @@ class _Logits(nn.Module):
 
 
 def _for_timing(model: nn.Module) -> nn.Module:
-    """`model` in eval mode with SDPA attention where it supports it: how `compressor bench` and export run it."""
-    model = model.eval()
-    if hasattr(model, "set_attn_implementation"):
-        try:
-            model.set_attn_implementation("sdpa")
-        except (ValueError, ImportError):
-            pass  # an architecture without SDPA keeps eager, as `load_pruned` does
-    return _Logits(model)
+    """`model` as deployed (`as_deployed`: a copy with SDPA attention where its family has it, as the benchmark
+    times it), called with token ids only."""
+    return _Logits(as_deployed(model))
 
 
 def measured_speedup(
@@ -53,7 +49,7 @@ def measured_speedup(
 ) -> float:
     """Median milliseconds of `original` over those of `pruned`, both timed in interleaved rounds on `runtime`
     (ONNX runtimes export each to a temporary graph first) with a batch of `batch_size` random token sequences of
-    `seq_len`. Both models are used as they are (pass copies if they must stay in training mode)."""
+    `seq_len`. Both are timed as deployed (`as_deployed` copies), so neither is changed."""
     check_runtime(runtime)
     vocab = int(original.config.vocab_size)
     ids = torch.randint(

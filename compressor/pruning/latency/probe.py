@@ -6,9 +6,9 @@ next to nothing at these sizes. ONNX runtimes export each synthetic module with 
 ONNX Runtime's session-level graph optimisations; the offline transformer fusions (fused Attention) of
 `compressor.deploy.export`'s optimised graph are not applied, so ONNX attention costs are an upper estimate.
 
-Timing reuses `core.timing.time_call`: rounds are interleaved over every piece in a rotating order so the drift
-of a shared machine hits all pieces alike; within a round a piece's time is its fastest call, across rounds the
-median is kept.
+Timing is `core.timing.timed_rounds`, the benchmark's protocol: rounds are interleaved over every piece in a rotating
+order so the drift of a shared machine hits all pieces alike; within a round a piece's time is its fastest call,
+across rounds the median is kept.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from torch.nn import functional as F
 
 from compressor.core import runtimes
 from compressor.core.errors import UserError
-from compressor.core.timing import time_call
+from compressor.core.timing import timed_rounds
 from compressor.surgery.arch import arch_spec
 
 Runtime = Literal[runtimes.BUDGET_NAMES]
@@ -260,20 +260,10 @@ SESSIONS: dict[str, Callable[..., Callable[[], object]]] = {
 def measure(
     calls: Mapping[Hashable, Callable[[], object]], rounds: int = 3, min_time_s: float = 0.05, warmup: int = 1
 ) -> dict[Hashable, float]:
-    """Milliseconds per call of each of `calls`: median over interleaved rounds of each round's fastest call.
-
-    Each round visits every call once, starting one further along than the previous round, so slow drift of the
-    machine spreads over all of them.
-    """
-    names = list(calls)
-    for name in names:
-        for _ in range(warmup):
-            calls[name]()
-    per_round: dict[Hashable, list[float]] = {name: [] for name in names}
-    for r in range(rounds):
-        for name in names[r % len(names) :] + names[: r % len(names)]:
-            per_round[name].append(time_call(calls[name], min_time_s)[0] * 1e3)
-    return {name: float(np.median(times)) for name, times in per_round.items()}
+    """Milliseconds per call of each of `calls`: median over interleaved rotating rounds (`core.timing.timed_rounds`,
+    the benchmark's protocol) of each round's fastest call."""
+    per_round = timed_rounds(calls, rounds, min_time_s, warmup=warmup)
+    return {name: float(np.median(times)) * 1e3 for name, times in per_round.items()}
 
 
 def grid_counts(total: int, fractions: Sequence[float], smallest: int = 0) -> list[int]:
