@@ -48,7 +48,7 @@ from compressor.sources.fingerprint import source_fingerprint
 from compressor.sources.models import check_task_head, load_config, max_positions
 from compressor.surgery.arch import config_head_counts
 from compressor.surgery.checkpoint import load_pruned, save_pruned
-from compressor.surgery.cost import masked_flops
+from compressor.surgery.cost import masked_flops, size_stats
 
 log = logging.getLogger("compressor")
 REPORT_SCHEMA = 1
@@ -324,8 +324,11 @@ def _baseline(
 
 
 def _report_head(run: RunState, base_info: dict, original: dict) -> dict:
-    """The report's sections known before the stages run (they add `pruned`, `export`, `bench`, `analysis`)."""
+    """The report's sections known before the members are made (they add `pruned`, `export`, `bench`, ...); on the
+    main process the original's size and FLOPs too (`size_stats`, at the bench's length as each member's are)."""
     recipe = run.recipe
+    if run.original is not None:
+        original = {**original, **size_stats(run.original, recipe.bench.seq_len)}
     return {
         "schema_version": REPORT_SCHEMA,
         "name": recipe.name,

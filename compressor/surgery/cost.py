@@ -88,7 +88,8 @@ def encoder_flops(model: nn.Module, seq_len: int) -> int:
     return masked_flops(model, {}, seq_len)
 
 
-def _side(model: nn.Module, seq_len: int) -> dict:
+def size_stats(model: nn.Module, seq_len: int) -> dict:
+    """One model's parameters, encoder FLOPs per example at `seq_len`, and heads and FFN neurons (total, per layer)."""
     heads = [len(h) for h in present_heads(model)]
     neurons = [len(n) for n in present_neurons(model)]
     return {
@@ -108,7 +109,7 @@ def model_stats(original: nn.Module, pruned: nn.Module, seq_len: int) -> dict:
     `*_ratio` are original / pruned (2.0 = half the cost); `pruned_heads` / `pruned_neurons` list removed units
     by original id, `removed_layers` the layers removed whole. The same dict feeds the model card and the report.
     """
-    before, after = _side(original, seq_len), _side(pruned, seq_len)
+    before, after = size_stats(original, seq_len), size_stats(pruned, seq_len)
     return {
         "seq_len": int(seq_len),
         "heads_total": len(before["heads_per_layer"]) * original_num_heads(original),
