@@ -25,7 +25,6 @@ from pathlib import Path
 
 from compressor import bench
 from compressor.bench.baseline import Baseline
-from compressor.bench.candidates import as_sdpa
 from compressor.bench.frontier import Point, frontier, pick, relative_to_run
 from compressor.core import atomic
 from compressor.core.candidates import ORIGINAL_NAME, SINGLE, CandidateName, name_of
@@ -39,6 +38,7 @@ from compressor.pipeline.stages import (
     run_stages,
     with_quantize_only,
 )
+from compressor.pruning.deployed import as_deployed
 from compressor.pruning.selection import mask_to_plan
 from compressor.recipe import BudgetSpec
 from compressor.recovery.loop import Member, PruneResult
@@ -173,7 +173,7 @@ def run_bench(run: RunState, sections: list[dict]) -> tuple[dict, list[Point]]:
     and each member's layer-drop baseline; returns the bench result and the frontier's point descriptions."""
     spec = bench_spec_for(run.recipe)
     seq = spec.seq_lens
-    original = bench.runtime_candidate(ORIGINAL_NAME, "pytorch", as_sdpa(run.original), seq)
+    original = bench.runtime_candidate(ORIGINAL_NAME, "pytorch", as_deployed(run.original), seq)
     candidates, points = [original], [Point.of(CandidateName.original(), None)]
     for m in sections:
         candidates += _member_candidates(m, spec, points)
