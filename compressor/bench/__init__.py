@@ -159,17 +159,20 @@ def bench(
     spec,
     out_dir: str | Path | None,
     reference: str = "pytorch-original",
+    compare: Sequence[tuple[str, str]] = (),
 ) -> dict:
     """Quality (when `batches` are given) and throughput per `spec` (a `compressor.recipe.BenchSpec`), with ratios
     against `reference`; writes report.json, report.md and plots into `out_dir` when given (atomically: the whole
-    directory is replaced, so it must be empty or hold only an earlier benchmark's files). Returns the result."""
+    directory is replaced, so it must be empty or hold only an earlier benchmark's files); `compare`: further
+    (candidate, versus) pairs whose accuracies are compared on the same examples (`quality["pairs"]`). Returns the
+    result."""
     check_names(candidates)
     if reference not in [c.name for c in candidates]:
         raise UserError(f"bench: reference '{reference}' is not among the candidates {[c.name for c in candidates]}")
     if out_dir is not None:
         check_out_dir(out_dir)  # before minutes of measuring
     set_threads(spec.threads)
-    quality = measure_quality(candidates, batches, reference) if batches else None
+    quality = measure_quality(candidates, batches, reference, compare) if batches else None
     throughput = measure_throughput(
         candidates,
         spec.batch_sizes,

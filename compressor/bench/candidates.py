@@ -34,6 +34,8 @@ class Candidate:
     size_bytes: weights on disk. flops_per_example: encoder FLOPs at the first (headline) sequence length (None if
     unknown); flops_by_seq_len: encoder FLOPs per sequence length, when known for several.
     threads: intra-op threads of its runtime when fixed at construction (ONNX Runtime sessions), else None.
+    eval_batches: its own tokenised evaluation batches, for a model with another tokenizer than the bench's (the
+    same examples in the same order, so the paired comparisons hold); None: the bench's batches.
     """
 
     name: str
@@ -46,6 +48,7 @@ class Candidate:
     threads: int | None = None
     extra: dict = field(default_factory=dict)
     flops_by_seq_len: dict[int, int] = field(default_factory=dict)
+    eval_batches: Sequence[Batch] | None = None
 
     def flops_at(self, seq_len: int, headline_seq_len: int) -> int | None:
         """Encoder FLOPs per example at `seq_len`; `flops_per_example` alone counts as the headline length's."""

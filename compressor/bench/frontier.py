@@ -1,12 +1,14 @@
 """The speed/quality frontier of a run, and the pick a user makes from it.
 
-A *point* is one benchmarked candidate seen as a choice: which model (a family member, the original, or a layer-drop
-baseline), on which runtime (PyTorch or an ONNX variant), where it lies on disk, and whether it may be shipped (an
-int8 variant that failed its gate may not). `frontier` joins the points with the benchmark's summary (speed-up over
+A *point* is one benchmarked candidate seen as a choice: which model (a family member, the original, a layer-drop
+baseline, or a reference: another model fine-tuned on the task, `bench.references`), on which runtime (PyTorch or
+an ONNX variant), where it lies on disk, and whether it may be shipped (an int8 variant that failed its gate may
+not). `frontier` joins the points with the benchmark's summary (speed-up over
 the PyTorch original at one batch size, test accuracy, McNemar's exact test against the original) and marks the
 Pareto-optimal ones: no other point is at least as fast and at least as accurate, and better in one. `pick` is the
-fastest shippable member within an accuracy drop; the report's recommendation, `report.json` and `compressor pick`
-all call it, so they cannot disagree.
+fastest shippable member or reference within an accuracy drop; the report's recommendation, `report.json` and
+`compressor pick` all call it, so they cannot disagree. `versus_references` says, per reference point, which member
+beats it at equal or higher measured speed, and by how much.
 """
 
 from __future__ import annotations
@@ -15,16 +17,18 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from compressor.core.candidates import KINDS, ORIGINAL_NAME, CandidateName
+from compressor.core.runtimes import for_variant
 
 ROLES = KINDS  # a point's role is its candidate's kind (`compressor.core.candidates`)
+CHOICES = ("member", "reference")  # the roles `pick` may return: models the run ships or compared with
 
 
 @dataclass(frozen=True)
 class Point:
     """One candidate as a choice. `name`: its bench name (`compressor.core.candidates`); `model`: the member's
-    label, "original" or, for a baseline, the member it is compared with; `role`: its candidate's kind, one of
-    `ROLES`; `runtime`: a declared runtime's name (`compressor.core.runtimes`); `path`: what `compressor pick`
-    copies (a model directory or an ONNX variant's directory), None for the original."""
+    or reference's label, "original" or, for a baseline, the member it is compared with; `role`: its candidate's
+    kind, one of `ROLES`; `runtime`: a declared runtime's name (`compressor.core.runtimes`); `path`: what
+    `compressor pick` copies (a model directory or an ONNX variant's directory), None for the original."""
 
     name: str
     model: str
@@ -88,12 +92,13 @@ def _pareto(row: dict, rows: list[dict]) -> bool:
 
 
 def pick(rows: list[dict], max_drop: float | None, batch: int | None = None, runtime: str | None = None) -> dict | None:
-    """The fastest shippable member (not a rejected int8 variant) whose test accuracy is at most `max_drop` points
-    below the original's (None: any), at `batch` (default: the batch the rows were made at), on `runtime` when
-    given. None when no member qualifies."""
+    """The fastest shippable member or reference (not a rejected int8 variant) whose test accuracy is at most
+    `max_drop` points below the original's (None: any), at `batch` (default: the batch the rows were made at), on
+    `runtime` when given. None when none qualifies. A reference wins only when it is faster than every member that
+    qualifies: its row says `role: reference`, and every reader says it is not a pruned member."""
     best, best_speed = None, 0.0
     for row in rows:
-        if row["role"] != "member" or row["rejected"] or (runtime is not None and row["runtime"] != runtime):
+        if row["role"] not in CHOICES or row["rejected"] or (runtime is not None and row["runtime"] != runtime):
             continue
         if max_drop is not None and (row["drop_points"] is None or row["drop_points"] > max_drop + 1e-9):
             continue
@@ -101,6 +106,54 @@ def pick(rows: list[dict], max_drop: float | None, batch: int | None = None, run
         if speed is not None and speed > best_speed:
             best, best_speed = row, speed
     return None if best is None else {**best, "speedup": best_speed, "batch": batch or best["batch"]}
+
+
+def versus_references(rows: list[dict], pairs: list[dict]) -> list[dict]:
+    """Per reference point of the frontier `rows`: the most accurate shippable member at equal or higher measured
+    speed (on any runtime, and on the reference's own runtime), with the accuracy difference in points and McNemar's
+    exact p between the two on the same test examples (`pairs`: the bench's member-vs-reference comparisons), and
+    whether it beats the reference (is more accurate). `best` is None when no member is as fast."""
+    paired = {(p["candidate"], p["versus"]): p for p in pairs}
+    members = [r for r in rows if r["role"] == "member" and not r["rejected"] and r["accuracy"] is not None]
+    out = []
+    for ref in rows:
+        if ref["role"] != "reference" or ref["speedup"] is None or ref["accuracy"] is None:
+            continue
+        fast = [m for m in members if m["speedup"] is not None and m["speedup"] >= ref["speedup"]]
+        same = [m for m in fast if m["runtime"] == ref["runtime"]]
+        entry = {k: ref[k] for k in ("name", "model", "runtime", "speedup", "accuracy", "rejected")}
+        entry["best"] = _best_against(ref, fast, paired)
+        entry["best_same_runtime"] = _best_against(ref, same, paired)
+        out.append(entry)
+    return out
+
+
+def _best_against(ref: dict, members: list[dict], paired: dict) -> dict | None:
+    """The most accurate of `members` (ties: the fastest) against the reference row `ref`."""
+    if not members:
+        return None
+    best = max(members, key=lambda m: (m["accuracy"], m["speedup"]))
+    pair = paired.get((best["name"], ref["name"]), {})
+    return {
+        "name": best["name"],
+        "model": best["model"],
+        "runtime": best["runtime"],
+        "speedup": best["speedup"],
+        "accuracy": best["accuracy"],
+        "points": 100 * (best["accuracy"] - ref["accuracy"]),
+        "mcnemar_p": pair.get("mcnemar", {}).get("p_value"),
+        "beats": best["accuracy"] > ref["accuracy"],
+    }
+
+
+def reference_points(section: dict) -> list[Point]:
+    """The points of a reference (its report section, `pipeline.references`): PyTorch from its saved model, and
+    each ONNX variant it was exported to (a rejected int8 marked)."""
+    points = [Point.of(CandidateName(section["label"], "reference"), section["model_dir"])]
+    for variant, info in section.get("export", {}).items():
+        cid = CandidateName(section["label"], "reference", for_variant(variant).name)
+        points.append(Point.of(cid, info["dir"], rejected=info.get("status") == "rejected"))
+    return points
 
 
 def relative_to_run(rows: list[dict], root: str | Path) -> list[dict]:

@@ -103,12 +103,12 @@ def plot_heads(result: dict, path: Path) -> Path:
     return path
 
 
-FRONTIER_MARKERS = {"member": "o", "original": "s", "baseline": "x"}
+FRONTIER_MARKERS = {"member": "o", "original": "s", "baseline": "x", "reference": "D"}
 
 
 def plot_frontier(rows: list[dict], path: Path) -> Path:
     """Test accuracy vs speed-up of every frontier row (`bench.frontier`), one colour per runtime, one marker per
-    role; Pareto-optimal points ringed and joined, members labelled."""
+    role; Pareto-optimal points ringed and joined, members and references labelled (a reference by "ref <label>")."""
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
@@ -123,8 +123,9 @@ def plot_frontier(rows: list[dict], path: Path) -> Path:
         seen.add(key)
         ax.scatter(r["speedup"], 100 * r["accuracy"], marker=FRONTIER_MARKERS[r["role"]], color=colours[r["runtime"]],
                    label=label, zorder=3)  # fmt: skip
-        if r["role"] == "member":
-            ax.annotate(r["model"], (r["speedup"], 100 * r["accuracy"]), fontsize=7, xytext=(3, 3),
+        if r["role"] in ("member", "reference"):
+            text = r["model"] if r["role"] == "member" else f"ref {r['model']}"
+            ax.annotate(text, (r["speedup"], 100 * r["accuracy"]), fontsize=7, xytext=(3, 3),
                         textcoords="offset points")  # fmt: skip
     best = sorted((r for r in rows if r["pareto"]), key=lambda r: r["speedup"])
     if best:

@@ -44,12 +44,44 @@ def collect_logits(candidate: Candidate, batches: Sequence[Batch]) -> np.ndarray
     return np.concatenate([np.asarray(candidate.predict(model_inputs(b)), dtype=np.float32) for b in batches])
 
 
-def measure_quality(candidates: Sequence[Candidate], batches: Sequence[Batch], reference: str) -> dict:
-    """Accuracy (95% Wilson CI) of every candidate on the same batches, and paired comparison with `reference`.
+def _labels(batches: Sequence[Batch]) -> np.ndarray:
+    return np.concatenate([b["labels"].numpy() for b in batches])
 
-    Batches are tokenised dicts with `labels` (without labels only agreement and logit differences are reported).
-    Per candidate: accuracy, interval, agreement with the reference's predictions, max |Δlogit|, exact McNemar
-    p-value and a 95% interval for the accuracy difference.
+
+def _own_batches(c: Candidate, batches: Sequence[Batch], labels: np.ndarray | None) -> Sequence[Batch]:
+    """The batches `c` is evaluated on: its own (another tokenizer) when it has them, checked to hold the same
+    examples' labels in the same order as the bench's, else the bench's."""
+    if c.eval_batches is None:
+        return batches
+    same = labels is None or np.array_equal(_labels(c.eval_batches), labels)
+    if not c.eval_batches or not same:
+        raise UserError(
+            f"bench: candidate '{c.name}' brings evaluation batches of other examples than the bench's; expected "
+            "its own tokenisation of the same examples in the same order"
+        )
+    return c.eval_batches
+
+
+def paired_comparison(candidate_correct: np.ndarray, reference_correct: np.ndarray) -> dict:
+    """Accuracy difference of two models on the same examples, its 95% interval and the exact McNemar test."""
+    test = mcnemar_exact(candidate_correct, reference_correct)
+    n = len(candidate_correct)
+    better, worse = test["candidate_only_correct"], test["reference_only_correct"]
+    low, high = paired_difference_interval(better, worse, n)
+    delta = float(np.mean(candidate_correct) - np.mean(reference_correct)) if n else float("nan")
+    return {"accuracy_delta": delta, "accuracy_delta_ci95": [low, high], "mcnemar": test}
+
+
+def measure_quality(
+    candidates: Sequence[Candidate], batches: Sequence[Batch], reference: str, compare: Sequence[tuple[str, str]] = ()
+) -> dict:
+    """Accuracy (95% Wilson CI) of every candidate on the same examples, and paired comparison with `reference`.
+
+    Batches are tokenised dicts with `labels` (without labels only agreement and logit differences are reported);
+    a candidate with its own `eval_batches` (another tokenizer) is evaluated on those, the same examples.
+    Per candidate: accuracy, interval, agreement with the reference's predictions, max |Δlogit| (None where the
+    tokenisations differ), exact McNemar p-value and a 95% interval for the accuracy difference. `compare`: further
+    (candidate, versus) pairs compared the same way, under "pairs".
     """
     from compressor.sources.metrics import load_metric
 
@@ -60,32 +92,29 @@ def measure_quality(candidates: Sequence[Candidate], batches: Sequence[Batch], r
     if not batches:
         raise UserError("bench: no evaluation batches (expected at least one tokenised batch)")
     has_labels = all("labels" in b for b in batches)
-    labels = np.concatenate([b["labels"].numpy() for b in batches]) if has_labels else None
-    logits = {c.name: collect_logits(c, batches) for c in candidates}
+    labels = _labels(batches) if has_labels else None
+    logits = {c.name: collect_logits(c, _own_batches(c, batches, labels)) for c in candidates}
     preds = {name: x.argmax(-1) for name, x in logits.items()}
     n = int(len(preds[reference]))
     metric = load_metric("accuracy")
+    own = {c.name for c in candidates if c.eval_batches is not None}
     out: dict[str, dict] = {}
     for c in candidates:
         p = preds[c.name]
+        comparable = (c.name in own) == (reference in own) and logits[c.name].shape == logits[reference].shape
         row: dict = {
             "n": n,
             "agreement": float(np.mean(p == preds[reference])),
-            "max_abs_logit_diff": float(np.max(np.abs(logits[c.name] - logits[reference]))),
+            "max_abs_logit_diff": float(np.max(np.abs(logits[c.name] - logits[reference]))) if comparable else None,
         }
         if labels is not None:
             correct = int(np.sum(p == labels))
             acc = metric.compute(predictions=p.tolist(), references=labels.tolist())["accuracy"]
             low, high = wilson_interval(correct, n)
-            test = mcnemar_exact(p == labels, preds[reference] == labels)
-            better, worse = test["candidate_only_correct"], test["reference_only_correct"]
-            d_low, d_high = paired_difference_interval(better, worse, n)
-            row |= {
-                "accuracy": float(acc),
-                "accuracy_ci95": [low, high],
-                "accuracy_delta": float(acc) - float(np.mean(preds[reference] == labels)),
-                "accuracy_delta_ci95": [d_low, d_high],
-                "mcnemar": test,
-            }
+            row |= {"accuracy": float(acc), "accuracy_ci95": [low, high]}
+            row |= paired_comparison(p == labels, preds[reference] == labels)
         out[c.name] = row
-    return {"reference": reference, "n": n, "has_labels": has_labels, "results": out}
+    pairs = []
+    for a, b in compare if labels is not None else ():
+        pairs.append({"candidate": a, "versus": b, **paired_comparison(preds[a] == labels, preds[b] == labels)})
+    return {"reference": reference, "n": n, "has_labels": has_labels, "results": out, "pairs": pairs}

@@ -30,8 +30,9 @@ def _quality_md(result: dict) -> list[str]:
         return ["No evaluation data was given; quality was not measured.", ""]
     ref = q["reference"]
     lines = [
-        f"{q['n']} examples, the same batches for every variant. Δ and McNemar compare each variant with `{ref}` "
-        "on the same examples; p ≥ 0.05 means the difference is within noise.",
+        f"{q['n']} examples, the same batches for every variant (a model with another tokenizer: its own "
+        f"tokenisation of them). Δ and McNemar compare each variant with `{ref}` on the same examples; p ≥ 0.05 "
+        "means the difference is within noise.",
         "",
         "| variant | accuracy (%) | 95% CI | Δ vs ref (points) | 95% CI of Δ | agreement (%) | max abs Δlogit | "
         "McNemar p |",
@@ -45,7 +46,8 @@ def _quality_md(result: dict) -> list[str]:
             p = _f(row["mcnemar"]["p_value"], ".3g")
         else:
             acc, p = "– | – | – | –", "–"
-        lines.append(f"| {name} | {acc} | {_pct(row['agreement'])} | {row['max_abs_logit_diff']:.2e} | {p} |")
+        diff = _f(row["max_abs_logit_diff"], ".2e")  # None: another tokenizer, logits of other inputs
+        lines.append(f"| {name} | {acc} | {_pct(row['agreement'])} | {diff} | {p} |")
     return lines + [""]
 
 

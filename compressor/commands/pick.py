@@ -46,7 +46,9 @@ def parse_drop(text: str) -> float | None:
 
 def check_choice(rows: list[dict], runtime: str | None, batch: int | None) -> None:
     """A runtime and batch size the run measured, or one line naming the option and what the run has."""
-    members = [r for r in rows if r["role"] == "member"]
+    from compressor.bench.frontier import CHOICES
+
+    members = [r for r in rows if r["role"] in CHOICES]
     runtimes = sorted({r["runtime"] for r in members})
     if runtime is not None and runtime not in runtimes:
         raise UserError(f"--runtime: the run has no member on '{runtime}'; expected one of {', '.join(runtimes)}")
@@ -80,7 +82,8 @@ def pick(
     out: Path | None = typer.Option(None, help="copy the picked model (or ONNX variant) directory here"),
     as_json: bool = typer.Option(False, "--json", help="print the picked frontier row as JSON"),
 ) -> None:
-    """Print the fastest model and runtime of a run within --max-drop points of the original; exit 1 if none."""
+    """Print the fastest model and runtime of a run within --max-drop points of the original; exit 1 if none. The
+    fastest may be a reference (`bench.references`: another model fine-tuned on the task), which the line says."""
     from compressor.bench.frontier import pick as choose
 
     rows = read_frontier(run_dir)
@@ -88,8 +91,8 @@ def pick(
     check_choice(rows, runtime, batch_size)
     chosen = choose(rows, drop, batch_size, runtime)
     if chosen is None:
-        typer.echo(f"no member{' on ' + runtime if runtime else ''} is within {max_drop} points of the original",
-                   err=True)  # fmt: skip
+        typer.echo(f"no member or reference{' on ' + runtime if runtime else ''} is within {max_drop} points of the "
+                   "original", err=True)  # fmt: skip
         raise typer.Exit(NOTHING_QUALIFIES)
     source = Path(chosen["path"])
     source = source if source.is_absolute() else run_dir / source
@@ -100,8 +103,9 @@ def pick(
         return
     copied = f"; copied to {out}" if out is not None else ""
     p_value = "–" if chosen["mcnemar_p"] is None else f"{chosen['mcnemar_p']:.3g}"
+    what = " (reference, not a pruned member)" if chosen["role"] == "reference" else ""
     typer.echo(
-        f"{chosen['name']}: {chosen['speedup']:.2f}x the PyTorch original at batch {chosen['batch']}, "
+        f"{chosen['name']}{what}: {chosen['speedup']:.2f}x the PyTorch original at batch {chosen['batch']}, "
         f"{chosen['seq_len']} tokens; test accuracy {100 * chosen['accuracy']:.2f}% "
         f"({-chosen['drop_points']:+.2f} points; McNemar p {p_value}){int8_cpu(chosen)}; {source}{copied}"
     )

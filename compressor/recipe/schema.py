@@ -192,6 +192,13 @@ class BenchSpec(Strict):
     max_drop: float | None = Field(
         0.01, ge=0, le=1, description="test accuracy a recommended variant may lose vs the original (null: no gate)"
     )
+    references: list[str] = Field(
+        default_factory=list,
+        max_length=16,
+        description="other models to compare with (a built-in, a hub id or a local directory, as model.source): "
+        "each is fine-tuned on the same split with base_finetune (cached like the base), exported like a member and "
+        "benchmarked beside the members and the original, marked as a reference on the frontier",
+    )
 
     @field_validator("quantize_only")
     @classmethod
@@ -228,6 +235,16 @@ class BenchSpec(Strict):
             raise ValueError(f"expected sequence lengths from 8 to 4096 tokens, got {short(v)}")
         if len(set(v)) != len(v):
             raise ValueError(f"expected distinct sequence lengths, got {short(v)}")
+        return v
+
+    @field_validator("references")
+    @classmethod
+    def _reference_sources(cls, v: list[str]) -> list[str]:
+        for source in v:
+            if not source.strip() or len(source) > 4096:
+                raise ValueError(f"expected model sources (a built-in, a hub id or a directory), got {short(source)}")
+        if len(set(v)) != len(v):
+            raise ValueError(f"expected distinct references, got {short(v)}")
         return v
 
     @property
@@ -316,6 +333,18 @@ class Recipe(Strict):
             )
         if self.prune.criterion.name == "l0":
             raise ValueError("data.train_labels: false: criterion 'l0' trains on labels; expected fisher or taylor")
+        return self
+
+    @model_validator(mode="after")
+    def _references_are_benchmarked(self) -> Recipe:
+        """A reference is fine-tuned on the training labels only to be benchmarked beside the members."""
+        if self.bench.references and not self.bench.enabled:
+            raise ValueError("bench.references: references are compared in the bench; expected bench.enabled: true")
+        if self.bench.references and not self.data.train_labels:
+            raise ValueError(
+                "bench.references: a reference is fine-tuned on the training split's labels; expected "
+                "data.train_labels: true"
+            )
         return self
 
     @model_validator(mode="after")

@@ -7,6 +7,7 @@ Written from the same dict as `report.json`; the recommendation is `bench.fronti
 from __future__ import annotations
 
 from compressor.bench.render import cpu_line, int8_mark
+from compressor.report.references import references_section
 from compressor.report.summary import _pct, _steps_table, _timings_table, _x, distillation, recovery_lines
 
 FRONTIER_PNG = "frontier.png"
@@ -19,7 +20,9 @@ def _frontier_table(rows: list[dict]) -> list[str]:
         "|---|---|---:|---:|---:|---:|:---:|---|",
     ]
     for r in rows:
-        model = r["model"] if r["role"] != "baseline" else f"layer-drop at {r['model']}"
+        model = {"baseline": f"layer-drop at {r['model']}", "reference": f"reference {r['model']}"}.get(
+            r["role"], r["model"]
+        )
         if r.get("recovery") not in (None, "finetune"):
             untrained = r["recovery"] in ("rescale", "none")
             model += f" ({r['recovery']}, no training)" if untrained else f" ({r['recovery']})"
@@ -36,13 +39,16 @@ def _frontier_table(rows: list[dict]) -> list[str]:
 
 
 def _pick_line(section: dict, max_drop: float | None) -> str:
-    """The recommendation: the fastest shippable member within `bench.max_drop` of the original."""
+    """The recommendation: the fastest shippable member (or reference) within `bench.max_drop` of the original."""
     chosen = section.get("pick")
     within = "any accuracy" if max_drop is None else f"within {100 * max_drop:.2f} points of the original"
     if chosen is None:
-        return f"**Recommendation: none**: no member on any runtime is {within} (bench.max_drop)."
+        return f"**Recommendation: none**: no model on any runtime is {within} (bench.max_drop)."
+    what = "member"
+    if chosen["role"] == "reference":
+        what = f"model (**reference `{chosen['model']}`, not a pruned member**: no member is as fast)"
     return (
-        f"**Recommendation: `{chosen['name']}`**, the fastest member {within}: {chosen['speedup']:.2f}× the PyTorch "
+        f"**Recommendation: `{chosen['name']}`**, the fastest {what} {within}: {chosen['speedup']:.2f}× the PyTorch "
         f"original at batch {chosen['batch']}, {chosen['seq_len']} tokens, test accuracy {_pct(chosen['accuracy'])}% "
         f"({-chosen['drop_points']:+.2f}). Same choice from the command line: `compressor pick <run dir> --max-drop "
         f"{'none' if max_drop is None else f'{100 * max_drop:g}'} --out DIR`."
@@ -90,8 +96,9 @@ def render_family(report: dict) -> str:
             "## Frontier",
             "",
             "Every member on every runtime beside the original, the original's own ONNX exports (int8 of the "
-            "unpruned model: the alternative that needs no pruning) and each member's layer-drop baseline, timed in "
-            "the same interleaved rounds. Speed-ups are against the PyTorch original; McNemar's exact test is "
+            "unpruned model: the alternative that needs no pruning), each member's layer-drop baseline and each "
+            "reference (another model fine-tuned on the task, `bench.references`), timed in the same interleaved "
+            "rounds. Speed-ups are against the PyTorch original; McNemar's exact test is "
             "against the original on the same test examples.",
             "",
             *cpu_line(report.get("bench", {})),
@@ -101,6 +108,9 @@ def render_family(report: dict) -> str:
             "",
             "Full benchmark (all batch sizes, spread, memory): [bench/report.md](bench/report.md).",
         ]
+    if section.get("versus_references"):
+        lines += references_section(section["versus_references"])
+        lines += ["", "Each reference's fine-tuned model and ONNX variants are under `references/<reference>/`."]
     lines += ["", "## Members", "", *_members_table(section["members"])]
     lines += [
         "",

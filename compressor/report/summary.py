@@ -4,15 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from compressor.bench.render import cpu_line, int8_mark
+from compressor.bench.render import _pct, cpu_line, int8_mark
 from compressor.core.candidates import ORIGINAL_NAME, SINGLE, CandidateName, name_of
 from compressor.core.runtimes import for_variant, runtime
 from compressor.deploy.quantize import smoothing_note
 from compressor.report.card import describe_distillation
-
-
-def _pct(x: float | None) -> str:
-    return "–" if x is None else f"{100 * x:.2f}"
+from compressor.report.references import references_section
 
 
 def _steps_table(steps: list[dict]) -> list[str]:
@@ -371,15 +368,14 @@ def render(report: dict) -> str:
         lines += ["", "## Benchmark", "", *_bench_table(report["bench"])]
         lines += [
             "",
-            "Quality vs speed of every candidate (original, pruned, layer-drop baseline; PyTorch and each ONNX "
-            "variant), the frontier at a glance:",
+            "Quality vs speed of every candidate (original, pruned, layer-drop baseline, references; PyTorch and each "
+            "ONNX variant), the frontier at a glance:",
             "",
             "![accuracy vs speed-up](bench/accuracy_vs_speedup.png)",
-        ]
-        lines += [
             "",
             "Full tables and plots (all sequence lengths and batch sizes, spread, memory): "
             "[bench/report.md](bench/report.md).",
+            *references_section(report.get("versus_references")),
         ]
     if "analysis" in report:
         lines += ["", "## Head roles of kept vs removed heads", "", *_roles_table(report["analysis"])]

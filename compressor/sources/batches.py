@@ -65,6 +65,14 @@ def tokenize(ds: datasets.Dataset, tokenizer, text_fields: Sequence[str], max_le
     return ds.map(encode, batched=True, remove_columns=keep, desc="tokenize", load_from_cache_file=False)
 
 
+SPLITS = ("train", "validation", "test")
+
+
+def tokenize_splits(data, tokenizer, max_length: int) -> dict[str, datasets.Dataset]:
+    """Every split of a `TaskData` tokenised by `tokenizer` (pairs as pairs), keyed "train", "validation", "test"."""
+    return {name: tokenize(getattr(data, name), tokenizer, data.text_fields, max_length) for name in SPLITS}
+
+
 GROUP_BATCHES = 50  # batches per length-sorted group (HF Trainer's `group_by_length` uses the same mega-batch size)
 
 

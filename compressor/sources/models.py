@@ -184,6 +184,40 @@ def _hub_weight_names(spec: ModelSpec) -> set[str] | None:
         return None
 
 
+def model_labels(config) -> list[str]:
+    """The label names of the classifier `config` describes, in id order."""
+    return [config.id2label[i] for i in range(config.num_labels)]
+
+
+def labels_match(config, label_names: list[str]) -> bool:
+    """Whether the classifier `config` describes has the label set `label_names`: as many labels, and the same
+    names in the same order (case aside) unless one side's are placeholders (`LABEL_0`, ... or bare numbers)."""
+    if config.num_labels != len(label_names):
+        return False
+    names = model_labels(config)
+    generic = all(n.startswith("LABEL_") for n in names) or all(n.isdigit() for n in label_names)
+    return generic or [n.lower() for n in names] == [n.lower() for n in label_names]
+
+
+PRETRAINING_HEADS = ("Model", "ForMaskedLM", "ForPreTraining")  # `architectures` suffixes with no task head
+
+
+def foreign_head(config, label_names: list[str]) -> str | None:
+    """Why a checkpoint cannot be fine-tuned as a classifier of `label_names` without discarding a task it was
+    trained for (a token-classification, question-answering, ... head, or a sequence classifier or label map of
+    another label set), or None when it can: a bare or pretraining checkpoint, or a classifier of these labels.
+    Reads the config only."""
+    heads = list(getattr(config, "architectures", None) or [])
+    other = [a for a in heads if not a.endswith(("ForSequenceClassification", *PRETRAINING_HEADS))]
+    if other:
+        return f"is a {other[0]} (another task head)"
+    classifier = any(a.endswith("ForSequenceClassification") for a in heads)
+    real_names = not all(n.startswith("LABEL_") for n in model_labels(config))
+    if (classifier or real_names) and not labels_match(config, label_names):
+        return f"has {config.num_labels} labels {model_labels(config)[:6]} where the task has {label_names[:6]}"
+    return None
+
+
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "vocab.json", "*.model")
 
 

