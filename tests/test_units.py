@@ -435,7 +435,8 @@ def test_criterion_that_cannot_score_neurons_is_refused() -> None:
         ({"target": 0.3, "budget": {"kind": "flops", "value": 0.5}}, "prune.budget: give target"),
         ({"uniform_ffn": True}, "prune.uniform_ffn: only applies"),
         ({"budget": {"kind": "flops", "value": 1.2}}, "prune.budget.value: for kind 'flops' expected a fraction"),
-        ({"units": ["layers"]}, "prune.units.0: Input should be 'heads' or 'neurons'"),
+        ({"units": ["rows"]}, "prune.units.0: Input should be 'heads', 'neurons' or 'layers'"),
+        ({"units": ["layers"]}, "prune.units: 'layers' needs units heads and neurons too"),
     ],
 )
 def test_unit_recipe_errors_name_the_field(prune: dict, message: str) -> None:
