@@ -68,8 +68,8 @@ def main() -> None:
     torch.set_num_threads(1)
     torch.manual_seed(0)
 
+    from compressor.analysis import analyze_heads, kept_vs_removed, write_analysis
     from compressor.recipe import DataSpec
-    from compressor.report.analysis import analyze_heads, kept_vs_removed, write_analysis
     from compressor.sources import load_task_data
 
     if not (args.model / "config.json").is_file():

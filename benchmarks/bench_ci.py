@@ -3,7 +3,7 @@
 A random-init BERT (4 layers × 8 heads, hidden 256, FFN 512) loses 16 of its 32 heads by a fixed plan; the original,
 the pruned model and the pruned model's fp32 ONNX export are saved, then benchmarked and checked against
 benchmarks/baseline_ci.json by the same code path as `compressor bench --reference ... --candidate ... --baseline`
-(`compressor.commands.bench.run_bench`, decisions in `compressor.bench.regression`): per-round speed-up ratios (a
+(`compressor.commands.bench.run_bench`, decisions in `compressor.guard.baseline`): per-round speed-up ratios (a
 regression when the change is beyond the tolerance and Welch's one-sided test is significant; inconclusive, also a
 failure, when this run's rounds are too noisy), absolute throughput only on the baseline's CPU model, and quality on
 seeded synthetic batches labelled by the original's own predictions (so the original scores 1.0 and the pruned
@@ -44,7 +44,7 @@ LAYERS, HEADS, HIDDEN, FFN, VOCAB = 4, 8, 256, 512, 1000
 SEQ_LEN, BATCH_SIZES = 128, [1, 8, 32]
 # Written into a new baseline. This repository's CI shares 2 cores with other jobs: absolute throughput moves a lot,
 # so it gets a wide tolerance, and per-round ratios spread with a log sd of 0.1-0.2 under load, which 12 rounds
-# resolve against a 15% tolerance (`compressor.bench.regression.too_noisy`) but not against the 10% default (that needs
+# resolve against a 15% tolerance (`compressor.guard.baseline.too_noisy`) but not against the 10% default (that needs
 # a quiet runner). Quality keeps the default.
 TOLERANCES = {"throughput": {"relative": 0.5}, "ratio": {"relative": 0.15}}
 

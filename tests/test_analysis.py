@@ -11,19 +11,19 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from compressor.pruning.masking import gated
-from compressor.report.analysis import RoleConfig, analyze_heads, kept_vs_removed, role_masks, write_analysis
-from compressor.report.analysis import sieve as sv
-from compressor.report.analysis import syntax as sx
-from compressor.report.analysis.collect import Example, is_punctuation
-from compressor.report.analysis.distance import classical_mds, cluster, js_divergence
-from compressor.report.analysis.roles import (
+from compressor.analysis import RoleConfig, analyze_heads, kept_vs_removed, role_masks, write_analysis
+from compressor.analysis import sieve as sv
+from compressor.analysis import syntax as sx
+from compressor.analysis.collect import Example, is_punctuation
+from compressor.analysis.distance import classical_mds, cluster, js_divergence
+from compressor.analysis.roles import (
     RoleAccumulator,
     argmax_offsets,
     offset_histogram,
     positional_from_histogram,
     rarest_token,
 )
+from compressor.pruning.masking import gated
 from compressor.testing import randomize
 
 SENTENCES = [
@@ -393,8 +393,8 @@ def pair_rows(n: int = 120) -> list[dict]:
 
 
 def test_pairs_are_encoded_as_in_training_and_fill_the_block_sieve(tiny):
-    from compressor.report.analysis import model_texts
-    from compressor.report.analysis.collect import encode
+    from compressor.analysis import model_texts
+    from compressor.analysis.collect import encode
 
     model, tok = tiny
     examples = encode(tok, PAIRS, 32)
@@ -541,8 +541,8 @@ def test_cli_analyze_pair_recipe_with_roles_yaml_and_syntax_flags(tiny_model_dir
 
 
 def test_write_analysis_replaces_the_directory_atomically_and_refuses_foreign_ones(tiny, tmp_path, monkeypatch):
+    from compressor.analysis import plots
     from compressor.core.errors import UserError
-    from compressor.report.analysis import plots
 
     model, tok = tiny
     result = analyze_heads(model, tok, SENTENCES, SENTENCES, max_length=32, syntax=False)

@@ -569,7 +569,7 @@ def test_killed_report_write_leaves_the_previous_output(monkeypatch, tmp_path):
 def test_bench_replaces_an_earlier_report_and_regression_check(tmp_path):
     """A directory holding only an earlier bench report and regression check is the bench's own: replaced whole,
     so a stale regression verdict does not survive a new report."""
-    from compressor.bench.regression_report import REGRESSION_FILES
+    from compressor.guard.report import REGRESSION_FILES
 
     spec = BenchSpec(batch_sizes=[2], seq_len=8, **FAST)
     bench.bench([fake("pytorch-original")], None, spec, tmp_path)

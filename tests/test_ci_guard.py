@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_committed_baseline_is_valid_and_matches_what_bench_ci_measures(tmp_path: Path) -> None:
     """benchmarks/baseline_ci.json loads, was taken on the models, shapes, threads and evaluation data bench_ci
     builds now (else `make bench-ci` would exit 2), and passes against its own values."""
-    from compressor.bench import regression
+    from compressor.guard import baseline as regression
     from compressor.surgery.checkpoint import save_pruned
 
     ci = script("bench_ci")

@@ -11,9 +11,9 @@ from accelerate import Accelerator
 from datasets import Dataset
 
 import compressor
-from compressor.bench.baseline import layer_drop_baseline, recovery_spec
 from compressor.recipe import DistillSpec, FinetuneSpec, PruneSpec
 from compressor.recovery import distill
+from compressor.recovery.baseline import layer_drop_baseline, recovery_spec
 from compressor.recovery.draws import drawn_examples, recovery_examples
 from compressor.surgery.cost import masked_flops
 

@@ -205,7 +205,7 @@ def test_head_analysis_maps_only_present_heads(tmp_path: Path) -> None:
     from conftest import make_tokenizer_dir
     from transformers import AutoTokenizer
 
-    from compressor.report.analysis import analyze_heads
+    from compressor.analysis import analyze_heads
 
     tokenizer = AutoTokenizer.from_pretrained(make_tokenizer_dir(tmp_path / "tok"))
     texts = ["the movie was good , but the plot was dull .", "a really fun film", "the acting was quite weak"]

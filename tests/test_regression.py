@@ -9,8 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from compressor.bench import regression, regression_report
-from compressor.bench.regression import Baseline, BaselineError, Measured, Metric
+from compressor.guard import baseline as regression
+from compressor.guard import report as regression_report
+from compressor.guard.baseline import Baseline, BaselineError, Measured, Metric
 
 
 def noisy(centre: float, n: int = 10, spread: float = 0.05, seed: int = 0) -> list[float]:

@@ -10,7 +10,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from compressor.bench import regression
+from compressor.guard import baseline as regression
 
 FAST = {"rounds": 3, "warmup": 1, "min_time_s": 0.005, "batch_sizes": [1, 4], "seq_lens": [16], "threads": 1}
 

@@ -2,11 +2,11 @@
 
 Everything here works on *candidates*: a name, a `predict(batch) -> logits` function, size on disk, FLOPs per example
 and heads per layer. PyTorch models and ONNX variants become candidates through `pytorch_candidate` and
-`onnx_candidate`, so the measuring code never knows which runtime it times. The package also owns the layer-drop
-baseline (`baseline`) and the CI regression guard (`regression`, `regression_report`).
+`onnx_candidate`, so the measuring code never knows which runtime it times. Measurement only: the layer-drop
+baseline is trained beside the recovery it mirrors (`compressor.recovery.baseline`), and the users' CI guard that
+decides a bench result against a saved baseline is its own package (`compressor.guard`).
 
-May import `recovery` (the baseline is fine-tuned like the steps) and every stage below it; `report` and
-`pipeline` import it.
+May import every stage below it; `report`, `analysis`, `pipeline` and the commands import it.
 
 Design choices, and why:
 - Throughput rounds are *interleaved*: every round visits every (sequence length, batch size) shape and, inside it,

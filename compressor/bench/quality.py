@@ -5,11 +5,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import datasets
 import numpy as np
 from scipy import stats
+from torch import nn
 
 from compressor.bench.candidates import Batch, Candidate, check_names
 from compressor.core.errors import UserError
+from compressor.recovery.evaluate import predict
 from compressor.sources.batches import model_inputs
 
 
@@ -118,3 +121,20 @@ def measure_quality(
     for a, b in compare if labels is not None else ():
         pairs.append({"candidate": a, "versus": b, **paired_comparison(preds[a] == labels, preds[b] == labels)})
     return {"reference": reference, "n": n, "has_labels": has_labels, "results": out, "pairs": pairs}
+
+
+def compare_on(baseline: nn.Module, pruned: nn.Module, test: datasets.Dataset, tokenizer) -> dict:
+    """Test accuracy of both models, the difference (pruned − baseline) and McNemar's exact test on the pairs."""
+    logits_b, labels = predict(baseline, test, tokenizer)
+    logits_p, _ = predict(pruned, test, tokenizer)
+    right_b = (logits_b.argmax(-1) == labels).numpy()
+    right_p = (logits_p.argmax(-1) == labels).numpy()
+    test_result = mcnemar_exact(right_p, right_b)
+    return {
+        "baseline_accuracy": float(np.mean(right_b)),
+        "pruned_accuracy": float(np.mean(right_p)),
+        "pruned_minus_baseline": float(np.mean(right_p) - np.mean(right_b)),
+        "mcnemar": test_result,
+        "mcnemar_p": test_result["p_value"],
+        "n": int(labels.numel()),
+    }

@@ -6,9 +6,9 @@ import json
 from pathlib import Path
 
 from compressor.bench.plots import plot_accuracy_speedup, plot_heads, plot_throughput
-from compressor.bench.regression_report import REGRESSION_FILES
 from compressor.bench.timing import headline_batch
 from compressor.core import atomic
+from compressor.guard.report import REGRESSION_FILES
 
 SCHEMA_VERSION = 2  # 2: throughput/speed-ups keyed [variant][seq_len][batch]; several sequence lengths
 

@@ -105,8 +105,8 @@ def analyze(
     """Head roles (positional, rare-word, delimiter, syntactic), Pande sieve tests, confidence, JS clustering."""
     import torch
 
-    from compressor.report.analysis import analyze_heads, model_texts, write_analysis
-    from compressor.report.analysis.syntax import load_parser
+    from compressor.analysis import analyze_heads, model_texts, write_analysis
+    from compressor.analysis.syntax import load_parser
     from compressor.sources import load_model, load_task_data, load_tokenizer
 
     model_spec, data_spec, default_out, roles = _inputs(target, data)

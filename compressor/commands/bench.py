@@ -140,7 +140,8 @@ def run_bench(
     (exit 2).
     """
     from compressor import bench as lib
-    from compressor.bench import regression, regression_report
+    from compressor.guard import baseline as regression
+    from compressor.guard import report as regression_report
 
     expected = check_baseline_options(save_baseline, baseline)
     for path, option in zip((reference, candidate), options, strict=True):

@@ -24,7 +24,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 from compressor import bench
-from compressor.bench.baseline import Baseline
 from compressor.bench.frontier import Point, frontier, pick, reference_points, relative_to_run
 from compressor.bench.references import reference_candidates
 from compressor.core import atomic
@@ -42,6 +41,7 @@ from compressor.pipeline.stages import (
 from compressor.pruning.deployed import as_deployed
 from compressor.pruning.selection import mask_to_plan
 from compressor.recipe import BudgetSpec
+from compressor.recovery.baseline import LayerDropBaseline
 from compressor.recovery.loop import Member, PruneResult
 from compressor.report.references import reference_comparison
 from compressor.sources.batches import sample_batches
@@ -111,13 +111,13 @@ def completed(member_dir: Path) -> dict | None:
     return json.loads(path.read_text()) if path.exists() else None
 
 
-def saved_baseline(section: dict) -> Baseline | None:
+def saved_baseline(section: dict) -> LayerDropBaseline | None:
     """A finished member's layer-drop baseline, loaded back so the next member's baseline continues from it."""
     base = section.get("baseline")
     if base is None:
         return None
     model = load_pruned(base["model_dir"], attn_implementation="eager").eval()
-    return Baseline(model, base["layers_dropped"], {k: v for k, v in base.items() if k != "model_dir"})
+    return LayerDropBaseline(model, base["layers_dropped"], {k: v for k, v in base.items() if k != "model_dir"})
 
 
 def _clear(out: Path) -> None:
@@ -132,7 +132,7 @@ def _clear(out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
 
 
-def run_member(state: RunState, member: Member, make_baseline: Callable[[RunState], Baseline] | None) -> dict:
+def run_member(state: RunState, member: Member, make_baseline: Callable[[RunState], LayerDropBaseline] | None) -> dict:
     """Make one member shippable in `state.out` and return its report section; `member.json` is written last.
     Every process takes part in the baseline's fine-tune; only the main one writes."""
     if make_baseline is not None:

@@ -23,7 +23,6 @@ import yaml
 from accelerate import Accelerator
 from accelerate.utils import InitProcessGroupKwargs
 
-from compressor.bench.baseline import Baseline, baseline_examples, layer_drop_baseline
 from compressor.core import atomic, outdir
 from compressor.core.candidates import SINGLE
 from compressor.core.errors import UserError
@@ -33,6 +32,7 @@ from compressor.pipeline.stages import RunState
 from compressor.pruning.budget import check_budget, max_steps
 from compressor.pruning.selection import check_against_model
 from compressor.recipe import Recipe, RecipeError, dump_recipe, parse_recipe
+from compressor.recovery.baseline import LayerDropBaseline, baseline_examples, layer_drop_baseline
 from compressor.recovery.checkpoints import StepCheckpoints
 from compressor.recovery.distill import TeacherTargets, load_or_compute, step_examples
 from compressor.recovery.evaluate import evaluate
@@ -274,10 +274,10 @@ def _baseline(
     run: RunState,
     original: torch.nn.Module,
     teacher: TeacherTargets | None,
-    previous: Baseline | None = None,
+    previous: LayerDropBaseline | None = None,
     steps_before: int = 0,
     index: int = 0,
-) -> Baseline:
+) -> LayerDropBaseline:
     """The layer-dropping baseline at the pruned model's FLOPs, fine-tuned on every process like the steps were
     (with the same teacher targets when distillation is on). In a family, member `index`'s baseline continues the
     previous member's (`previous`, after `steps_before` steps): it loses the further top layers this member's FLOPs

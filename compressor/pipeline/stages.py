@@ -23,11 +23,11 @@ from accelerate import Accelerator
 from torch import nn
 from tqdm.auto import tqdm
 
-from compressor.bench.baseline import Baseline
 from compressor.core.candidates import ORIGINAL, ORIGINAL_NAME, name_of
 from compressor.core.runtimes import for_variant, runtime
 from compressor.pruning.masking import gated
 from compressor.recipe import BenchSpec, Recipe
+from compressor.recovery.baseline import LayerDropBaseline
 from compressor.recovery.evaluate import evaluate
 from compressor.recovery.loop import PruneResult
 from compressor.recovery.train import model_inputs
@@ -59,7 +59,7 @@ class RunState:
     pruned: nn.Module | None = None  # heads physically removed
     model_dir: Path | None = None
     exported: dict = field(default_factory=dict)
-    baseline: Baseline | None = None  # the fine-tuned layer-dropping baseline (`prune.baseline`)
+    baseline: LayerDropBaseline | None = None  # the fine-tuned layer-dropping baseline (`prune.baseline`)
     timings: dict[str, float] = field(default_factory=dict)  # wall seconds per phase, in run order (report)
 
     @property
@@ -151,7 +151,7 @@ def _units_removed(stats: dict) -> dict:
 
 def baseline_stage(state: RunState) -> dict:
     """The layer-dropping baseline's test accuracy and FLOPs, and McNemar's test against the pruned model."""
-    from compressor.bench.baseline import compare_on
+    from compressor.bench.quality import compare_on
 
     base = state.baseline
     comparison = compare_on(base.model, state.pruned, state.splits["test"], state.tokenizer)
@@ -269,7 +269,7 @@ def analysis_stage(state: RunState) -> dict:
     loaded the analysis logs one warning and runs without syntactic roles (`syntax_skipped` says why), rather than
     failing at the end of a long run. The first step's scores and every step's mask come from the prune result.
     """
-    from compressor.report import analysis
+    from compressor import analysis
 
     spec, fields = state.recipe.analysis, state.data.text_fields
     steps = state.result.steps if state.result is not None else []

@@ -257,7 +257,7 @@ class AnalysisSpec(Strict):
     """Head-role analysis after pruning; `roles` are the detectors' thresholds (docs/analysis.md)."""
 
     class Roles(Strict):
-        """The detectors' thresholds; `compressor.report.analysis.RoleConfig` is this model."""
+        """The detectors' thresholds; `compressor.analysis.RoleConfig` is this model."""
 
         positional_threshold: float = Field(0.9, gt=0, le=1, description="share of queries at one offset")
         rare_top_k: int = Field(500, ge=0, le=10**7, description="most frequent training pieces never counted as rare")

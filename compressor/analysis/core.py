@@ -25,12 +25,12 @@ from scipy import stats
 from torch import nn
 from tqdm.auto import tqdm
 
+from compressor.analysis import sieve as sv
+from compressor.analysis import syntax as sx
+from compressor.analysis.collect import Text, attention_maps, encode, split_texts
+from compressor.analysis.distance import classical_mds, cluster, js_divergence
+from compressor.analysis.roles import RoleAccumulator, RoleConfig, frequent_ids, token_frequencies
 from compressor.core.errors import UserError
-from compressor.report.analysis import sieve as sv
-from compressor.report.analysis import syntax as sx
-from compressor.report.analysis.collect import Text, attention_maps, encode, split_texts
-from compressor.report.analysis.distance import classical_mds, cluster, js_divergence
-from compressor.report.analysis.roles import RoleAccumulator, RoleConfig, frequent_ids, token_frequencies
 from compressor.surgery.arch import presence_mask
 
 SCHEMA = 1

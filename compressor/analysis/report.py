@@ -9,9 +9,9 @@ import math
 import os
 from pathlib import Path
 
+from compressor.analysis import plots
+from compressor.analysis.core import SIEVE_ROLES, SPECIALISED, TOKEN_MAPS, TOKEN_ROLES
 from compressor.core import atomic
-from compressor.report.analysis import plots
-from compressor.report.analysis.core import SIEVE_ROLES, SPECIALISED, TOKEN_MAPS, TOKEN_ROLES
 
 MAP_ORDER = (*TOKEN_MAPS, "syntactic_gain")
 # Everything `write_analysis` may write: a directory holding only these is an earlier analysis, safe to replace.

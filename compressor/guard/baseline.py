@@ -26,7 +26,7 @@ Tolerances are `relative` (fraction of the baseline value; the only kind for per
 Default ratio tolerance 10%: with a point-estimate rule it must clear the run-to-run spread of an unchanged model
 (within ±6% over 10 rounds on a 2-core machine) and stay below what a 15% slowdown measures (−13% to −15%).
 
-The verdicts are rendered (Markdown, plot, regression.json) by `compressor.bench.regression_report`.
+The verdicts are rendered (Markdown, plot, regression.json) by `compressor.guard.report`.
 """
 
 from __future__ import annotations

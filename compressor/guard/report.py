@@ -11,9 +11,9 @@ from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 
-from compressor.bench.regression import FAILING, PER_ROUND_KINDS, Baseline, Verdict, compare, measured_metrics, passed
 from compressor.core import atomic
 from compressor.core.machine import cpu_identity
+from compressor.guard.baseline import FAILING, PER_ROUND_KINDS, Baseline, Verdict, compare, measured_metrics, passed
 
 REGRESSION_FILES = ("regression.json", "regression.md", "regression.png")
 

@@ -3,8 +3,8 @@
 Pruning must earn its complexity against the simplest structured alternative: drop whole layers from the top of
 the original model (no importance scores) until its encoder FLOPs are nearest the pruned model's, fine-tune it with
 the same recovery budget (the same number of training examples as all pruning steps together, and the same teacher
-when distillation is on), and compare test predictions with the pruned model's (accuracy and McNemar's exact test,
-`compressor.bench.quality`).
+when distillation is on). Its test predictions are compared with the pruned model's by `compressor.bench.quality`
+(`compare_on`: accuracy and McNemar's exact test).
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ import copy
 from dataclasses import dataclass
 
 import datasets
-import numpy as np
 from accelerate import Accelerator
 from accelerate.utils import set_seed
 from torch import nn
@@ -22,7 +21,6 @@ from compressor.pruning.units import apply_unit_plan
 from compressor.recipe import TrainSpec
 from compressor.recovery.distill import TeacherTargets, fill
 from compressor.recovery.draws import drawn_examples
-from compressor.recovery.evaluate import predict
 from compressor.recovery.train import train
 from compressor.surgery.arch import num_layers, original_ffn_size, original_num_heads
 from compressor.surgery.cost import masked_flops
@@ -70,7 +68,7 @@ def baseline_examples(n: int, finetune: TrainSpec | None, steps: int, seed: int)
 
 
 @dataclass
-class Baseline:
+class LayerDropBaseline:
     """The fine-tuned layer-dropped model and how it was made."""
 
     model: nn.Module
@@ -90,8 +88,8 @@ def layer_drop_baseline(
     *,
     seed: int = 0,
     teacher: TeacherTargets | None = None,
-    start: Baseline | None = None,
-) -> Baseline:
+    start: LayerDropBaseline | None = None,
+) -> LayerDropBaseline:
     """Drop the top layers of `original` to the FLOPs nearest `target_flops` and fine-tune the copy with the
     recovery budget of `steps` pruning steps of `finetune` (on every process under `accelerate launch`).
 
@@ -127,32 +125,12 @@ def layer_drop_baseline(
         info["finetune"] = train(
             model, train_ds, tokenizer, spec, accelerator, seed=seed, desc="baseline", teacher=teacher
         )
-    return Baseline(accelerator.unwrap_model(model).cpu().eval(), count, info)
-
-
-def compare_on(baseline: nn.Module, pruned: nn.Module, test: datasets.Dataset, tokenizer) -> dict:
-    """Test accuracy of both models, the difference (pruned − baseline) and McNemar's exact test on the pairs."""
-    from compressor.bench.quality import mcnemar_exact
-
-    logits_b, labels = predict(baseline, test, tokenizer)
-    logits_p, _ = predict(pruned, test, tokenizer)
-    right_b = (logits_b.argmax(-1) == labels).numpy()
-    right_p = (logits_p.argmax(-1) == labels).numpy()
-    test_result = mcnemar_exact(right_p, right_b)
-    return {
-        "baseline_accuracy": float(np.mean(right_b)),
-        "pruned_accuracy": float(np.mean(right_p)),
-        "pruned_minus_baseline": float(np.mean(right_p) - np.mean(right_b)),
-        "mcnemar": test_result,
-        "mcnemar_p": test_result["p_value"],
-        "n": int(labels.numel()),
-    }
+    return LayerDropBaseline(accelerator.unwrap_model(model).cpu().eval(), count, info)
 
 
 __all__ = [
-    "Baseline",
+    "LayerDropBaseline",
     "baseline_examples",
-    "compare_on",
     "drop_top_layers",
     "layer_drop_baseline",
     "layers_to_drop",
