@@ -11,7 +11,7 @@ from __future__ import annotations
 from compressor.core import compat as _compat
 from compressor.core.lazy import lazy_attributes
 
-if not _compat.outside():  # on an unsupported stack nothing heavy is imported: the CLI and API report it as one line
+if _compat.runnable():  # on an unsupported stack nothing heavy is imported: the CLI and API report it as one line
     from compressor.pruning import criteria as _criteria  # noqa: F401  registers the criteria with the recipe schema
 
 __version__ = "0.1.0"

@@ -93,6 +93,20 @@ def test_unsupported_torch_refuses_the_python_api(tmp_path):
     assert out.stdout.startswith("refused: torch 2.1.0 is installed; compressor supports torch>=")
 
 
+def test_allow_unsupported_warns_instead_of_refusing(monkeypatch):
+    """COMPRESSOR_ALLOW_UNSUPPORTED=1 turns the refusal of an installed-but-untested version into a warning with the
+    same text; a missing library is still refused."""
+    monkeypatch.setattr(compat, "installed", lambda name: {"torch": "2.11.0"}.get(name, "99.0"))
+    with pytest.raises(compat.UnsupportedVersionError, match="^torch 2.11.0 is installed; compressor supports torch>="):
+        compat.require_supported()
+    monkeypatch.setenv(compat.ALLOW_ENV, "1")
+    with pytest.warns(UserWarning, match=r"^torch 2.11.0 is installed; .* running anyway"):
+        compat.require_supported()
+    monkeypatch.setattr(compat, "installed", lambda name: None if name == "torch" else "99.0")
+    with pytest.raises(compat.UnsupportedVersionError, match="^torch is not installed"):
+        compat.require_supported()
+
+
 def test_version_names_the_libraries_in_use(tmp_path):
     result = _cli("--version", cwd=tmp_path)
     assert result.returncode == 0, result.stderr

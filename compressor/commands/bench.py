@@ -107,7 +107,7 @@ def num_labels(path: Path) -> int:
 
 def check_baseline_options(save_baseline: Path | None, baseline: Path | None):
     """The validated baseline to check against (None when not checking); refuses both options at once."""
-    from compressor.bench import regression
+    from compressor.guard import baseline as regression
 
     if save_baseline is not None and baseline is not None:
         raise UserError("--save-baseline/--baseline: expected one of them, not both")

@@ -26,7 +26,9 @@ in the export.
 
 from __future__ import annotations
 
+import os
 import platform
+import warnings
 from importlib.metadata import PackageNotFoundError, version
 
 from packaging.specifiers import SpecifierSet
@@ -70,15 +72,32 @@ def outside(packages: tuple[str, ...] = CHECKED_AT_RUN_TIME) -> dict[str, str | 
     return {name: v for name, v in found.items() if v is None or not _within(v, REQUIRED[name])}
 
 
+ALLOW_ENV = "COMPRESSOR_ALLOW_UNSUPPORTED"  # "1": run on an untested installed version anyway, with a warning
+
+
+def runnable() -> bool:
+    """Whether compressor runs here: transformers and torch within the range, or installed and allowed anyway
+    (`COMPRESSOR_ALLOW_UNSUPPORTED=1`). `import compressor` imports nothing heavy where this is False."""
+    wrong = outside()
+    return not wrong or (os.environ.get(ALLOW_ENV) == "1" and all(v is not None for v in wrong.values()))
+
+
 def require_supported() -> None:
     """Raise `UnsupportedVersionError` naming the installed and the supported versions if transformers or torch
-    is outside the declared range."""
+    is outside the declared range. With `COMPRESSOR_ALLOW_UNSUPPORTED=1` (an installed torch older than the floor
+    that a user's platform pins, e.g. a GPU image) the same line is a warning instead: the floors are the oldest
+    versions tested, and the parity checks of every run still guard what it ships."""
     wrong = outside()
-    if wrong:
-        found = "; ".join(f"{name} {v} is installed" if v else f"{name} is not installed" for name, v in wrong.items())
-        wanted = [f"{name}{REQUIRED[name]}" for name in wrong]
-        quoted = " ".join(f"'{w}'" for w in wanted)
-        raise UnsupportedVersionError(f"{found}; compressor supports {', '.join(wanted)} (pip install {quoted})")
+    if not wrong:
+        return
+    found = "; ".join(f"{name} {v} is installed" if v else f"{name} is not installed" for name, v in wrong.items())
+    wanted = [f"{name}{REQUIRED[name]}" for name in wrong]
+    quoted = " ".join(f"'{w}'" for w in wanted)
+    message = f"{found}; compressor supports {', '.join(wanted)} (pip install {quoted})"
+    if os.environ.get(ALLOW_ENV) == "1" and all(v is not None for v in wrong.values()):
+        warnings.warn(f"{message}; running anyway ({ALLOW_ENV}=1)", stacklevel=2)
+        return
+    raise UnsupportedVersionError(message)
 
 
 def versions_report(compressor_version: str) -> str:

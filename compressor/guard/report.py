@@ -1,5 +1,5 @@
 """The regression check's outputs: a Markdown summary for pull requests, regression.json/.md/.png in the bench output
-directory, and `check_result`, which decides a bench result against a baseline (`bench.regression`) and writes
+directory, and `check_result`, which decides a bench result against a baseline (`guard.baseline`) and writes
 them. `$GITHUB_STEP_SUMMARY` gets the Markdown too when set (GitHub Actions shows it on the run's page).
 """
 

@@ -47,7 +47,7 @@ def _gate_hook(gates: torch.Tensor, layer: int, heads: list[int], size: int):
 
     def hook(_module: nn.Module, args: tuple) -> tuple:
         x = args[0]
-        g = gates[layer].index_select(0, index.to(gates.device)).to(x.dtype)
+        g = gates[layer].index_select(0, index.to(gates.device)).to(device=x.device, dtype=x.dtype)
         shaped = x.reshape(*x.shape[:-1], len(heads), size) * g[:, None]
         return (shaped.reshape(x.shape), *args[1:])
 
