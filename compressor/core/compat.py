@@ -94,7 +94,7 @@ def require_supported() -> None:
     wanted = [f"{name}{REQUIRED[name]}" for name in wrong]
     quoted = " ".join(f"'{w}'" for w in wanted)
     message = f"{found}; compressor supports {', '.join(wanted)} (pip install {quoted})"
-    if os.environ.get(ALLOW_ENV) == "1" and all(v is not None for v in wrong.values()):
+    if runnable():  # allowed anyway: the same line as a warning
         warnings.warn(f"{message}; running anyway ({ALLOW_ENV}=1)", stacklevel=2)
         return
     raise UnsupportedVersionError(message)
