@@ -161,10 +161,9 @@ def main(argv: list[str] | None = None) -> int:
         **figures(report, wall),
     }
     print_figures(result)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2, default=str) + "\n")
-    print(f"wrote {out.relative_to(ROOT) if out.is_relative_to(ROOT) else out}")
+    from family import write_result
+
+    write_result(result, Path(args.out))
     return 0
 
 

@@ -140,10 +140,9 @@ def main(argv: list[str] | None = None) -> int:
             print("\n".join(table(model, target, rows)), flush=True)
     versions = {name: __import__(name).__version__ for name in ("torch", "transformers", "onnxruntime")}
     result["versions"] = versions
-    path = Path(args.out)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(result, indent=2, default=str) + "\n")
-    print(f"wrote {path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}")
+    from family import write_result
+
+    write_result(result, Path(args.out))
     return 0
 
 
