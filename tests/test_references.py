@@ -21,6 +21,7 @@ from compressor.pipeline.references import prepare_reference, references
 from compressor.pipeline.runner import prepare, run_recipe
 from compressor.recipe import parse_recipe
 from compressor.report.family import render_family
+from compressor.report.schema import RunReport
 from compressor.sources.models import foreign_head
 from compressor.testing import tiny_config, tiny_model
 
@@ -233,7 +234,7 @@ def test_pick_returns_a_reference_when_it_wins_and_says_so(tmp_path):
               "family": {"targets": [2.0, 4.0], "kind": "speedup", "runtime": "pytorch", "members": [],
                          "frontier": ROWS, "pick": chosen,
                          "versus_references": versus_references(ROWS, PAIRS)}}  # fmt: skip
-    md = render_family(report)
+    md = render_family(RunReport.of({**report, "schema_version": 1, "status": "complete"}))
     assert "**Recommendation: `reference/minilm-l6/pytorch`**" in md and "not a pruned member" in md
     assert "| reference minilm-l6 | pytorch | 6.90× |" in md and "none as fast" in md
 

@@ -22,6 +22,7 @@ from compressor.core.machine import int8_features
 from compressor.deploy.openvino import missing as openvino_missing
 from compressor.pipeline.runner import run_recipe
 from compressor.recipe import parse_recipe
+from compressor.report.schema import RunReport
 from compressor.surgery.checkpoint import load_pruned
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -38,6 +39,7 @@ def test_run_end_to_end(tmp_path, tiny_model_dir, tiny_csv, cache_dir) -> None:
         assert (out / name).exists(), name
     saved = json.loads((out / "report.json").read_text())
     assert saved["status"] == "complete" and saved["schema_version"] == 1
+    assert RunReport.read(out / "report.json").dump() == saved == report  # written and read through the schema
     assert report["original"]["test"]["accuracy"] >= 0.9  # the base fine-tune really learned the task
     assert report["pruned"]["heads_left"] == 6 and report["pruned"]["heads_total"] == 12
     assert [s["heads_left"] for s in report["steps"]] == [9, 6]

@@ -17,18 +17,17 @@ NOTHING_QUALIFIES = 1  # exit code when the run has no member within the drop (a
 
 
 def read_frontier(run_dir: Path) -> list[dict]:
-    """The frontier rows of the finished run in `run_dir` (a family run's, else a one-target run's)."""
+    """The frontier rows of the finished run in `run_dir` (a family run's, else a one-target run's), read through
+    the typed report (`report.schema.RunReport`)."""
+    from compressor.report.schema import RunReport
+
     path = run_dir / "report.json"
     if not path.is_file():
         raise UserError(f"RUN_DIR: '{run_dir}' holds no report.json; expected the output_dir of a finished run")
-    try:
-        report = json.loads(path.read_text())
-    except json.JSONDecodeError as err:
-        raise UserError(f"RUN_DIR: '{path}' is not valid JSON ({err.msg}); expected a compressor report") from None
-    rows = report.get("family", {}).get("frontier") or report.get("frontier")
+    rows = RunReport.read(path).frontier_rows()
     if not rows:
         raise UserError(f"RUN_DIR: the run in '{run_dir}' has no frontier (was bench disabled?); expected a benchmark")
-    return rows
+    return [row.dump() for row in rows]
 
 
 def parse_drop(text: str) -> float | None:

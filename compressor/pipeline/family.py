@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import json
 import logging
 import shutil
 from collections.abc import Callable
@@ -26,7 +25,6 @@ from pathlib import Path
 from compressor import bench
 from compressor.bench.frontier import Point, frontier, pick, reference_points, relative_to_run
 from compressor.bench.references import reference_candidates
-from compressor.core import atomic
 from compressor.core.candidates import ORIGINAL_NAME, SINGLE, CandidateName, name_of
 from compressor.core.runtimes import for_variant, runtime
 from compressor.pipeline.stages import (
@@ -44,6 +42,7 @@ from compressor.recipe import BudgetSpec
 from compressor.recovery.baseline import LayerDropBaseline
 from compressor.recovery.loop import Member, PruneResult
 from compressor.report.references import reference_comparison
+from compressor.report.schema import MemberSection
 from compressor.sources.batches import sample_batches
 from compressor.surgery.checkpoint import load_pruned, save_pruned
 
@@ -106,9 +105,10 @@ def member_state(run: RunState, member: Member) -> RunState:
 
 
 def completed(member_dir: Path) -> dict | None:
-    """The member's saved section when it finished in an earlier try of this run (else None)."""
+    """The member's saved section when it finished in an earlier try of this run (else None), read through its
+    typed model (`report.schema.MemberSection`)."""
     path = member_dir / MEMBER_FILE
-    return json.loads(path.read_text()) if path.exists() else None
+    return MemberSection.read(path).dump() if path.exists() else None
 
 
 def saved_baseline(section: dict) -> LayerDropBaseline | None:
@@ -150,7 +150,9 @@ def run_member(state: RunState, member: Member, make_baseline: Callable[[RunStat
     }
     if state.baseline is not None:
         section["baseline"]["model_dir"] = str(save_pruned(state.baseline.model, state.out / BASELINE_DIR))
-    atomic.write_text(state.out / MEMBER_FILE, json.dumps(section, indent=2, default=str))
+    typed = MemberSection.of(section)
+    typed.write(state.out / MEMBER_FILE)
+    section = typed.dump()
     log.info("member %s: test acc %.4f, saved in %s", section["label"], section["pruned"]["test"]["accuracy"],
              state.out)  # fmt: skip
     return section

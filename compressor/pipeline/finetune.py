@@ -62,7 +62,9 @@ def cached_finetune(
         return load_pruned(cached, attn_implementation="eager"), {"cached": str(cached)}
     set_seed(r.seed)
     model = load_model(spec, run.data.label_names, attention="eager")
-    log.info("%s: %s epochs on %d examples", what, r.base_finetune.epochs, len(train_split))
+    ft = r.base_finetune
+    per_epoch = min(len(train_split), ft.max_examples or len(train_split))
+    log.info("%s: %s epochs of %d examples (of %d)", what, ft.epochs, per_epoch, len(train_split))
     desc = "base" if what == "base fine-tune" else what
     stats = train(model, train_split, tokenizer, r.base_finetune, run.accelerator, seed=r.seed, desc=desc)
     if run.main:

@@ -11,7 +11,6 @@ finished step and ends exactly where an uninterrupted run would (CPU, seeded). O
 from __future__ import annotations
 
 import copy
-import json
 import logging
 import time
 from datetime import timedelta
@@ -23,7 +22,7 @@ import yaml
 from accelerate import Accelerator
 from accelerate.utils import InitProcessGroupKwargs
 
-from compressor.core import atomic, outdir
+from compressor.core import outdir
 from compressor.core.candidates import SINGLE
 from compressor.core.errors import UserError
 from compressor.pipeline.finetune import cached_finetune
@@ -38,6 +37,7 @@ from compressor.recovery.distill import TeacherTargets, load_or_compute, step_ex
 from compressor.recovery.evaluate import evaluate
 from compressor.recovery.loop import prune
 from compressor.recovery.rescale import post_training_sample, recovery_summary
+from compressor.report.schema import SCHEMA_VERSION
 from compressor.report.writer import write_report
 from compressor.sources import TaskData, load_model, load_task_data, load_tokenizer
 from compressor.sources.batches import tokenize_splits
@@ -46,7 +46,6 @@ from compressor.surgery.arch import config_head_counts
 from compressor.surgery.cost import masked_flops, size_stats
 
 log = logging.getLogger("compressor")
-REPORT_SCHEMA = 1
 DONE_FILE = outdir.DONE_FILE  # written last and atomically: its presence means the run finished
 
 
@@ -218,12 +217,12 @@ def _finish(
             run.report["analysis"] = analysis_stage(run)
     run.report["seconds"] = time.perf_counter() - t0
     run.report["timings"] = run.timings
-    write_report(run.report, run.out)
-    atomic.write_text(run.out / DONE_FILE, json.dumps(run.report, indent=2, default=str))
+    report = write_report(run.report, run.out)
+    report.write(run.out / DONE_FILE)  # last: its presence marks the run finished
     outdir.finish(run.out)  # the run it replaced (with --force) goes only now; the lock is released
-    log.info("done in %.0fs: %s", run.report["seconds"], run.out / "report.md")
+    log.info("done in %.0fs: %s", report.seconds, run.out / "report.md")
     run.accelerator.wait_for_everyone()
-    return run.report
+    return report.dump()
 
 
 def _make_members(run: RunState, start: torch.nn.Module, teacher: TeacherTargets | None) -> list[dict]:
@@ -286,7 +285,7 @@ def _baseline(
     seq = recipe.prune.resolved_budget.seq_len
     log.info("baseline: dropping top layers to the pruned model's FLOPs and fine-tuning alike")
     return layer_drop_baseline(
-        original, masked_flops(result.model, result.masks.alive(), seq), seq, run.splits["train"], run.tokenizer,
+        original, masked_flops(result.model, result.masks, seq), seq, run.splits["train"], run.tokenizer,
         recipe.prune.recovery_finetune, len(result.steps) - steps_before, run.accelerator, seed=recipe.seed + index,
         teacher=teacher, start=previous,
     )  # fmt: skip
@@ -299,7 +298,7 @@ def _report_head(run: RunState, base_info: dict, original: dict) -> dict:
     if run.original is not None:
         original = {**original, **size_stats(run.original, recipe.bench.seq_len)}
     return {
-        "schema_version": REPORT_SCHEMA,
+        "schema_version": SCHEMA_VERSION,
         "name": recipe.name,
         "status": "complete",
         "model_source": recipe.model.source,

@@ -1,14 +1,15 @@
 """The report of a family run (`prune.budget.values`): the speed/quality frontier first, then the members.
 
-Written from the same dict as `report.json`; the recommendation is `bench.frontier.pick` at the recipe's
-`bench.max_drop`, the same call `compressor pick` makes.
+Rendered from the typed report (`report.schema.RunReport`) that `report.json` is written from; the recommendation
+is `bench.frontier.pick` at the recipe's `bench.max_drop`, the same call `compressor pick` makes.
 """
 
 from __future__ import annotations
 
 from compressor.bench.render import cpu_line, int8_mark
 from compressor.report.references import references_section
-from compressor.report.summary import _pct, _steps_table, _timings_table, _x, distillation, recovery_lines
+from compressor.report.schema import Budget, MemberSection, RunReport
+from compressor.report.summary import _pct, _steps_table, _x, recovery_lines, time_lines
 
 FRONTIER_PNG = "frontier.png"
 
@@ -38,9 +39,9 @@ def _frontier_table(rows: list[dict]) -> list[str]:
     return lines
 
 
-def _pick_line(section: dict, max_drop: float | None) -> str:
-    """The recommendation: the fastest shippable member (or reference) within `bench.max_drop` of the original."""
-    chosen = section.get("pick")
+def _pick_line(chosen: dict | None, max_drop: float | None) -> str:
+    """The recommendation (the family's pick): the fastest shippable member (or reference) within `bench.max_drop`
+    of the original."""
     within = "any accuracy" if max_drop is None else f"within {100 * max_drop:.2f} points of the original"
     if chosen is None:
         return f"**Recommendation: none**: no model on any runtime is {within} (bench.max_drop)."
@@ -55,7 +56,7 @@ def _pick_line(section: dict, max_drop: float | None) -> str:
     )
 
 
-def _members_table(members: list[dict]) -> list[str]:
+def _members_table(members: list[MemberSection]) -> list[str]:
     """One row per member: target, measured speed-up, step, units, FLOP ratio, layer-drop comparison."""
     lines = [
         "| member | target | measured | within 10% | after step | heads | FFN neurons | FLOP ratio | test acc (%) "
@@ -63,35 +64,38 @@ def _members_table(members: list[dict]) -> list[str]:
         "|---|---:|---:|:---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for m in members:
-        p, budget, base = m["pruned"], m.get("budget", {}), m.get("baseline")
-        within = {True: "✓", False: "✗"}.get(budget.get("within_10pct"), "–")
+        p, budget, base = m.pruned, m.budget or Budget(target=m.target, flop_ratio=m.pruned.flop_ratio), m.baseline
+        within = {True: "✓", False: "✗"}.get(budget.within_10pct, "–")
         compare = "–"
         if base:
             compare = f"{100 * base['pruned_minus_baseline']:+.2f} ({base['mcnemar_p']:.3g})"
+        neurons = "–" if p.ffn_neurons is None else p.ffn_neurons
         lines.append(
-            f"| {m['label']} | {m['target']:g} | {_x(budget.get('measured_speedup'))} | {within} | {m['step']} | "
-            f"{p['heads_left']} | {p.get('ffn_neurons', '–')} | {p['flop_ratio']:.2f} | {_pct(p['test']['accuracy'])} "
+            f"| {m.label} | {m.target:g} | {_x(budget.measured_speedup)} | {within} | {m.step} | "
+            f"{p.heads_left} | {neurons} | {p.flop_ratio:.2f} | {_pct(p.test.accuracy)} "
             f"| {_pct(base['baseline_accuracy']) if base else '–'} | {compare} |"
         )
     return lines
 
 
-def render_family(report: dict) -> str:
-    """report.md of a family run."""
-    section, o = report["family"], report["original"]
-    max_drop = report.get("bench", {}).get("max_drop")
+def render_family(report: RunReport) -> str:
+    """report.md of a family run, from its typed report."""
+    section, o = report.family, report.original
+    max_drop = (report.bench or {}).get("max_drop")
+    rows = [row.dump() for row in section.frontier or []]
+    pick = section.pick.dump() if section.pick is not None else None
     lines = [
-        f"# compressor run: {report['name']} (a family of {len(section['members'])} models)",
+        f"# compressor run: {report.name} (a family of {len(section.members)} models)",
         "",
-        f"Model `{report['model_source']}` on `{report['data_source']}` (labels: {', '.join(report['labels'])}); "
-        f"original test accuracy {_pct(o['test']['accuracy'])}%. Targets: "
-        f"{', '.join(f'{t:g}' for t in section['targets'])} ({section['kind']}"
-        f"{' on ' + section['runtime'] if section['kind'] == 'speedup' else ''}).",
+        f"Model `{report.model_source}` on `{report.data_source}` (labels: {', '.join(report.labels)}); "
+        f"original test accuracy {_pct(o.test.accuracy)}%. Targets: "
+        f"{', '.join(f'{t:g}' for t in section.targets)} ({section.kind}"
+        f"{' on ' + section.runtime if section.kind == 'speedup' else ''}).",
         "",
     ]
-    if "frontier" in section:
+    if section.frontier is not None:
         lines += [
-            _pick_line(section, max_drop),
+            _pick_line(pick, max_drop),
             "",
             "## Frontier",
             "",
@@ -101,32 +105,29 @@ def render_family(report: dict) -> str:
             "rounds. Speed-ups are against the PyTorch original; McNemar's exact test is "
             "against the original on the same test examples.",
             "",
-            *cpu_line(report.get("bench", {})),
-            *_frontier_table(section["frontier"]),
+            *cpu_line(report.bench or {}),
+            *_frontier_table(rows),
             "",
             f"![speed/quality frontier]({FRONTIER_PNG})",
             "",
             "Full benchmark (all batch sizes, spread, memory): [bench/report.md](bench/report.md).",
         ]
-    if section.get("versus_references"):
-        lines += references_section(section["versus_references"])
+    if section.versus_references:
+        lines += references_section(section.versus_references)
         lines += ["", "Each reference's fine-tuned model and ONNX variants are under `references/<reference>/`."]
-    lines += ["", "## Members", "", *_members_table(section["members"])]
+    lines += ["", "## Members", "", *_members_table(section.members)]
     lines += [
         "",
         "Each member's model, ONNX variants, model card and layer-drop baseline are under `members/<member>/`.",
         "",
         "## Pruning steps",
         "",
-        f"Recovery distillation: {'on' if distillation(report) else 'off'}. Members are taken after the step marked "
+        f"Recovery distillation: {'on' if report.distillation else 'off'}. Members are taken after the step marked "
         "in the members table.",
         "",
-        *_steps_table(report["steps"]),
+        *_steps_table(report.steps),
         "",
-        *([*recovery_lines(report), ""] if report.get("recovery") else []),
-        f"Total time: {report.get('seconds', 0):.0f} s.",
-        "",
+        *([*recovery_lines(report.recovery), ""] if report.recovery else []),
+        *time_lines(report),
     ]
-    if report.get("timings"):
-        lines += ["## Where the time went", "", *_timings_table(report["timings"], report.get("seconds")), ""]
     return "\n".join(lines)

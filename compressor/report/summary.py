@@ -1,4 +1,5 @@
-"""The human-readable run report (`report.md`), written from the same dict as `report.json`."""
+"""The human-readable report (`report.md`) of a one-target run, rendered from its typed report
+(`report.schema.RunReport`, the one `report.json` is written from); `recommendation` computes what it recommends."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from compressor.core.runtimes import for_variant, runtime
 from compressor.deploy.quantize import smoothing_note
 from compressor.report.card import describe_distillation
 from compressor.report.references import references_section
+from compressor.report.schema import RunReport
 
 
 def _steps_table(steps: list[dict]) -> list[str]:
@@ -65,10 +67,10 @@ def distillation(report: dict) -> dict | None:
     return used[0] if used else None
 
 
-def recovery_lines(report: dict) -> list[str]:
-    """The recovery mode, its seconds and, for rescale, one row per fitted sublayer: the relative residual of the
-    pruned sublayer's output against the unpruned one's before and after the least-squares scales."""
-    rec = report.get("recovery")
+def recovery_lines(rec: dict | None) -> list[str]:
+    """The recovery mode (the report's `recovery` section), its seconds and, for rescale, one row per fitted
+    sublayer: the relative residual of the pruned sublayer's output against the unpruned one's before and after the
+    least-squares scales."""
     if not rec:
         return []
     sample = f" on a sample of {rec['sample_size']} training examples" if rec.get("sample_size") else ""
@@ -86,10 +88,6 @@ def recovery_lines(report: dict) -> list[str]:
             for e in f["layers"]
         ]
     return lines
-
-
-def _distillation_line(report: dict) -> str:
-    return f"Recovery fine-tuning: {describe_distillation(distillation(report))}."
 
 
 DEFAULT_MAX_DROP = 0.01  # `bench.max_drop`'s default, for reports written before the field existed
@@ -212,8 +210,8 @@ def _accuracy_gate(report: dict, max_drop: float | None) -> _Gate:
     return _Gate(original, max_drop)
 
 
-def _recommendation_line(report: dict) -> str:
-    rec = recommendation(report)
+def _recommendation_line(rec: dict | None) -> str:
+    """The one-target run's recommendation (`recommendation`) as a line of report.md."""
     if rec is None:
         return "Recommendation: none (no benchmarked variant passed every gate)."
     why_not = "".join(f"\n- not recommended: {r['reason']}." for r in rec.get("not_recommended", []))
@@ -321,51 +319,47 @@ def _baseline_lines(base: dict) -> list[str]:
     ]
 
 
-def render(report: dict) -> str:
-    o, p = report["original"], report["pruned"]
+def render(report: RunReport) -> str:
+    """report.md of a one-target run, from its typed report (completed with its recommendation)."""
+    o, p = report.original, report.pruned
     lines = [
-        f"# compressor run: {report['name']}",
+        f"# compressor run: {report.name}",
         "",
-        f"Model `{report['model_source']}` on `{report['data_source']}` (labels: {', '.join(report['labels'])}).",
+        f"Model `{report.model_source}` on `{report.data_source}` (labels: {', '.join(report.labels)}).",
         "",
         "## Result",
         "",
         "| | original | pruned |",
         "|---|---:|---:|",
-        f"| test accuracy (%) | {_pct(o['test']['accuracy'])} | {_pct(p['test']['accuracy'])} |",
-        f"| heads | {p['heads_total']} | {p['heads_left']} |",
-        f"| parameters | {o['parameters']:,} | {p['parameters']:,} |",
-        f"| encoder FLOPs / example | {o['encoder_flops_per_example']:,} | {p['encoder_flops_per_example']:,} |",
+        f"| test accuracy (%) | {_pct(o.test.accuracy)} | {_pct(p.test.accuracy)} |",
+        f"| heads | {p.heads_total} | {p.heads_left} |",
+        f"| parameters | {o.parameters:,} | {p.parameters:,} |",
+        f"| encoder FLOPs / example | {o.encoder_flops_per_example:,} | {p.encoder_flops_per_example:,} |",
         "",
-        f"FLOP ratio original/pruned: {p['flop_ratio']:.3f}. Masked vs physically pruned max |Δlogit|: "
-        f"{p['masked_vs_pruned_max_abs_diff']:.2e}. Saved model: `{p['model_dir']}`.",
-        *_units_lines(p),
+        f"FLOP ratio original/pruned: {p.flop_ratio:.3f}. Masked vs physically pruned max |Δlogit|: "
+        f"{p.masked_vs_pruned_max_abs_diff:.2e}. Saved model: `{p.model_dir}`.",
+        *_units_lines(p.dump()),
     ]
-    if "budget" in report:
-        lines += ["", "## Budget", "", *_budget_lines(report["budget"])]
-    if "baseline" in report:
-        lines += ["", "## Baseline: dropping top layers at the same FLOPs", "", *_baseline_lines(report["baseline"])]
+    if report.budget is not None:
+        lines += ["", "## Budget", "", *_budget_lines(report.budget.dump())]
+    if report.baseline is not None:
+        lines += ["", "## Baseline: dropping top layers at the same FLOPs", "", *_baseline_lines(report.baseline)]
     lines += [
         "",
-        _recommendation_line(report),
+        _recommendation_line(report.recommendation),
         "",
         "## Pruning steps",
         "",
-        _distillation_line(report),
+        f"Recovery fine-tuning: {describe_distillation(report.distillation)}.",
         "",
-        *_steps_table(report["steps"]),
+        *_steps_table(report.steps),
     ]
-    if report.get("recovery"):
-        lines += ["", *recovery_lines(report)]
-    if "export" in report:
-        lines += [
-            "",
-            "## ONNX export",
-            "",
-            *_export_table(report["export"]),
-        ]
-    if "bench" in report:
-        lines += ["", "## Benchmark", "", *_bench_table(report["bench"])]
+    if report.recovery:
+        lines += ["", *recovery_lines(report.recovery)]
+    if report.export is not None:
+        lines += ["", "## ONNX export", "", *_export_table(report.export)]
+    if report.bench is not None:
+        lines += ["", "## Benchmark", "", *_bench_table(report.bench)]
         lines += [
             "",
             "Quality vs speed of every candidate (original, pruned, layer-drop baseline, references; PyTorch and each "
@@ -375,15 +369,20 @@ def render(report: dict) -> str:
             "",
             "Full tables and plots (all sequence lengths and batch sizes, spread, memory): "
             "[bench/report.md](bench/report.md).",
-            *references_section(report.get("versus_references")),
+            *references_section(report.versus_references),
         ]
-    if "analysis" in report:
-        lines += ["", "## Head roles of kept vs removed heads", "", *_roles_table(report["analysis"])]
+    if report.analysis is not None:
+        lines += ["", "## Head roles of kept vs removed heads", "", *_roles_table(report.analysis)]
         lines += ["", "Details and figures: [analysis/analysis.md](analysis/analysis.md)."]
-    lines += ["", f"Total time: {report.get('seconds', 0):.0f} s.", ""]
-    if report.get("timings"):
-        lines += ["## Where the time went", "", *_timings_table(report["timings"], report.get("seconds")), ""]
-    return "\n".join(lines)
+    return "\n".join(lines + ["", *time_lines(report)])
+
+
+def time_lines(report: RunReport) -> list[str]:
+    """The run's total time and, when the phases were timed, where it went."""
+    lines = [f"Total time: {report.seconds or 0:.0f} s.", ""]
+    if report.timings:
+        lines += ["## Where the time went", "", *_timings_table(report.timings, report.seconds), ""]
+    return lines
 
 
 def _timings_table(timings: dict[str, float], total: float | None) -> list[str]:

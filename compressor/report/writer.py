@@ -1,6 +1,6 @@
 """The one writer of a run's `report.md`: a family's (its frontier first, `report.family`) or a one-target run's
-(`report.summary`), read from the same dict as `report.json`, which it completes with the recommendation and the
-distillation settings."""
+(`report.summary`), rendered from the typed report (`report.schema.RunReport`) that `report.json` is written from,
+after completing it with the recommendation and the distillation settings."""
 
 from __future__ import annotations
 
@@ -9,18 +9,22 @@ from pathlib import Path
 from compressor.bench.plots import plot_frontier
 from compressor.core import atomic
 from compressor.report.family import FRONTIER_PNG, render_family
+from compressor.report.schema import RunReport
 from compressor.report.summary import distillation, recommendation, render
 
 
-def write_report(report: dict, out: Path) -> Path:
-    """Write `out/report.md` (and a family's frontier chart); fills `report["distillation"]` and
-    `report["recommendation"]` (a family's: its pick, the call `compressor pick` makes; a one-target run's: the
-    fastest shipped variant passing every gate, `summary.recommendation`) for report.json."""
+def write_report(report: dict, out: Path) -> RunReport:
+    """Check the assembled `report` against `RunReport` and write `out/report.md` (and a family's frontier chart);
+    returns the typed report for report.json. Fills `distillation` and `recommendation` (a family's: its pick, the
+    call `compressor pick` makes; a one-target run's: the fastest shipped variant passing every gate,
+    `summary.recommendation`)."""
     family = report.get("family")
     report.setdefault("distillation", distillation(report))
     report.setdefault("recommendation", family.get("pick") if family is not None else recommendation(report))
-    if family is not None and family.get("frontier"):
-        plot_frontier(family["frontier"], Path(out) / FRONTIER_PNG)
+    typed = RunReport.of(report)
+    rows = [row.dump() for row in typed.frontier_rows()]
+    if typed.family is not None and rows:
+        plot_frontier(rows, Path(out) / FRONTIER_PNG)
     path = Path(out) / "report.md"
-    atomic.write_text(path, render_family(report) if family is not None else render(report))
-    return path
+    atomic.write_text(path, render_family(typed) if typed.family is not None else render(typed))
+    return typed

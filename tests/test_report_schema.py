@@ -1,0 +1,113 @@
+"""The run report's typed models (`compressor.report.schema`): a report round-trips with exactly its keys, and a
+file that is not a report (bad JSON, a newer schema, a missing or mistyped key) is one line naming what is wrong."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from compressor.cli import app
+from compressor.core.errors import UserError
+from compressor.report.schema import SCHEMA_VERSION, MemberSection, RunReport
+
+SCORE = {"accuracy": 0.8, "loss": 0.4, "n": 10}
+PRUNED = {
+    "test": SCORE, "heads_left": 3, "heads_total": 4, "heads_per_layer": [2, 1], "model_dir": "model",
+    "plan": {"0": [0, 1], "1": [2]}, "parameters": 100, "encoder_flops_per_example": 50, "flop_ratio": 1.5,
+    "masked_vs_pruned_max_abs_diff": 0.0, "units_removed": {"heads": 1, "neurons": 0, "layers": 0},
+}  # fmt: skip
+ROW = {
+    "name": "2x/pytorch", "model": "2x", "role": "member", "runtime": "pytorch", "path": "members/2x/model",
+    "rejected": False, "speedup": 2.1, "speedup_by_batch": {"32": 2.1}, "batch": 32, "seq_len": 64, "accuracy": 0.8,
+    "drop_points": 0.5, "mcnemar_p": 0.3, "size_bytes": 10, "recovery": "finetune", "cpu_int8_features": None,
+    "pareto": True,
+}  # fmt: skip
+
+
+def one_target() -> dict:
+    """A one-target run's report as the pipeline assembles it (the extra keys stand for untyped detail)."""
+    return json.loads(json.dumps({
+        "schema_version": SCHEMA_VERSION, "name": "r", "status": "complete", "model_source": "m",
+        "data_source": "d", "labels": ["neg", "pos"], "base_finetune": {"cached": None},
+        "original": {"validation": SCORE, "test": SCORE, "parameters": 120, "encoder_flops_per_example": 75},
+        "steps": [{"heads_left": 3, "seconds": 1.5}], "pruned": PRUNED,
+        "export": {"fp32": {"dir": "onnx/fp32", "size_bytes": 1}}, "frontier": [ROW],
+        "budget": {"kind": "heads", "value": 0.25, "target": 0.25, "flop_ratio": 1.5}, "seconds": 3.0,
+        "timings": {"bench": 1.0}, "recommendation": None,
+    }))  # fmt: skip
+
+
+def family() -> dict:
+    member = {"target": 2.0, "label": "2x", "step": 1, "pruned": PRUNED, "budget": {"target": 2.0, "flop_ratio": 1.5}}
+    report = {k: v for k, v in one_target().items() if k not in ("pruned", "export", "frontier", "budget")}
+    section = {"targets": [2.0], "kind": "speedup", "runtime": "pytorch", "members": [member], "frontier": [ROW],
+               "pick": ROW}  # fmt: skip
+    return report | {"family": section}
+
+
+@pytest.mark.parametrize("make", [one_target, family])
+def test_a_report_round_trips_with_exactly_its_keys(make, tmp_path) -> None:
+    report = make()
+    typed = RunReport.of(report)
+    assert typed.dump() == report  # nothing added, nothing dropped, untyped detail kept
+    typed.write(tmp_path / "report.json")
+    back = RunReport.read(tmp_path / "report.json")
+    assert back.dump() == report
+    assert [r.name for r in back.frontier_rows()] == ["2x/pytorch"]
+    assert back.original.test.accuracy == 0.8 and back.steps[0]["heads_left"] == 3
+
+
+def test_plan_keys_are_layer_numbers_in_the_model_and_strings_in_the_file() -> None:
+    typed = RunReport.of(one_target())
+    assert typed.pruned.plan == {0: [0, 1], 1: [2]}
+    assert json.loads(json.dumps(typed.dump()))["pruned"]["plan"] == {"0": [0, 1], "1": [2]}
+
+
+def _write(tmp_path, data) -> object:
+    path = tmp_path / "report.json"
+    path.write_text(data if isinstance(data, str) else json.dumps(data))
+    return path
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda r: r["pruned"].pop("model_dir"), "pruned.model_dir: Field required"),
+        (lambda r: r["original"]["test"].update(accuracy="high"), "original.test.accuracy: Input should be a valid"),
+        (lambda r: r.update(status="running"), "status: Input should be 'complete'"),
+        (lambda r: r.update(family=family()["family"]), "either 'pruned' (one target) or 'family'"),
+        (lambda r: r["frontier"][0].update(role="winner"), "frontier.0.role: Input should be"),
+    ],
+)
+def test_a_broken_report_is_one_line_naming_the_field(change, message, tmp_path) -> None:
+    report = one_target()
+    change(report)
+    with pytest.raises(UserError) as err:
+        RunReport.read(_write(tmp_path, report))
+    assert message in str(err.value) and "\n" not in str(err.value) and "report.json" in str(err.value)
+
+
+def test_a_newer_schema_and_bad_json_are_refused_in_one_line(tmp_path) -> None:
+    with pytest.raises(UserError, match=rf"report schema {SCHEMA_VERSION + 1}, newer than this compressor's"):
+        RunReport.read(_write(tmp_path, one_target() | {"schema_version": SCHEMA_VERSION + 1}))
+    with pytest.raises(UserError, match="is not valid JSON"):
+        RunReport.read(_write(tmp_path, "{not json"))
+
+
+def test_pick_reads_through_the_schema(tmp_path) -> None:
+    """`compressor pick` refuses a report it cannot read in one line (exit 2) and picks from one it can."""
+    _write(tmp_path, one_target() | {"schema_version": SCHEMA_VERSION + 1})
+    result = CliRunner().invoke(app, ["pick", str(tmp_path)])
+    assert result.exit_code == 2 and "newer than this compressor's" in result.output
+    _write(tmp_path, one_target())
+    result = CliRunner().invoke(app, ["pick", str(tmp_path), "--max-drop", "1", "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)["name"] == "2x/pytorch"
+
+
+def test_a_member_section_round_trips(tmp_path) -> None:
+    section = family()["family"]["members"][0]
+    MemberSection.of(section).write(tmp_path / "member.json")
+    assert MemberSection.read(tmp_path / "member.json").dump() == section
