@@ -17,6 +17,7 @@ import itertools
 import logging
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
@@ -132,24 +133,48 @@ def analyze_heads(
     and its English model (a one-line `UserError` otherwise); `syntax=False` skips spaCy (no syntactic role, no
     syntactic sieve, block only for pair inputs); `syntax="auto"` uses spaCy when it can be loaded and otherwise
     logs one warning and goes on without it. `result["settings"]["syntax_skipped"]` says why syntax was skipped
-    (None when it ran).
+    (None when it ran). The keyword options are `compressor analyze`'s and the recipe's `analysis` settings.
     """
     config = config or RoleConfig()
     texts = [t for t in texts if _nonempty(t)]
     if not texts:
         raise UserError("analysis: no non-empty texts to analyse; expected at least one evaluation example")
     present = presence_mask(model)
+    nlp, skipped = _parser(syntax)
+    seen = _collect(model, tokenizer, texts, train_texts, present, max_length, batch_size, config, nlp)
+    result = _assemble(present, config, seen, scores, max_length)
+    result["settings"]["syntax_skipped"] = skipped
+    return result
+
+
+@dataclass
+class _Pass:
+    """What one pass over the examples accumulated: token roles (`acc`), syntactic relations (`rel`, None without
+    a parser), sieve biases per role, the mean JS distance between present heads (`alive_idx`), and the inputs'
+    shape (how many examples, whether they were sentence pairs)."""
+
+    acc: RoleAccumulator
+    rel: sx.RelationAccumulator | None
+    biases: dict[str, list[torch.Tensor]]
+    js: torch.Tensor
+    alive_idx: torch.Tensor
+    examples: int
+    pairs: bool
+
+
+def _collect(model, tokenizer, texts, train_texts, present, max_length, batch_size, config, nlp) -> _Pass:
+    """Run the model over `texts` once, feeding every example's attention to each accumulator. Nine arguments: the
+    analysis inputs and settings `analyze_heads` resolved, passed on as they are."""
     n_layers, n_heads = present.shape
     k = n_layers * n_heads
     alive_idx = torch.nonzero(present.flatten()).flatten()
-    nlp, skipped = _parser(syntax)
     examples = encode(tokenizer, texts, max_length)
     # piece frequencies per text (a pair's two texts counted separately; specials excluded anyway)
     counts = token_frequencies(
         tokenizer, [t for col in split_texts(list(train_texts) or texts) for t in col], max_length
     )
     acc = RoleAccumulator(k, max_length, counts, frequent_ids(counts, config.rare_top_k))
-    rel = sx.RelationAccumulator(k)
+    rel = sx.RelationAccumulator(k) if nlp is not None else None
     docs = sx.parse_parts(nlp, [e.parts for e in examples]) if nlp is not None else [None] * len(examples)
     biases: dict[str, list[torch.Tensor]] = {r: [] for r in sv.SIEVE_ROLES}
     js_sum, js_n = torch.zeros(len(alive_idx), len(alive_idx)), 0
@@ -169,29 +194,13 @@ def analyze_heads(
         for role, sieve in _sieves(example, piece_word, heads, aligned, sentences).items():
             if sieve is not None:
                 biases[role].append(sv.sieve_bias(att, sieve, example.words))
-    result = _assemble(
-        present,
-        config,
-        acc,
-        rel,
-        biases,
-        js_sum / max(js_n, 1),
-        alive_idx,
-        scores,
-        len(examples),
-        max_length,
-        nlp is not None,
-    )
-    result["settings"]["syntax_skipped"] = skipped
-    result["settings"]["pairs"] = len(examples[0].parts) > 1
-    return result
+    pairs = len(examples[0].parts) > 1
+    return _Pass(acc, rel, biases, js_sum / max(js_n, 1), alive_idx, len(examples), pairs)
 
 
-def _assemble(present, config, acc, rel, biases, js, alive_idx, scores, n_examples, max_length, syntax) -> dict:
-    roles = acc.result(config)
-    n_layers, n_heads = present.shape
-    k = present.numel()
-    table = rel.table(config.min_relation_count, config.syntactic_margin) if syntax else []
+def _syntactic(roles: dict, table: list[dict], k: int) -> torch.Tensor:
+    """Mark the heads syntactic in any relation (`roles["syntactic"]`); returns each head's best gain over the
+    relation baselines (NaN where no relation was counted)."""
     syntactic = torch.zeros(k, dtype=torch.bool)
     gain = torch.full((k,), float("nan"))
     for row in table:
@@ -199,25 +208,27 @@ def _assemble(present, config, acc, rel, biases, js, alive_idx, scores, n_exampl
         g = row["accuracy"] - row["baseline"]
         gain = torch.where(torch.isnan(gain), g, torch.maximum(gain, g))
     roles["syntactic"] = syntactic
-    flat_present = present.flatten()
+    return gain
+
+
+def _sieve_tests(roles: dict, maps: dict, biases: dict, present: torch.Tensor, config: RoleConfig) -> dict:
+    """The sieve tests per role over the present heads: adds each role's mean-bias map and flags (`sieve_<role>`);
+    returns the report's `sieve` section."""
+    k, flat_present = present.numel(), present.flatten().numpy()
     samples = {
-        r: (torch.stack(b).numpy() if b else np.full((0, k), np.nan))[:, flat_present.numpy()]
-        for r, b in biases.items()
+        r: (torch.stack(b).numpy() if b else np.full((0, k), np.nan))[:, flat_present] for r, b in biases.items()
     }
     tested = sv.assign_roles(samples, config.sieve_tau, config.sieve_alpha, config.sieve_test, config.sieve_correction)
 
     def expand(x: np.ndarray, fill) -> np.ndarray:
         full = np.full(k, fill, dtype=np.asarray(x).dtype if fill is not None else float)
-        full[flat_present.numpy()] = x
+        full[flat_present] = x
         return full
 
-    maps = {name: _grid(roles[name], present) for name in TOKEN_MAPS}
-    if syntax:
-        maps["syntactic_gain"] = _grid(gain, present)
-    sieve_out = {}
+    out = {}
     for role, t in tested.items():
         maps[f"sieve_bias_{role}"] = _grid(expand(t["mean_bias"], np.nan), present)
-        sieve_out[role] = {
+        out[role] = {
             "mean_bias": maps[f"sieve_bias_{role}"],
             "p": _grid(expand(t["p"], np.nan), present, 6),
             "p_adjusted": _grid(expand(t["p_adjusted"], np.nan), present, 6),
@@ -225,38 +236,51 @@ def _assemble(present, config, acc, rel, biases, js, alive_idx, scores, n_exampl
             "sequences": int(np.max(t["sequences"])) if t["sequences"].size else 0,
         }
         roles[f"sieve_{role}"] = torch.as_tensor(expand(t["reject"], False))
+    return {
+        "tau": config.sieve_tau,
+        "alpha": config.sieve_alpha,
+        "test": config.sieve_test,
+        "correction": config.sieve_correction,
+        "tests": int(sum(np.isfinite(t["p"]).sum() for t in tested.values())),
+        "roles": out,
+    }
+
+
+def _assemble(present: torch.Tensor, config: RoleConfig, seen: _Pass, scores: dict | None, max_length: int) -> dict:
+    """The analysis result from one pass: role flags and counts, maps, relations, sieve tests, JS clustering."""
+    roles = seen.acc.result(config)
+    n_layers, n_heads = present.shape
+    syntax = seen.rel is not None
+    table = seen.rel.table(config.min_relation_count, config.syntactic_margin) if syntax else []
+    gain = _syntactic(roles, table, present.numel())
+    maps = {name: _grid(roles[name], present) for name in TOKEN_MAPS}
+    if syntax:
+        maps["syntactic_gain"] = _grid(gain, present)
+    sieve = _sieve_tests(roles, maps, seen.biases, present, config)
     for name, s in (scores or {}).items():
         maps[f"score_{name}"] = _grid(
             torch.as_tensor(s, dtype=torch.float64).masked_fill(~present, float("nan")), present, 6
         )
-    role_names = [*TOKEN_ROLES, *SIEVE_ROLES]
-    flags = {r: roles[r] & flat_present for r in role_names}
+    flags = {r: roles[r] & present.flatten() for r in (*TOKEN_ROLES, *SIEVE_ROLES)}
     result = {
         "schema": SCHEMA,
         "layers": n_layers,
         "heads": n_heads,
         "present": present.tolist(),
-        "examples": n_examples,
-        "settings": {**config.model_dump(), "max_length": max_length, "syntax": syntax},
+        "examples": seen.examples,
+        "settings": {**config.model_dump(), "max_length": max_length, "syntax": syntax, "pairs": seen.pairs},
         "maps": maps,
         "roles": {r: _flags(f, present) for r, f in flags.items()},
         "counts": {r: int(f.sum()) for r, f in flags.items()},
         "positional_heads": _positional_list(roles, present),
         "relations": [_relation_row(row, n_heads, present) for row in table],
-        "sieve": {
-            "tau": config.sieve_tau,
-            "alpha": config.sieve_alpha,
-            "test": config.sieve_test,
-            "correction": config.sieve_correction,
-            "tests": int(sum(np.isfinite(t["p"]).sum() for t in tested.values())),
-            "roles": sieve_out,
-        },
-        "rare_word": {"sentences": acc.rare_sentences, "top_k_excluded": config.rare_top_k},
+        "sieve": sieve,
+        "rare_word": {"sentences": seen.acc.rare_sentences, "top_k_excluded": config.rare_top_k},
         "overlaps": {
             "roles": overlaps({r: flags[r] for r in TOKEN_ROLES}),
             "sieve": overlaps({r: flags[r] for r in SIEVE_ROLES}),
         },
-        "js": _js_block(js, alive_idx, n_heads),
+        "js": _js_block(seen.js, seen.alive_idx, n_heads),
         "score_correlations": _score_correlations(scores, roles["confidence"], present),
     }
     counts = result["counts"]

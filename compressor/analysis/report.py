@@ -70,9 +70,17 @@ def _pruning_section(steps: list[dict]) -> list[str]:
 
 
 def render_markdown(result: dict) -> str:
-    """The human-readable report (tables; figures referenced by relative path)."""
-    s = result["settings"]
-    counts = result["counts"]
+    """The human-readable report (tables; figures referenced by relative path), one section after another."""
+    sections = (_roles_found, _attention_shares, _layer_means, _relations, _sieve_and_maps, _distances)
+    lines = [line for section in sections for line in section(result)]
+    if result.get("pruning_steps"):
+        lines += _pruning_section(result["pruning_steps"])
+    return "\n".join(lines) + "\n"
+
+
+def _roles_found(result: dict) -> list[str]:
+    """The header, the roles found (counts and rules), the sieve test used, and how roles overlap."""
+    s, counts = result["settings"], result["counts"]
     lines = [
         "# Head analysis",
         "",
@@ -101,67 +109,65 @@ def render_markdown(result: dict) -> str:
         combos = ", ".join(f"{k}: {v}" for k, v in ov["combinations"].items())
         pairs = ", ".join(f"{k}: {v}" for k, v in ov["pairs"].items())
         lines += [f"- {family} — combinations: {combos}", f"- {family} — pairs: {pairs}"]
-    lines += ["", "## Positional heads", ""]
+    return lines
+
+
+def _shares(result: dict, key: str) -> str:
+    return ", ".join(f"{h} {v:.2f}" for h, v in _top(result["maps"][key]))
+
+
+def _attention_shares(result: dict) -> list[str]:
+    """Positional heads (or the highest shares), rare-word heads and delimiter attention."""
+    lines = ["", "## Positional heads", ""]
     pos = result["positional_heads"]
-    lines += (
-        _table(["head", "offset", "share"], [[p["head"], p["offset"], p["share"]] for p in pos])
-        if pos
-        else [
-            "None at the threshold. Highest shares: "
-            + ", ".join(f"{h} {v:.2f}" for h, v in _top(result["maps"]["positional_share"]))
-        ]
-    )
-    lines += [
+    if pos:
+        lines += _table(["head", "offset", "share"], [[p["head"], p["offset"], p["share"]] for p in pos])
+    else:
+        lines += ["None at the threshold. Highest shares: " + _shares(result, "positional_share")]
+    return lines + [
         "",
         "## Rare-word heads",
         "",
         f"Sentences with a rare piece: {result['rare_word']['sentences']}. "
-        "Highest shares of queries attending to the rarest piece: "
-        + ", ".join(f"{h} {v:.2f}" for h, v in _top(result["maps"]["rare_share"])),
+        "Highest shares of queries attending to the rarest piece: " + _shares(result, "rare_share"),
         "",
-    ]
-    lines += [
         "## Delimiter attention (Clark)",
         "",
-        "Highest total share on [CLS]/[SEP]/punctuation: "
-        + ", ".join(f"{h} {v:.2f}" for h, v in _top(result["maps"]["delimiter_share"])),
+        "Highest total share on [CLS]/[SEP]/punctuation: " + _shares(result, "delimiter_share"),
         "",
     ]
-    lines += _layer_means(result)
-    lines += ["## Syntactic relations (best head vs most-frequent-offset baseline)", ""]
-    if result["relations"]:
-        lines += _table(
-            ["relation", "direction", "n", "baseline (offset)", "best head", "accuracy", "gain", "syntactic heads"],
-            [
-                [
-                    r["relation"],
-                    r["direction"],
-                    r["count"],
-                    f"{r['baseline']:.3f} ({r['baseline_offset']:+d})",
-                    r["best_head"],
-                    r["best_accuracy"],
-                    r["gain"],
-                    len(r["syntactic_heads"]),
-                ]
-                for r in result["relations"]
-            ],
-        )
-    else:
+
+
+def _relations(result: dict) -> list[str]:
+    """Per syntactic relation, the best head against the most-frequent-offset baseline."""
+    s = result["settings"]
+    lines = ["## Syntactic relations (best head vs most-frequent-offset baseline)", ""]
+    if not result["relations"]:
         why = f"syntax skipped: {s['syntax_skipped']}" if s.get("syntax_skipped") else "syntax ran"
-        lines.append(f"No relation had ≥ {s['min_relation_count']} instances ({why}).")
-    lines += ["", "## Sieve bias (Pande)", ""]
-    lines += _table(
-        ["role", "sequences", "heads assigned", "top heads by mean bias"],
-        [
-            [
-                role,
-                info["sequences"],
-                counts.get(f"sieve_{role}", 0),
-                ", ".join(f"{h} {v:.1f}" for h, v in _top(info["mean_bias"], 3)),
-            ]
-            for role, info in result["sieve"]["roles"].items()
-        ],
-    )
+        return lines + [f"No relation had ≥ {s['min_relation_count']} instances ({why})."]
+    header = ["relation", "direction", "n", "baseline (offset)", "best head", "accuracy", "gain", "syntactic heads"]
+    rows = [
+        [r["relation"], r["direction"], r["count"], f"{r['baseline']:.3f} ({r['baseline_offset']:+d})", r["best_head"],
+         r["best_accuracy"], r["gain"], len(r["syntactic_heads"])]
+        for r in result["relations"]
+    ]  # fmt: skip
+    return lines + _table(header, rows)
+
+
+def _sieve_and_maps(result: dict) -> list[str]:
+    """Sieve bias per role, the layer × head maps, and the criterion scores' correlation with confidence."""
+    counts = result["counts"]
+    rows = [
+        [role, info["sequences"], counts.get(f"sieve_{role}", 0),
+         ", ".join(f"{h} {v:.1f}" for h, v in _top(info["mean_bias"], 3))]
+        for role, info in result["sieve"]["roles"].items()
+    ]  # fmt: skip
+    lines = [
+        "",
+        "## Sieve bias (Pande)",
+        "",
+        *_table(["role", "sequences", "heads assigned", "top heads by mean bias"], rows),
+    ]
     lines += ["", "![sieve](sieve.png)", "", "## Layer × head maps", "", "![maps](maps.png)", ""]
     if result.get("score_correlations"):
         lines += [
@@ -169,7 +175,12 @@ def render_markdown(result: dict) -> str:
             + ", ".join(f"{k} {_fmt(v['spearman_vs_confidence'])}" for k, v in result["score_correlations"].items()),
             "",
         ]
-    lines += [
+    return lines
+
+
+def _distances(result: dict) -> list[str]:
+    """The Jensen–Shannon clustering of heads."""
+    return [
         "## Head distances (Jensen–Shannon, Clark)",
         "",
         _clusters_line(result["js"]),
@@ -177,9 +188,6 @@ def render_markdown(result: dict) -> str:
         "![js](js_clustering.png)",
         "",
     ]
-    if result.get("pruning_steps"):
-        lines += _pruning_section(result["pruning_steps"])
-    return "\n".join(lines) + "\n"
 
 
 def _layer_means(result: dict) -> list[str]:

@@ -83,7 +83,9 @@ def measure_throughput(
     is taken around each of those measurements too, so it sees the same rotating order, and reported as the median
     over rounds (see the module docstring for what it does not count).
     Returns {"setup": ..., "results": {name: {str(seq_len): {str(batch): {...}}}}} with per-round seconds,
-    median/IQR/min/max of ms per batch and examples/s, and the peak-RSS growth (median and per round).
+    median/IQR/min/max of ms per batch and examples/s, and the peak-RSS growth (median and per round). The protocol's
+    settings are keyword arguments (not a `BenchSpec`) because `compressor bench`, the run's bench and the
+    benchmarks/ scripts each call it with their own.
     """
     check_names(candidates)
     lengths = lengths_of(seq_lens)  # batch sizes and lengths are checked by `BenchSpec`
@@ -101,24 +103,6 @@ def measure_throughput(
     calls = {(c.name, shape): partial(c.predict, inputs[shape]) for shape in shapes for c in candidates}
     groups = [[(c.name, shape) for c in candidates] for shape in shapes]  # every shape's candidates, rotated
     secs = timed_rounds(calls, rounds, min_time_s, min_calls, warmup, groups, with_memory, desc="bench rounds")
-    results: dict[str, dict[str, dict[str, dict]]] = {}
-    for c in candidates:
-        results[c.name] = {str(s): {} for s in lengths}
-        for s, b in shapes:
-            mem = memory[(c.name, (s, b))]
-            known = [m for m in mem if m is not None]
-            times = secs[(c.name, (s, b))]
-            results[c.name][str(s)][str(b)] = {
-                "seconds_per_round": times,
-                "ms_per_batch": _spread([1000 * x for x in times]),
-                "examples_per_s": _spread([b / x for x in times]),
-                "peak_rss_delta_bytes": int(np.median(known)) if known else None,
-                "peak_rss_delta_bytes_per_round": mem,
-            }
-    thread_notes = {c.name: c.extra["threads_note"] for c in candidates if "threads_note" in c.extra}
-    for c in candidates:
-        if c.kind == "onnx" and c.threads is None:
-            thread_notes[c.name] = ORT_DEFAULT_NOTE
     setup = {
         "batch_sizes": list(batch_sizes),
         "seq_lens": lengths,
@@ -130,16 +114,48 @@ def measure_throughput(
         "min_time_s": min_time_s,
         "min_calls": min_calls,
         "torch_threads": used_threads,
-        "candidate_threads": {
-            c.name: (used_threads if c.kind == "pytorch" else c.threads or ort_default_threads()) for c in candidates
-        },
-        "candidate_threads_notes": thread_notes,
-        "memory": "peak_rss_delta_bytes: median over rounds of the growth of the process's resident-set high-water "
-        "mark while the variant was timed (rotating order); memory left resident by earlier measurements in the "
-        "same process is not counted again, so it is a lower bound and only roughly comparable across variants",
+        **_threads_setup(candidates, used_threads),
+        "memory": MEMORY_NOTE,
         "seed": seed,
     }
-    return {"setup": setup, "results": results}
+    return {"setup": setup, "results": _results(candidates, shapes, secs, memory)}
+
+
+MEMORY_NOTE = (
+    "peak_rss_delta_bytes: median over rounds of the growth of the process's resident-set high-water mark while the "
+    "variant was timed (rotating order); memory left resident by earlier measurements in the same process is not "
+    "counted again, so it is a lower bound and only roughly comparable across variants"
+)
+
+
+def _results(candidates: Sequence[Candidate], shapes: list[tuple[int, int]], secs: dict, memory: dict) -> dict:
+    """{name: {str(seq_len): {str(batch): {...}}}}: per-round seconds, the spread of ms per batch and examples/s,
+    and the peak-RSS growth (median and per round) of every candidate at every shape."""
+    results: dict[str, dict[str, dict[str, dict]]] = {}
+    for c in candidates:
+        results[c.name] = {str(s): {} for s in dict.fromkeys(s for s, _ in shapes)}
+        for s, b in shapes:
+            mem = memory[(c.name, (s, b))]
+            known = [m for m in mem if m is not None]
+            times = secs[(c.name, (s, b))]
+            results[c.name][str(s)][str(b)] = {
+                "seconds_per_round": times,
+                "ms_per_batch": _spread([1000 * x for x in times]),
+                "examples_per_s": _spread([b / x for x in times]),
+                "peak_rss_delta_bytes": int(np.median(known)) if known else None,
+                "peak_rss_delta_bytes_per_round": mem,
+            }
+    return results
+
+
+def _threads_setup(candidates: Sequence[Candidate], used_threads: int) -> dict:
+    """The threads each candidate ran with (PyTorch's setting, or the ONNX session's), and why where it differs."""
+    notes = {c.name: c.extra["threads_note"] for c in candidates if "threads_note" in c.extra}
+    for c in candidates:
+        if c.kind == "onnx" and c.threads is None:
+            notes[c.name] = ORT_DEFAULT_NOTE
+    threads = {c.name: used_threads if c.kind == "pytorch" else c.threads or ort_default_threads() for c in candidates}
+    return {"candidate_threads": threads, "candidate_threads_notes": notes}
 
 
 def paired_speedups(throughput: dict, reference: str) -> dict:

@@ -137,7 +137,7 @@ def run_bench(
     refused (options, baseline file, identity) is refused before anything is timed; a baseline whose rounds are
     too dispersed to resolve its tolerances is refused after timing, before it is written. Returns the exit code:
     0 pass, 1 a regression or an inconclusive metric (rounds too noisy to decide); invalid input raises UserError
-    (exit 2).
+    (exit 2). The keyword arguments are `compressor bench`'s options after it resolved them.
     """
     from compressor import bench as lib
     from compressor.guard import baseline as regression
@@ -211,7 +211,7 @@ def bench(
     ),
 ) -> None:
     """Compare a candidate with a reference (PyTorch or ONNX): accuracy with confidence intervals and throughput;
-    optionally save a baseline or check against one (docs/ci.md)."""
+    optionally save a baseline or check against one (docs/ci.md). Each parameter is one command-line option."""
     from compressor.recipe import load_recipe
 
     legacy = original is not None or pruned is not None

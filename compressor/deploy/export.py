@@ -253,17 +253,19 @@ def export_onnx(
     attention_layers = sum(1 for heads in present_heads(model) if heads)
 
     with atomic.directory(out_dir) as tmp:
-        results = _build_all(
-            model, model_dir, tmp, out_dir, names, check_batches, reference, atol, opset, attention_layers
-        )
+        check = (check_batches, reference, atol)
+        results = _build_all(model, model_dir, (tmp, out_dir), names, check, opset, attention_layers)
         results.update(_build_int8(tmp, out_dir, names, results, check_batches, reference, options))
-        results.update(_build_openvino(tmp, out_dir, names, (check_batches, reference, atol), options))
+        results.update(_build_openvino(tmp, out_dir, names, check, options))
         (tmp / MANIFEST).write_text(json.dumps(results, indent=2))
     return results
 
 
-def _build_all(model, model_dir, tmp, out_dir, names, batches, reference, atol, opset, attention_layers) -> dict:
-    """fp32 (parity-gated), then the optimised variant if requested, each in its own directory under `tmp`."""
+def _build_all(model, model_dir, dirs: tuple, names, check: tuple, opset, attention_layers) -> dict:
+    """fp32 (parity-gated), then the optimised variant if requested, each in its own directory under `tmp`.
+    `dirs` is (tmp, out_dir): where the variants are built and where they will be; `check` is (batches, the
+    PyTorch reference's outputs on them, atol), the parity check every variant passes."""
+    (tmp, out_dir), (batches, reference, atol) = dirs, check
     fp32 = export_fp32(model, tmp / "fp32", opset)
     _copy_side_files(model_dir, tmp / "fp32")
     stats = _check(fp32, batches, reference)

@@ -99,7 +99,6 @@ def smooth_graph(
     least that strong. Returns {"alpha", "scope", "outlier_ratio", "matmuls",
     "folded_into_attention", "skipped", "examples"}."""
     import onnx
-    from onnx import numpy_helper
 
     if scope not in SCOPES:
         raise ValueError(f"scope: expected one of {', '.join(SCOPES)}, got {scope!r}")
@@ -121,25 +120,13 @@ def smooth_graph(
     nodes = [candidates[i] for i in chosen]
     muls, folded = {}, 0
     for i, node in zip(chosen, nodes, strict=True):
-        weight = numpy_helper.to_array(weights[node.input[1]])
-        scales = smoothing_scales(maxima[node.input[0]], weight, alpha)
+        scales = _scale_weight(node, weights, maxima[node.input[0]], alpha)
         if folds[i] is not None:
             _divide_values(folds[i], weights, scales)
             folded += 1
         else:
-            inverse, smoothed = f"{node.name or i}_smooth_inverse", f"{node.input[0]}_smoothed_{i}"
-            graph.initializer.append(numpy_helper.from_array((1.0 / scales).astype(np.float32), inverse))
-            mul = onnx.helper.make_node("Mul", [node.input[0], inverse], [smoothed], name=f"{inverse}_mul")
-            muls[node.output[0]] = mul
-            node.input[0] = smoothed
-        weights[node.input[1]].CopyFrom(numpy_helper.from_array(weight * scales[:, None], node.input[1]))
-    ordered = []
-    for node in graph.node:  # each Mul right before its MatMul keeps the graph topologically sorted
-        ordered += [muls[node.output[0]]] if node.output[0] in muls else []
-        ordered.append(onnx.NodeProto())
-        ordered[-1].CopyFrom(node)
-    del graph.node[:]
-    graph.node.extend(ordered)
+            muls[node.output[0]] = _divide_input(graph, node, scales, f"{node.name or i}", i)
+    _insert_before(graph, muls)
     dest.parent.mkdir(parents=True, exist_ok=True)
     onnx.save(model, str(dest))
     examples = sum(len(b["input_ids"]) for b in batches)
@@ -152,6 +139,43 @@ def smooth_graph(
         "skipped": len(candidates) - len(nodes),
         "examples": examples,
     }
+
+
+def _scale_weight(node, weights: dict, act_max: np.ndarray, alpha: float) -> np.ndarray:
+    """Multiply the MatMul's weight rows by its smoothing scales (in place); returns the scales."""
+    from onnx import numpy_helper
+
+    weight = numpy_helper.to_array(weights[node.input[1]])
+    scales = smoothing_scales(act_max, weight, alpha)
+    weights[node.input[1]].CopyFrom(numpy_helper.from_array(weight * scales[:, None], node.input[1]))
+    return scales
+
+
+def _divide_input(graph, node, scales: np.ndarray, name: str, index: int):
+    """Divide the MatMul's input by `scales` through a new Mul (its inverse scales as an initializer); rewires
+    the MatMul to read the Mul's output and returns the Mul, not yet placed in the graph."""
+    import onnx
+    from onnx import numpy_helper
+
+    inverse, smoothed = f"{name}_smooth_inverse", f"{node.input[0]}_smoothed_{index}"
+    graph.initializer.append(numpy_helper.from_array((1.0 / scales).astype(np.float32), inverse))
+    mul = onnx.helper.make_node("Mul", [node.input[0], inverse], [smoothed], name=f"{inverse}_mul")
+    node.input[0] = smoothed
+    return mul
+
+
+def _insert_before(graph, muls: dict) -> None:
+    """Place each new Mul right before the MatMul it feeds (keyed by the MatMul's output), which keeps the graph
+    topologically sorted."""
+    import onnx
+
+    ordered = []
+    for node in graph.node:
+        ordered += [muls[node.output[0]]] if node.output[0] in muls else []
+        ordered.append(onnx.NodeProto())
+        ordered[-1].CopyFrom(node)
+    del graph.node[:]
+    graph.node.extend(ordered)
 
 
 def _in_scope(scope: str, folds: bool, projects_down: bool) -> bool:

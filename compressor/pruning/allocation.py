@@ -29,13 +29,12 @@ from torch import nn
 
 from compressor.pruning.budget import Budget
 from compressor.pruning.masking import gated
-from compressor.pruning.units import UnitPlan, apply_plan_to_masks
+from compressor.pruning.units import Masks, UnitPlan, apply_plan_to_masks
 
-Alive = dict[str, torch.Tensor]
-LossFn = Callable[[Alive], float]
+LossFn = Callable[[Masks], float]
 
 
-def masked_loss(model: nn.Module, batches: list[dict], alive: Alive, accelerator=None) -> float:
+def masked_loss(model: nn.Module, batches: list[dict], alive: Masks, accelerator=None) -> float:
     """Mean cross-entropy of `model` over `batches` with only the units in `alive` kept (masked, not removed),
     averaged over every process's batches so all processes choose alike."""
     model.eval()
@@ -63,7 +62,7 @@ def _merge(into: UnitPlan, plan: UnitPlan) -> None:
             into.setdefault(kind, {}).setdefault(layer, []).extend(ids)
 
 
-def select_layers(budget: Budget, goal: float, increase: dict[int, float], alive: Alive) -> UnitPlan:
+def select_layers(budget: Budget, goal: float, increase: dict[int, float], alive: Masks) -> UnitPlan:
     """Whole layers to remove (all their alive heads and neurons) until `goal` is reached (FLOPs removed, or the
     expected speed-up), lowest `increase` (each layer's measured loss increase when dropped) per cost saved first;
     layers without a unit left, or missing from `increase`, are not offered."""
@@ -82,7 +81,7 @@ def select_layers(budget: Budget, goal: float, increase: dict[int, float], alive
     return {kind: {k: v for k, v in sorted(layers.items()) if v} for kind, layers in plan.items()}
 
 
-def _without(alive: Alive, layers: list[int]) -> Alive:
+def _without(alive: Masks, layers: list[int]) -> Masks:
     """`alive` with every unit of `layers` removed."""
     out = {kind: mask.clone() for kind, mask in alive.items()}
     for mask in out.values():
@@ -90,7 +89,7 @@ def _without(alive: Alive, layers: list[int]) -> Alive:
     return out
 
 
-def layer_drop_increases(alive: Alive, loss: LossFn, base: float) -> dict[int, float]:
+def layer_drop_increases(alive: Masks, loss: LossFn, base: float) -> dict[int, float]:
     """Each layer that still has units: the measured loss increase over `base` when it is dropped whole (one pass
     over the scoring batches per layer). What ranks whole layers as units (`units: [.., layers]`)."""
     layers = range(next(iter(alive.values())).shape[0])
@@ -101,7 +100,7 @@ def layer_drop_increases(alive: Alive, loss: LossFn, base: float) -> dict[int, f
     }
 
 
-def _propose(budget: Budget, kind: str, goal: float, scores: dict, alive: Alive, layers: dict | None) -> UnitPlan:
+def _propose(budget: Budget, kind: str, goal: float, scores: dict, alive: Masks, layers: dict | None) -> UnitPlan:
     """One kind's removals toward `goal`: the budget's selection on that kind's scores, or whole layers."""
     if kind == "layers":
         return select_layers(budget, goal, layers or {}, alive)
@@ -109,7 +108,7 @@ def _propose(budget: Budget, kind: str, goal: float, scores: dict, alive: Alive,
 
 
 def _best_slice(
-    budget: Budget, goal: float, scores: dict, alive: Alive, loss: LossFn, base: float, layers: dict | None = None
+    budget: Budget, goal: float, scores: dict, alive: Masks, loss: LossFn, base: float, layers: dict | None = None
 ) -> dict | None:
     """The single-kind proposal toward `goal` with the lowest measured loss increase per cost saved, or None.
     `layers` (each layer's loss increase when dropped) adds whole layers as a kind."""
@@ -133,7 +132,7 @@ def select_measured(
     budget: Budget,
     step: int,
     scores: dict[str, torch.Tensor],
-    alive: Alive,
+    alive: Masks,
     loss: LossFn,
     parts: int = 4,
     layers: bool = False,

@@ -33,7 +33,7 @@ from compressor.pruning.selection import (
     select_heads,
     select_units,
 )
-from compressor.pruning.units import UnitPlan
+from compressor.pruning.units import Masks, UnitPlan
 from compressor.recipe import BudgetSpec, PruneSpec, RecipeError
 from compressor.surgery.arch import config_head_counts, original_ffn_size
 from compressor.surgery.cost import UnitCosts, masked_flops, unit_costs
@@ -80,7 +80,7 @@ def max_steps(spec: PruneSpec) -> int:
     return planned_steps(spec) + top_ups(spec) * len(spec.resolved_budget.targets)
 
 
-def widths_of(alive: dict[str, torch.Tensor], dims) -> Widths:
+def widths_of(alive: Masks, dims) -> Widths:
     """Per-layer (heads, neurons) kept; a kind missing from `alive` counts as full width."""
     layers = dims.layers
     heads = alive["heads"].sum(1).tolist() if "heads" in alive else [dims.heads] * layers
@@ -105,18 +105,18 @@ class Budget:
     def kind(self) -> str:
         return self.spec.resolved_budget.kind
 
-    def predicted_speedup(self, alive: dict[str, torch.Tensor]) -> float | None:
+    def predicted_speedup(self, alive: Masks) -> float | None:
         """The latency table's speed-up of the masked model over the original (speed-up budgets only)."""
         if self.table is None:
             return None
         return self.table.speedup(self.table.dims.full(), widths_of(alive, self.table.dims))
 
-    def expected_speedup(self, alive: dict[str, torch.Tensor]) -> float | None:
+    def expected_speedup(self, alive: Masks) -> float | None:
         """The table's prediction scaled by the last measured correction: what the budget's goals are held to."""
         predicted = self.predicted_speedup(alive)
         return None if predicted is None else predicted * self.calibration
 
-    def calibrate(self, alive: dict[str, torch.Tensor], measured: float) -> float:
+    def calibrate(self, alive: Masks, measured: float) -> float:
         """Record that the model `alive` describes measured `measured`x on the budget's runtime, so later goals
         ask the table for goal / (measured / predicted). Returns the new correction factor."""
         predicted = self.predicted_speedup(alive)
@@ -135,7 +135,7 @@ class Budget:
         goal = self.goal(index)
         return goal * (1 + SPEEDUP_AIM) if self.kind == "speedup" else goal
 
-    def reached(self, alive: dict[str, torch.Tensor]) -> float:
+    def reached(self, alive: Masks) -> float:
         """Where `alive` stands on the goals' scale: heads removed, FLOPs removed, or the expected speed-up."""
         if self.kind == "heads":
             return float((~alive["heads"]).sum())
@@ -143,7 +143,7 @@ class Budget:
             return float(self.total_flops - masked_flops(self.model, alive, self.costs.seq_len))
         return self.expected_speedup(alive) or 1.0
 
-    def closing(self, index: int, tries: int, closed: list[float], alive: dict[str, torch.Tensor]) -> list[float]:
+    def closing(self, index: int, tries: int, closed: list[float], alive: Masks) -> list[float]:
         """The targets a step at goal `index` closes (its members are taken from this step), having run `tries`
         steps at that index: under a speed-up budget every open target the masks are expected to meet, and the
         step's own target once its top-ups are spent (landing short); otherwise exactly the step's own target."""
@@ -156,7 +156,7 @@ class Budget:
             out.append(own)
         return sorted(out)
 
-    def next_index(self, index: int | None, closed: list[float], alive: dict[str, torch.Tensor]) -> int | None:
+    def next_index(self, index: int | None, closed: list[float], alive: Masks) -> int | None:
         """The goal index of the next step after one at `index` (None: before the first), or None when every target
         is closed. An open target is tried again (a top-up); a speed-up budget skips goals the masks already meet."""
         if index is not None and self.members.get(index) is not None and self.members[index] not in closed:
@@ -182,7 +182,7 @@ class Budget:
             count += 1
         return count
 
-    def closed_by(self, steps_log: list[dict], alive: dict[str, torch.Tensor]) -> list[float]:
+    def closed_by(self, steps_log: list[dict], alive: Masks) -> list[float]:
         """The targets the finished steps closed. A log from before families (no `goal_index`) had one target,
         closed where the old loop stopped: its goal met, or its top-ups spent."""
         if steps_log and "goal_index" not in steps_log[-1]:
@@ -199,7 +199,7 @@ class Budget:
         """Whether an expected speed-up meets `goal`, within `SPEEDUP_SLACK` below it."""
         return speed >= goal * (1 - SPEEDUP_SLACK)
 
-    def target_remove(self, step: int, alive: dict[str, torch.Tensor]) -> dict[str, int]:
+    def target_remove(self, step: int, alive: Masks) -> dict[str, int]:
         """Units of each kind in `alive` this step will remove: exactly (head budget, heads only) or estimated from
         the share of cost still to cut, applied to each kind's alive count (FLOP / speed-up budgets). What a
         criterion that aims its sparsity (`l0`) is told for the kind it scores."""
@@ -212,7 +212,7 @@ class Budget:
             share = 1 - (self.expected_speedup(alive) or 1.0) / self.aim(step)
         return {kind: max(0, round(share * int(mask.sum()))) for kind, mask in alive.items()}
 
-    def select(self, step: int, scores: dict[str, torch.Tensor], alive: dict[str, torch.Tensor]) -> UnitPlan:
+    def select(self, step: int, scores: dict[str, torch.Tensor], alive: Masks) -> UnitPlan:
         """The units step `step` (0-based) removes, as a unit plan of new removals."""
         p = self.spec
         if self.kind == "heads":
@@ -220,7 +220,7 @@ class Budget:
             return {"heads": select_heads(scores["heads"], alive["heads"], n, p.scope, p.min_heads_per_layer)}
         return self.select_to(self.aim(step), scores, alive)
 
-    def select_to(self, goal: float, scores: dict[str, torch.Tensor], alive: dict[str, torch.Tensor]) -> UnitPlan:
+    def select_to(self, goal: float, scores: dict[str, torch.Tensor], alive: Masks) -> UnitPlan:
         """New removals, among the kinds in `scores`, that reach `goal` (FLOPs removed in all, or a predicted
         speed-up) from `alive`, lowest importance per FLOP or per millisecond first (FLOP / speed-up budgets)."""
         p = self.spec
@@ -230,7 +230,7 @@ class Budget:
         goal /= self.calibration  # the table's own scale
         return select_by_latency(scores, alive, self.table, goal, self.costs, p.min_heads_per_layer, p.uniform_ffn)
 
-    def intermediate_goals(self, step: int, alive: dict[str, torch.Tensor], parts: int) -> list[float]:
+    def intermediate_goals(self, step: int, alive: Masks, parts: int) -> list[float]:
         """`parts` goals evenly spaced from where `alive` stands to what step `step` aims at (the last is its `aim`):
         FLOPs removed spaced linearly, predicted speed-ups geometrically (FLOP / speed-up budgets)."""
         goal = self.aim(step)
@@ -240,14 +240,14 @@ class Budget:
         now = self.expected_speedup(alive) or 1.0
         return [now * (goal / now) ** ((k + 1) / parts) for k in range(parts)]
 
-    def cost(self, alive: dict[str, torch.Tensor]) -> float:
+    def cost(self, alive: Masks) -> float:
         """What the budget counts for `alive`: encoder FLOPs, or predicted milliseconds under a speed-up budget."""
         if self.table is None:
             return float(masked_flops(self.model, alive, self.costs.seq_len))
         widths = widths_of(alive, self.table.dims)
         return self.table.model_ms(widths.heads, widths.neurons)
 
-    def progress(self, alive: dict[str, torch.Tensor]) -> dict:
+    def progress(self, alive: Masks) -> dict:
         """What the step log records about the budget after a step."""
         left = masked_flops(self.model, alive, self.costs.seq_len)
         out = {"flops_left_fraction": round(left / self.total_flops, 6)}
@@ -331,7 +331,7 @@ def _floor_ms(table: LatencyTable, costs: UnitCosts, kind: str, count: int) -> f
     return FLOOR_SHARE * full * count * costs.of(kind) / costs.layer
 
 
-def _layer_moves(layer: int, scores: dict, alive: dict, widths: Widths, table, costs, min_heads: int) -> list[_Move]:
+def _layer_moves(layer: int, scores: dict, alive: Masks, widths: Widths, table, costs, min_heads: int) -> list[_Move]:
     """Every head of `layer` that may go, and its lowest-scored block of neurons (non-uniform widths)."""
     h, n = widths.heads[layer], widths.neurons[layer]
     moves = []
@@ -347,7 +347,7 @@ def _layer_moves(layer: int, scores: dict, alive: dict, widths: Widths, table, c
     return moves
 
 
-def _uniform_move(scores: dict, alive: dict, widths: Widths, table, costs) -> list[_Move]:
+def _uniform_move(scores: dict, alive: Masks, widths: Widths, table, costs) -> list[_Move]:
     """One block of neurons from every layer at once (equal FFN widths); each layer keeps at least one neuron."""
     rows = [layer for layer, n in enumerate(widths.neurons) if n > 1]
     if not rows or "neurons" not in scores or len(rows) < sum(1 for n in widths.neurons if n > 0):
@@ -372,7 +372,7 @@ def _lowest(scores: torch.Tensor, alive: torch.Tensor, count: int) -> list[int]:
 
 def select_by_latency(
     scores: dict[str, torch.Tensor],
-    alive: dict[str, torch.Tensor],
+    alive: Masks,
     table: LatencyTable,
     goal: float,
     costs: UnitCosts,

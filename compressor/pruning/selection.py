@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
+from compressor.pruning.units import Masks
 from compressor.recipe import Recipe, RecipeError
 from compressor.surgery.cost import UnitCosts
 
@@ -239,7 +240,7 @@ def _neuron_candidates(scores: torch.Tensor, alive: torch.Tensor, cost: int, uni
 
 def select_units(
     scores: dict[str, torch.Tensor],
-    alive: dict[str, torch.Tensor],
+    alive: Masks,
     costs: UnitCosts,
     flops_to_remove: int,
     min_heads_per_layer: int = 0,

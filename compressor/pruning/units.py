@@ -6,7 +6,7 @@ whose heads and neurons are all in the plan is removed whole (identity) by surge
 score and select from, the plan of what is dead, and the surgery that applies it. `recovery.loop.prune` drives them
 through `compressor.pruning.budget` (which picks each step's units under a head, FLOP or speed-up budget):
 
-    alive = Masks.full(model, spec.units).alive()                # {"heads": .., "neurons": ..}
+    alive = Masks.full(model, spec.units)                        # reads as {"heads": .., "neurons": ..}
     budget = budget.plan_budget(model, spec)                     # per-step goals (+ latency table for speed-ups)
     scores = score_all(spec.criterion.name, model, alive, batches, spec.criterion.params)
     plan = budget.select(step, scores, alive)                    # per FLOP or per predicted ms saved
@@ -18,7 +18,7 @@ through `compressor.pruning.budget` (which picks each step's units under a head,
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,12 +38,15 @@ UNIT_KINDS = ("heads", "neurons")
 UnitPlan = dict[str, dict[int, list[int]]]
 
 
-@dataclass
-class Masks:
-    """What is still alive in the model, over original unit ids.
+@dataclass(eq=False)
+class Masks(Mapping[str, torch.Tensor]):
+    """What is still alive in the model, over original unit ids: the one type of kept units that selection,
+    allocation, the budget, masking, the rescale fit and the API pass around.
 
     `heads`: [layers, heads] bool; `neurons`: [layers, FFN width] bool, or None when neurons are not pruned. A
-    layer with no head and no neuron left is removed whole (masked: skipped).
+    layer with no head and no neuron left is removed whole (masked: skipped). It reads as the mapping `{kind: mask}`
+    over the kinds it tracks (`masks["heads"]`, `"neurons" in masks`, `masks.items()`), which is how the layers
+    below pruning (surgery's FLOP count) take it.
     """
 
     heads: torch.Tensor
@@ -57,12 +60,37 @@ class Masks:
         return cls(heads=heads, neurons=neurons if "neurons" in units else None)
 
     @classmethod
-    def of(cls, alive: dict[str, torch.Tensor]) -> Masks:
+    def of(cls, alive: Mapping[str, torch.Tensor]) -> Masks:
+        """The masks of a `{kind: mask}` mapping (it must have "heads")."""
         return cls(heads=alive["heads"], neurons=alive.get("neurons"))
 
+    def __getitem__(self, kind: str) -> torch.Tensor:
+        mask = self.heads if kind == "heads" else self.neurons if kind == "neurons" else None
+        if mask is None:
+            raise KeyError(kind)
+        return mask
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(("heads",) if self.neurons is None else ("heads", "neurons"))
+
+    def __len__(self) -> int:
+        return 1 if self.neurons is None else 2
+
     def alive(self) -> dict[str, torch.Tensor]:
-        """`{"heads": .., "neurons": ..}` (kinds tracked only), as `compressor.pruning.units` and `cost` take them."""
-        return {"heads": self.heads} | ({} if self.neurons is None else {"neurons": self.neurons})
+        """The same units as a plain `{kind: mask}` dict (kinds tracked only)."""
+        return dict(self)
+
+    def clone(self) -> Masks:
+        """New tensors, the same units."""
+        return Masks(self.heads.clone(), None if self.neurons is None else self.neurons.clone())
+
+    def without(self, plan: UnitPlan) -> Masks:
+        """These masks with every unit of `plan` switched off (new tensors)."""
+        out = self.clone()
+        for kind, layers in plan.items():
+            for layer, ids in layers.items():
+                out[kind][layer, ids] = False
+        return out
 
     def head_gates(self) -> torch.Tensor:
         """Float gates for `masking.gated` (1 alive, 0 removed)."""
@@ -74,7 +102,7 @@ class Masks:
 
     def unit_plan(self) -> UnitPlan:
         """The cumulative unit plan (original ids) of every dead unit."""
-        return masks_to_plan(self.alive())
+        return masks_to_plan(self)
 
     def heads_per_layer(self) -> list[int]:
         return [int(x) for x in self.heads.sum(1)]
@@ -84,21 +112,17 @@ class Masks:
         return pruned_units_copy(model, self.unit_plan()).eval()
 
 
-def alive_units(model: nn.Module) -> dict[str, torch.Tensor]:
-    """{"heads": [layers, heads] bool, "neurons": [layers, FFN width] bool}: units still present in `model`."""
-    return {"heads": presence_mask(model), "neurons": neuron_presence_mask(model)}
+def alive_units(model: nn.Module) -> Masks:
+    """The heads ([layers, heads] bool) and FFN neurons ([layers, FFN width] bool) still present in `model`."""
+    return Masks(presence_mask(model), neuron_presence_mask(model))
 
 
-def apply_plan_to_masks(plan: UnitPlan, alive: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """`alive` with every unit of `plan` switched off (new tensors)."""
-    out = {kind: mask.clone() for kind, mask in alive.items()}
-    for kind, layers in plan.items():
-        for layer, ids in layers.items():
-            out[kind][layer, ids] = False
-    return out
+def apply_plan_to_masks(plan: UnitPlan, alive: Mapping[str, torch.Tensor]) -> Masks:
+    """`alive` with every unit of `plan` switched off (new tensors; `Masks.without`)."""
+    return Masks.of(alive).without(plan)
 
 
-def masks_to_plan(alive: dict[str, torch.Tensor]) -> UnitPlan:
+def masks_to_plan(alive: Mapping[str, torch.Tensor]) -> UnitPlan:
     """The cumulative unit plan (original ids) of every dead unit."""
     return {
         kind: {layer: [int(i) for i in (~row).nonzero().flatten()] for layer, row in enumerate(mask) if (~row).any()}
@@ -120,7 +144,7 @@ def pruned_units_copy(model: nn.Module, plan: UnitPlan) -> nn.Module:
 def score_all(
     name: str,
     model: nn.Module,
-    alive: dict[str, torch.Tensor],
+    alive: Masks,
     batches: Sequence[dict[str, torch.Tensor]],
     params: dict[str, Any] | None = None,
     **context: Any,

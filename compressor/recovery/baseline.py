@@ -99,7 +99,8 @@ def layer_drop_baseline(
     `start` continues a family's previous baseline instead of starting from `original`: its fine-tuned model loses
     the further top layers this target needs and trains for the `steps` pruning took since that member, so each
     baseline has had, in all, the recovery budget of the member it is compared with (as the members have: they too
-    are one model pruned and trained on)."""
+    are one model pruned and trained on). Eleven arguments: what the pruning run's recovery used (split, tokenizer,
+    fine-tune, steps, processes, teacher), passed singly so the baseline is trained exactly as the members were."""
     count = layers_to_drop(original, target_flops, seq_len)
     if start is None:
         model = drop_top_layers(original, count)

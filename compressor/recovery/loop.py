@@ -38,7 +38,7 @@ from compressor.pruning.allocation import masked_loss, select_measured
 from compressor.pruning.budget import Budget, max_steps, plan_budget
 from compressor.pruning.latency.check import measured_speedup
 from compressor.pruning.selection import mask_to_plan
-from compressor.pruning.units import Masks, UnitPlan, apply_plan_to_masks, score_all
+from compressor.pruning.units import Masks, UnitPlan, score_all
 from compressor.recipe import PruneSpec
 from compressor.recovery.distill import TeacherTargets, load_or_compute, step_examples
 from compressor.recovery.evaluate import evaluate
@@ -180,29 +180,50 @@ def prune(
     attention weights). With `config.finetune.distill` the recovery fine-tuning distils from `teacher`: the
     unpruned model (default: `model` as passed in, before any step), or targets the caller cached
     (`compressor.recovery.distill.load_or_compute`, as the runner does so a resumed run reuses them).
-    A budget the model cannot meet raises `RecipeError` before any step.
+    A budget the model cannot meet raises `RecipeError` before any step. (Nine arguments: this is the public
+    `compressor.prune`; the options after `config` are keyword-only.)
     """
     check_sequence_classifier(model)
     config = config or PruneSpec()
     accelerator = accelerator or Accelerator()
-    model = model.to(accelerator.device)
-    train = post_training_sample(train, config, seed, accelerator.unwrap_model(model), tokenizer)
+    loop = _prepare(model.to(accelerator.device), tokenizer, train, config, validation, teacher, seed, accelerator)
+    fresh = PruneState(Masks.full(loop.model, config.units))
+    state = hook.resume(loop.model, fresh) if hook is not None else fresh
+    if (last := next((e["calibration"] for e in reversed(state.log) if "calibration" in e), None)) is not None:
+        loop.budget.calibration = last  # a resumed run keeps the correction its finished steps measured
+    _run_steps(loop, state, hook)
+    return PruneResult(
+        model=accelerator.unwrap_model(loop.model),
+        masks=state.masks,
+        plan=mask_to_plan(state.masks.heads),
+        records=state.steps,
+    )
+
+
+def _prepare(model, tokenizer, train, config, validation, teacher, seed, accelerator) -> _Loop:
+    """Everything the steps share, made once: the post-training sample, the teacher's targets, the scoring
+    batches, the least-squares refit (rescale modes) and the budget (a speed-up budget's latency table). Its
+    arguments are `prune`'s, passed on."""
+    unwrapped = accelerator.unwrap_model(model)
+    train = post_training_sample(train, config, seed, unwrapped, tokenizer)
     targets = _teacher_targets(teacher, model, train, tokenizer, config, accelerator, seed)
     score_batches = sample_batches(
         train, tokenizer, config.scoring_examples, config.score_batch_size, seed, accelerator, by_length=True
     )  # criteria sum over batches: length order pads least
-    refit = Refit.prepare(accelerator.unwrap_model(model), train, tokenizer, config, seed) if config.rescales else None
+    refit = Refit.prepare(unwrapped, train, tokenizer, config, seed) if config.rescales else None
     with accelerator.main_process_first():  # a latency table is measured once, by the main process, then loaded
-        budget = plan_budget(accelerator.unwrap_model(model), config)
-    loop = _Loop(model, tokenizer, train, validation, config, accelerator, seed, score_batches, budget, targets, refit)
-    fresh = PruneState(Masks.full(model, config.units))
-    state = hook.resume(model, fresh) if hook is not None else fresh
-    if (last := next((e["calibration"] for e in reversed(state.log) if "calibration" in e), None)) is not None:
-        budget.calibration = last  # a resumed run keeps the correction its finished steps measured
+        budget = plan_budget(unwrapped, config)
+    return _Loop(model, tokenizer, train, validation, config, accelerator, seed, score_batches, budget, targets, refit)
+
+
+def _run_steps(loop: _Loop, state: PruneState, hook: StepHook | None) -> None:
+    """Step until every target is closed (`Budget.next_index`), with top-up steps where a step measured short;
+    marks the steps that close a family member's target, checkpoints each step through `hook`."""
+    budget, accelerator = loop.budget, loop.accelerator
     bar = tqdm(total=len(budget.goals), initial=len(state.steps), desc="prune steps", leave=False,
                disable=not accelerator.is_local_main_process)  # fmt: skip
-    closed = budget.closed_by(state.log, state.masks.alive())
-    index = budget.next_index(budget.index_of(state.log), closed, state.masks.alive())
+    closed = budget.closed_by(state.log, state.masks)
+    index = budget.next_index(budget.index_of(state.log), closed, state.masks)
     while index is not None:
         tries = 1 + budget.tries_at(state.log, index)
         if tries > 1:
@@ -210,27 +231,21 @@ def prune(
             log.info("budget: measured short of %.2fx; top-up step %d at that target", budget.goal(index), tries - 1)
         record = _step(loop, state.masks, len(state.steps), index)
         record.entry["goal_index"], record.entry["goal"] = index, budget.goal(index)
-        if members := budget.closing(index, tries, closed, record.masks.alive()):
+        if members := budget.closing(index, tries, closed, record.masks):
             record.entry["members"] = members  # this step's model is the family member at each of these targets
             closed += members
             log.info("budget: member %s taken after step %d", ", ".join(map(budget.describe, members)),
                      record.entry["step"])  # fmt: skip
             if hook is None:  # the API writes nothing: keep the member's weights (a hook's checkpoint keeps them)
-                record.weights = _snapshot(accelerator.unwrap_model(model))
+                record.weights = _snapshot(accelerator.unwrap_model(loop.model))
         state.steps.append(record)
         state.masks = record.masks
         if hook is not None:
-            hook.after_step(accelerator.unwrap_model(model), state)
+            hook.after_step(accelerator.unwrap_model(loop.model), state)
         accelerator.wait_for_everyone()
         bar.update(1)
-        index = budget.next_index(index, closed, state.masks.alive())
+        index = budget.next_index(index, closed, state.masks)
     bar.close()
-    return PruneResult(
-        model=accelerator.unwrap_model(model),
-        masks=state.masks,
-        plan=mask_to_plan(state.masks.heads),
-        records=state.steps,
-    )
 
 
 def _snapshot(model: nn.Module) -> Callable[[], dict[str, torch.Tensor]]:
@@ -271,11 +286,11 @@ def _score(loop: _Loop, masks: Masks, step: int, index: int) -> tuple[dict[str, 
     scores = score_all(
         p.criterion.name,
         loop.model,
-        masks.alive(),
+        masks,
         loop.score_batches,
         p.criterion.params,
         accelerator=acc,
-        target_remove=loop.budget.target_remove(index, masks.alive()),
+        target_remove=loop.budget.target_remove(index, masks),
         train_batches=partial(
             sample_batches, loop.train, loop.tokenizer, TRAIN_SCORE_EXAMPLES, p.score_batch_size, seed + step, acc
         ),
@@ -294,12 +309,12 @@ def _select(loop: _Loop, index: int, scores: dict[str, torch.Tensor], masks: Mas
     p = loop.config
     if p.allocation == "measured" and len(scores) > 1 and p.resolved_budget.kind != "heads":
 
-        def loss(alive: dict[str, torch.Tensor]) -> float:
+        def loss(alive: Masks) -> float:
             return masked_loss(loop.model, loop.score_batches, alive, loop.accelerator)
 
         layers = "layers" in p.units
-        return select_measured(loop.budget, index, scores, masks.alive(), loss, p.allocation_parts, layers)
-    return loop.budget.select(index, scores, masks.alive()), []
+        return select_measured(loop.budget, index, scores, masks, loss, p.allocation_parts, layers)
+    return loop.budget.select(index, scores, masks), []
 
 
 def _validate(loop: _Loop, masks: Masks) -> dict | None:
@@ -319,7 +334,7 @@ def _step(loop: _Loop, masks: Masks, step: int, index: int) -> StepRecord:
     scores, diagnostics = _score(loop, masks, step, index)
     score_seconds = time.perf_counter() - t_score
     plan, slices = _select(loop, index, scores, masks)
-    masks = Masks.of(apply_plan_to_masks(plan, masks.alive()))
+    masks = masks.without(plan)
     entry = {
         "step": step + 1,
         "removed": {str(k): v for k, v in plan["heads"].items()} if "heads" in plan else {},
@@ -330,7 +345,7 @@ def _step(loop: _Loop, masks: Masks, step: int, index: int) -> StepRecord:
     if masks.neurons is not None:
         entry |= unit_entry(masks.heads, masks.neurons, plan)
     if p.resolved_budget.kind != "heads":  # FLOP and speed-up budgets log their progress, with or without neurons
-        entry |= _calibrate(loop, masks) | loop.budget.progress(masks.alive())
+        entry |= _calibrate(loop, masks) | loop.budget.progress(masks)
     if (after_prune := _validate(loop, masks)) is not None:
         entry["val_after_prune"] = after_prune
     if diagnostics:
@@ -338,7 +353,7 @@ def _step(loop: _Loop, masks: Masks, step: int, index: int) -> StepRecord:
     if slices:
         entry["allocation"] = slices
     if loop.refit is not None:
-        entry["rescale"] = loop.refit(loop.accelerator.unwrap_model(loop.model), masks.alive())
+        entry["rescale"] = loop.refit(loop.accelerator.unwrap_model(loop.model), masks)
         if (after_rescale := _validate(loop, masks)) is not None:
             entry["val_after_rescale"] = after_rescale
     if p.recovery_finetune is not None:
@@ -369,5 +384,5 @@ def _calibrate(loop: _Loop, masks: Masks) -> dict:
         del original, pruned
     if acc.num_processes > 1:
         measured = broadcast_object_list(measured)
-    factor = loop.budget.calibrate(masks.alive(), measured[0])
+    factor = loop.budget.calibrate(masks, measured[0])
     return {"measured_speedup": round(measured[0], 4), "calibration": factor}  # unrounded: a resume reuses it

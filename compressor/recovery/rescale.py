@@ -33,6 +33,7 @@ from tqdm.auto import tqdm
 
 from compressor.core.errors import UserError
 from compressor.pruning.masking import gated
+from compressor.pruning.units import Masks
 from compressor.recipe import PruneSpec
 from compressor.recovery.train import model_inputs
 from compressor.sources.batches import loader, sample_batches, sample_split
@@ -191,7 +192,7 @@ class _Sublayer:
         return torch.tensor([b * self.size + j for b in self.blocks for j in range(self.size)], dtype=torch.long)
 
 
-def _sublayers(model: nn.Module, index: int, alive: dict[str, torch.Tensor]) -> list[_Sublayer]:
+def _sublayers(model: nn.Module, index: int, alive: Masks) -> list[_Sublayer]:
     """The attention and FFN fits of layer `index` (kinds without a kept unit are left out)."""
     spec = arch_spec(model)
     heads, neurons = present_heads(model)[index], present_neurons(model)[index]
@@ -254,7 +255,7 @@ def _check_chain(model: nn.Module, calls: _Calls) -> None:
 def rescale(
     model: nn.Module,
     reference: nn.Module,
-    alive: dict[str, torch.Tensor],
+    alive: Masks,
     batches: Sequence[dict[str, torch.Tensor]],
     *,
     max_scale: float = MAX_SCALE,
@@ -385,6 +386,6 @@ class Refit:
         batches = sample_batches(train, tokenizer, config.sample_size, config.score_batch_size, seed, by_length=True)
         return cls(copy.deepcopy(model).eval(), batches)
 
-    def __call__(self, model: nn.Module, alive: dict[str, torch.Tensor]) -> dict:
+    def __call__(self, model: nn.Module, alive: Masks) -> dict:
         """Fit and fold `model`'s scales for the units `alive`; the step log's `rescale` entry."""
         return rescale(model, self.reference, alive, self.batches)

@@ -23,6 +23,20 @@ from compressor.recovery.draws import drawn_examples
 from compressor.sources.batches import loader, model_inputs
 
 
+def _optimizer(model: nn.Module, spec: TrainSpec, total: int) -> tuple:
+    """AdamW (no weight decay on biases and norms) with a linear warm-up then decay over `total` steps."""
+    no_decay = ("bias", "LayerNorm.weight", "layer_norm.weight")
+    groups = [
+        {
+            "params": [p for n, p in model.named_parameters() if not n.endswith(no_decay)],
+            "weight_decay": spec.weight_decay,
+        },
+        {"params": [p for n, p in model.named_parameters() if n.endswith(no_decay)], "weight_decay": 0.0},
+    ]
+    optimizer = torch.optim.AdamW(groups, lr=spec.lr)
+    return optimizer, get_linear_schedule_with_warmup(optimizer, int(spec.warmup_ratio * total), total)
+
+
 def train(
     model: nn.Module,
     train_ds: datasets.Dataset,
@@ -40,6 +54,8 @@ def train(
     `spec.epochs` may be fractional; `spec.max_examples` caps the examples seen per epoch (seeded subset,
     `drawn_examples`). With `teacher` (cached targets for every drawn example, see `recovery.distill`) the loss
     mixes the task loss with distillation; the examples and their order are exactly those of plain fine-tuning.
+    `gates` and `neurons` are the head and FFN-neuron masks the model trains under (None: all kept). Ten
+    arguments: every recovery fine-tune (base, step, baseline, reference) calls it with its own.
     """
     if teacher is not None:
         train_ds = with_index(train_ds)
@@ -48,16 +64,7 @@ def train(
     dl = loader(train_ds, tokenizer, spec.batch_size, shuffle=True, seed=seed, by_length=spec.group_by_length)
     per_epoch = math.ceil(len(dl) / accelerator.num_processes)
     total = max(1, math.ceil(per_epoch * spec.epochs))
-    no_decay = ("bias", "LayerNorm.weight", "layer_norm.weight")
-    groups = [
-        {
-            "params": [p for n, p in model.named_parameters() if not n.endswith(no_decay)],
-            "weight_decay": spec.weight_decay,
-        },
-        {"params": [p for n, p in model.named_parameters() if n.endswith(no_decay)], "weight_decay": 0.0},
-    ]
-    optimizer = torch.optim.AdamW(groups, lr=spec.lr)
-    scheduler = get_linear_schedule_with_warmup(optimizer, int(spec.warmup_ratio * total), total)
+    optimizer, scheduler = _optimizer(model, spec, total)
     wrapped, optimizer, dl, scheduler = accelerator.prepare(model, optimizer, dl, scheduler)
     wrapped.train()
     start, step, running = time.perf_counter(), 0, 0.0

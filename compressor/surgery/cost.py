@@ -10,6 +10,7 @@ heads and neurons: the three unit costs below are the common currency of `select
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
@@ -59,7 +60,7 @@ def unit_costs(model: nn.Module, seq_len: int) -> UnitCosts:
     return UnitCosts(seq_len=t, head=head, neuron=neuron, layer=layer)
 
 
-def masked_flops(model: nn.Module, alive: dict[str, torch.Tensor], seq_len: int) -> int:
+def masked_flops(model: nn.Module, alive: Mapping[str, torch.Tensor], seq_len: int) -> int:
     """Encoder FLOPs per example of `model` with only the units in `alive` ({"heads": .., "neurons": ..} bool
     masks over original ids) kept: what physically removing the rest would leave. A kind missing from `alive`
     counts as fully present."""

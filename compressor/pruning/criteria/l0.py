@@ -75,6 +75,23 @@ def _cycle(batches: Sequence[dict], steps: int) -> Iterator[dict]:
         yield batches[step % len(batches)]
 
 
+def _ascend(loss: torch.Tensor, log_alpha: nn.Parameter, optimizer, ascent, acc) -> None:
+    """One step: descend on log α (gradients averaged over processes) and, in target mode, ascend on the
+    Lagrange multipliers (`ascent`; None in fixed mode)."""
+    optimizer.zero_grad()
+    if ascent is not None:
+        ascent.zero_grad()
+    if acc is not None:
+        acc.backward(loss)
+    else:
+        loss.backward()
+    if acc is not None and acc.num_processes > 1:
+        log_alpha.grad = acc.reduce(log_alpha.grad, reduction="mean")
+    optimizer.step()
+    if ascent is not None:
+        ascent.step()
+
+
 @register("l0", units=("heads", "neurons"))
 def l0(
     ctx: ScoreContext,
@@ -119,17 +136,7 @@ def l0(
                 goal = n_alive - (n_alive - keep) * min(1.0, (step + 1) / warmup)
                 gap = (expected - goal) / max(n_alive, 1)
                 loss = loss + multipliers[0] * gap + multipliers[1] * gap.pow(2)
-            optimizer.zero_grad()
-            ascent.zero_grad()
-            if acc is not None:
-                acc.backward(loss)
-            else:
-                loss.backward()
-            if acc is not None and acc.num_processes > 1:
-                log_alpha.grad = acc.reduce(log_alpha.grad, reduction="mean")
-            optimizer.step()
-            if mode == "target":
-                ascent.step()
+            _ascend(loss, log_alpha, optimizer, ascent if mode == "target" else None, acc)
     final = log_alpha.detach()
     expected = float((open_probability(final) * alive).sum())
     ctx.extras["l0" if ctx.unit == "heads" else f"l0_{ctx.unit}"] = {  # one entry per scored kind

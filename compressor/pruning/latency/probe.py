@@ -291,7 +291,8 @@ def measure_grid(
     rounds: int = 3,
     min_time_s: float = 0.05,
 ) -> dict[Hashable, float]:
-    """Median-of-rounds milliseconds of every grid layer (keyed (heads, neurons)) and of the outside ("outside")."""
+    """Median-of-rounds milliseconds of every grid layer (keyed (heads, neurons)) and of the outside ("outside").
+    Nine arguments: the shape, runtime and timing settings `LatencyTable.build` resolved, passed on singly."""
     torch.manual_seed(0)
     hidden = torch.randn(batch_size, seq_len, dims.hidden)
     ids = torch.randint(0, dims.vocab, (batch_size, seq_len))

@@ -108,7 +108,8 @@ class LatencyTable:
 
         `grid`: fractions of the heads and of the FFN neurons at which layers are timed (0 and 1 always added, and
         one head and one neuron block: `grid_axes`).
-        `threads`: intra-op threads (None: the runtime's default; recorded either way).
+        `threads`: intra-op threads (None: the runtime's default; recorded either way). The keyword settings are
+        the recipe's budget fields, passed singly so the API and benchmarks/ build tables without a recipe.
         """
         dims = config if isinstance(config, Dims) else Dims.from_config(config)
         check_runtime(runtime)
