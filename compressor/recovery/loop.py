@@ -302,18 +302,28 @@ def _score(loop: _Loop, masks: Masks, step: int, index: int) -> tuple[dict[str, 
     return scores, {k: v for k, v in extras.items() if k != "special_token_ids"}  # e.g. l0's sparsity reached
 
 
-def _select(loop: _Loop, index: int, scores: dict[str, torch.Tensor], masks: Masks) -> tuple[UnitPlan, list[dict]]:
+def _select(
+    loop: _Loop, index: int, scores: dict[str, torch.Tensor], masks: Masks, step: int = 0
+) -> tuple[UnitPlan, list[dict]]:
     """New removals toward goal `index`: with several unit kinds and `allocation: measured`, each slice of the step goes
     to the kind whose removal measurably costs the least loss (`compressor.pruning.allocation`); else the budget's own
-    selection on the criterion's scores."""
+    selection on the criterion's scores. The measured passes show as a progress bar (one tick per loss pass)."""
     p = loop.config
     if p.allocation == "measured" and len(scores) > 1 and p.resolved_budget.kind != "heads":
+        layers = "layers" in p.units
+        passes = 1 + p.allocation_parts * (len(scores) + layers) + (masks.heads.shape[0] if layers else 0)
+        log.info("step %d: measured allocation, about %d loss passes over the scoring batches", step + 1, passes)
+        bar = tqdm(total=passes, desc=f"step {step + 1}: allocation", leave=False,
+                   disable=not loop.accelerator.is_local_main_process)  # fmt: skip
 
         def loss(alive: Masks) -> float:
+            bar.update(1)
             return masked_loss(loop.model, loop.score_batches, alive, loop.accelerator)
 
-        layers = "layers" in p.units
-        return select_measured(loop.budget, index, scores, masks, loss, p.allocation_parts, layers)
+        try:
+            return select_measured(loop.budget, index, scores, masks, loss, p.allocation_parts, layers)
+        finally:
+            bar.close()
     return loop.budget.select(index, scores, masks), []
 
 
@@ -331,9 +341,11 @@ def _step(loop: _Loop, masks: Masks, step: int, index: int) -> StepRecord:
     p = loop.config
     set_seed(loop.seed + 1000 * (step + 1))
     t_score = time.perf_counter()
+    log.info("step %d: scoring %s with %s on %d batches", step + 1, "+".join(masks), p.criterion.name,
+             len(loop.score_batches))  # fmt: skip
     scores, diagnostics = _score(loop, masks, step, index)
     score_seconds = time.perf_counter() - t_score
-    plan, slices = _select(loop, index, scores, masks)
+    plan, slices = _select(loop, index, scores, masks, step)
     masks = masks.without(plan)
     entry = {
         "step": step + 1,
@@ -378,6 +390,7 @@ def _calibrate(loop: _Loop, masks: Masks) -> dict:
         return {}
     acc, measured = loop.accelerator, [0.0]
     if acc.is_main_process:
+        log.info("budget: timing the pruned model against the original on %s (calibration)", spec.runtime)
         model = acc.unwrap_model(loop.model)
         original, pruned = Masks.full(model, loop.config.units).pruned_copy(model), masks.pruned_copy(model)
         measured[0] = measured_speedup(original, pruned, spec.runtime, spec.batch_size, spec.seq_len)
