@@ -166,6 +166,15 @@ class ExportSpec(Strict):
     opset: int | None = Field(None, ge=11, le=30, description="ONNX opset; null = the exporter's default")
 
 
+def _distinct_within(v: list[int], ok, expected: str, what: str) -> list[int]:
+    """`v` when every value is `ok` and none repeats; else the validator's message, naming what was expected."""
+    if not all(ok(x) for x in v):
+        raise ValueError(f"expected {expected}, got {short(v)}")
+    if len(set(v)) != len(v):
+        raise ValueError(f"expected distinct {what}, got {short(v)}")
+    return v
+
+
 class BenchSpec(Strict):
     """Benchmark settings: every sequence length in `seq_lens` is timed at every batch size in `batch_sizes`.
 
@@ -222,20 +231,14 @@ class BenchSpec(Strict):
     @field_validator("batch_sizes")
     @classmethod
     def _positive(cls, v: list[int]) -> list[int]:
-        if any(b <= 0 for b in v):
-            raise ValueError(f"expected positive batch sizes, got {short(v)}")
-        if len(set(v)) != len(v):
-            raise ValueError(f"expected distinct batch sizes, got {short(v)}")
-        return v
+        return _distinct_within(v, lambda b: b > 0, "positive batch sizes", "batch sizes")
 
     @field_validator("seq_lens")
     @classmethod
     def _lengths(cls, v: list[int]) -> list[int]:
-        if any(not 8 <= s <= 4096 for s in v):
-            raise ValueError(f"expected sequence lengths from 8 to 4096 tokens, got {short(v)}")
-        if len(set(v)) != len(v):
-            raise ValueError(f"expected distinct sequence lengths, got {short(v)}")
-        return v
+        return _distinct_within(
+            v, lambda s: 8 <= s <= 4096, "sequence lengths from 8 to 4096 tokens", "sequence lengths"
+        )
 
     @field_validator("references")
     @classmethod
