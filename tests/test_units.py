@@ -498,3 +498,25 @@ def test_head_schedules_end_at_the_target(target, steps, shape, expected) -> Non
     if shape == "geometric" and steps > 1:  # later steps remove less than earlier ones
         amounts = [b - a for a, b in zip([0, *flops], flops, strict=False)]
         assert amounts == sorted(amounts, reverse=True)
+
+
+def test_masks_are_the_one_type_of_kept_units() -> None:
+    """`Masks` reads as `{kind: mask}` over the kinds it tracks, switches a plan off in new tensors, and is what
+    `alive_units` and `apply_plan_to_masks` return; its plan round-trips."""
+    from compressor.pruning.units import Masks, masks_to_plan
+
+    model = tiny_model("bert", layers=2, heads=4)
+    heads_only = Masks.full(model)
+    assert list(heads_only) == ["heads"] and "neurons" not in heads_only and len(heads_only) == 1
+    with pytest.raises(KeyError):
+        heads_only["neurons"]
+    masks = Masks.full(model, ("heads", "neurons"))
+    assert dict(masks) == {"heads": masks.heads, "neurons": masks.neurons}
+    plan = {"heads": {0: [1, 3]}, "neurons": {1: [0, 5]}}
+    after = masks.without(plan)
+    assert isinstance(after, Masks) and bool(masks.heads.all()) and bool(masks.neurons.all())  # untouched
+    assert after.heads_per_layer() == [2, 4] and int((~after.neurons).sum()) == 2
+    assert masks_to_plan(after) == after.unit_plan() == plan
+    assert isinstance(apply_plan_to_masks(plan, dict(masks)), Masks)
+    present = alive_units(after.pruned_copy(model))
+    assert isinstance(present, Masks) and present.heads_per_layer() == [2, 4]
