@@ -149,3 +149,14 @@ def task(tiny_model_dir):
     train = tokenize(Dataset.from_list(make_rows(96, seed=1)), tok, ["text"], 16)
     val = tokenize(Dataset.from_list(make_rows(32, seed=2)), tok, ["text"], 16)
     return model, tok, train, val
+
+
+def family_report(rows: list[dict], **family) -> dict:
+    """The smallest report.json `compressor pick` accepts for a family run with frontier `rows`
+    (`compressor.report.schema.RunReport`); `family` adds to its `family` section."""
+    return {
+        "schema_version": 1, "status": "complete", "name": "r", "model_source": "m", "data_source": "d",
+        "labels": ["0", "1"], "steps": [], "original": {"test": {"accuracy": None}},
+        "family": {"targets": [2.0], "kind": "speedup", "runtime": "pytorch", "members": [], "frontier": rows,
+                   **family},
+    }  # fmt: skip

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 import compressor
-from compressor.pruning.allocation import masked_loss, select_measured
+from compressor.pruning.allocation import masked_loss, select_measured, thin_layers
 from compressor.pruning.budget import plan_budget
 from compressor.pruning.masking import gated
 from compressor.pruning.units import apply_plan_to_masks, masks_to_plan, pruned_units_copy
@@ -104,28 +104,35 @@ def test_prune_logs_the_measured_slices_and_meets_the_flop_budget(task):
 
 
 def test_whole_layers_compete_as_a_kind_by_the_measured_loss_of_dropping_each(task):
-    """With `layers`, a layer whose removal costs no loss goes whole (its last heads too, though kept layers hold
-    `min_heads_per_layer`), where heads and neurons alone could not reach the goal; the other kinds are untouched
-    while the loss says they cost more."""
+    """With `layers`, a thin layer (a quarter of its neurons, its minimum of heads) whose removal costs no loss
+    goes whole (its last heads too, though kept layers hold `min_heads_per_layer`); the other kinds are untouched
+    while the loss says they cost more. A full-width layer does not compete whole, however cheap its drop looks:
+    width goes first (`allocation.THIN`)."""
     model = task[0]
-    spec = _spec(units=["heads", "neurons", "layers"], min_heads_per_layer=2, budget={"kind": "flops", "value": 0.3})
+    spec = _spec(units=["heads", "neurons", "layers"], min_heads_per_layer=2, budget={"kind": "flops", "value": 0.5})
     budget = plan_budget(model, spec)
-    alive = Masks.full(model, ["heads", "neurons"]).alive()
-    scores = {kind: torch.rand(mask.shape, generator=torch.Generator().manual_seed(0)) for kind, mask in alive.items()}
+    full = Masks.full(model, ["heads", "neurons"])
+    thinned = full.clone()
+    thinned["heads"][1, 2:] = False
+    thinned["neurons"][1, thinned["neurons"].shape[1] // 4 :] = False
+    assert thin_layers(thinned, 2) == {1} and thin_layers(full, 2) == set()
+    scores = {kind: torch.rand(mask.shape, generator=torch.Generator().manual_seed(0)) for kind, mask in full.items()}
 
-    def loss(a: dict) -> float:  # dropping layer 1 is free; every other removal costs
+    def loss(a) -> float:  # dropping layer 1 is free; every other removal costs
         others = [layer for layer in range(3) if layer != 1]
         return sum(float((~a[kind][others]).sum()) for kind in a) + 0.01 * float((~a["heads"][1]).sum() == 0)
 
-    plan, log = select_measured(budget, 0, scores, alive, loss, parts=2, layers=True)
-    after = apply_plan_to_masks(plan, alive)
+    plan, log = select_measured(budget, 0, scores, thinned, loss, parts=2, layers=True)
+    after = apply_plan_to_masks(plan, thinned)
     assert "layers" in [s["kind"] for s in log]
     assert not after["heads"][1].any() and not after["neurons"][1].any()  # layer 1 removed whole
     assert after["heads"][[0, 2]].all() and after["neurons"][[0, 2]].all()
     removed = budget.total_flops - masked_flops(model, after, budget.costs.seq_len)
     assert removed >= budget.goals[0]
-    without = select_measured(budget, 0, scores, alive, loss, parts=2)[1]
+    without = select_measured(budget, 0, scores, thinned, loss, parts=2)[1]
     assert "layers" not in [s["kind"] for s in without]  # only when asked
+    at_full_width = select_measured(budget, 0, scores, full, loss, parts=2, layers=True)[1]
+    assert at_full_width and "layers" not in [s["kind"] for s in at_full_width]
 
 
 def test_prune_with_layer_units_removes_layers_and_the_pruned_model_matches(task):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from conftest import family_report
 from test_export import CHECK, saved_model
 from typer.testing import CliRunner
 
@@ -73,7 +74,7 @@ def test_every_int8_figure_names_the_cpus_int8_features(tmp_path, monkeypatch):
     assert by_name["m/onnx-fp32"]["cpu_int8_features"] is None
     assert f"onnx-int8 (int8; CPU: {features})" in "\n".join(_frontier_table(rows))
 
-    (tmp_path / "report.json").write_text(json.dumps({"family": {"frontier": rows}}))
+    (tmp_path / "report.json").write_text(json.dumps(family_report(rows)))
     for runtime, noted in (("onnx-int8", True), ("onnx-fp32", False)):
         cli = CliRunner().invoke(app, ["pick", str(tmp_path), "--max-drop", "none", "--runtime", runtime])
         assert cli.exit_code == 0, cli.output

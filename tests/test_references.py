@@ -163,7 +163,7 @@ def test_a_reference_joins_the_frontier_on_its_own_tokenizer_and_is_cached(
     md = (out / "report.md").read_text()
     assert f"| reference {label} | pytorch |" in md and "## Against the references" in md
     assert f"| {label} |" not in md.split("## Members")[1]  # the members table lists members only
-    assert f"reference {label}: fine-tune: 10.0 epochs on" in (out / "run.log").read_text()
+    assert f"reference {label}: fine-tune: 10.0 epochs of" in (out / "run.log").read_text()
     cached = sorted(p.name for p in (cache_dir / "finetuned").iterdir())
     assert len(cached) == 2  # the base's fine-tune and the reference's
 
@@ -221,7 +221,12 @@ def test_pick_returns_a_reference_when_it_wins_and_says_so(tmp_path):
     assert pick(ROWS, 2.0)["name"] == "4x/pytorch"
     run = tmp_path / "run"
     (run / "minilm-l6" / "pytorch").mkdir(parents=True)
-    (run / "report.json").write_text(json.dumps({"family": {"frontier": ROWS}}))
+    report = {"schema_version": 1, "status": "complete", "name": "r", "model_source": "m", "data_source": "d",
+              "labels": LABELS, "steps": [], "original": {"test": {"accuracy": 0.86}}, "bench": {"max_drop": 0.045},
+              "family": {"targets": [2.0, 4.0], "kind": "speedup", "runtime": "pytorch", "members": [],
+                         "frontier": ROWS, "pick": chosen,
+                         "versus_references": versus_references(ROWS, PAIRS)}}  # fmt: skip
+    (run / "report.json").write_text(json.dumps(report))
     result = CliRunner().invoke(app, ["pick", str(run), "--max-drop", "4.5"])
     assert result.exit_code == 0, result.output
     assert result.output.startswith("reference/minilm-l6/pytorch (reference, not a pruned member): 6.90x")
@@ -229,12 +234,7 @@ def test_pick_returns_a_reference_when_it_wins_and_says_so(tmp_path):
     assert json.loads(result.output)["role"] == "reference"
     result = CliRunner().invoke(app, ["pick", str(run), "--max-drop", "2"])
     assert result.output.startswith("4x/pytorch: 4.10x")
-    report = {"name": "r", "model_source": "m", "data_source": "d", "labels": LABELS, "steps": [],
-              "original": {"test": {"accuracy": 0.86}}, "bench": {"max_drop": 0.045},
-              "family": {"targets": [2.0, 4.0], "kind": "speedup", "runtime": "pytorch", "members": [],
-                         "frontier": ROWS, "pick": chosen,
-                         "versus_references": versus_references(ROWS, PAIRS)}}  # fmt: skip
-    md = render_family(RunReport.of({**report, "schema_version": 1, "status": "complete"}))
+    md = render_family(RunReport.of(report))
     assert "**Recommendation: `reference/minilm-l6/pytorch`**" in md and "not a pruned member" in md
     assert "| reference minilm-l6 | pytorch | 6.90× |" in md and "none as fast" in md
 

@@ -8,6 +8,7 @@ import json
 import numpy as np
 import pytest
 import torch
+from conftest import family_report
 from test_export import CHECK, saved_model
 from typer.testing import CliRunner
 
@@ -113,7 +114,7 @@ def test_every_runtime_is_exported_benched_and_picked(tmp_path):
     result = bench.bench(candidates, CHECK, spec.model_copy(update={"min_time_s": 0.001}), None)
     rows = frontier(result["summary"], points)
     assert {r["runtime"] for r in rows if r["role"] == "member"} == set(runtimes.NAMES)
-    (tmp_path / "report.json").write_text(json.dumps({"family": {"frontier": rows}}))
+    (tmp_path / "report.json").write_text(json.dumps(family_report(rows)))
     for name in runtimes.NAMES:
         cli = CliRunner().invoke(app, ["pick", str(tmp_path), "--max-drop", "none", "--runtime", name, "--json"])
         assert cli.exit_code == 0, cli.output

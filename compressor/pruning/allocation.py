@@ -13,7 +13,11 @@ the step's goal (a kind ran out), the budget's own cross-kind selection finishes
 Whole layers (`units: [heads, neurons, layers]`) are a third kind: each layer's loss increase when dropped is
 measured once per step, and the layers proposal removes the layers with the least increase per cost saved until
 the slice's goal is met (a speed-up far past MiniLM-size needs it: a layer kept with even one head and one neuron
-block still costs its fixed parts). `min_heads_per_layer` holds for the layers that are kept.
+block still costs its fixed parts). Only *thin* layers compete (`THIN`: at most a quarter of their FFN neurons
+and of their heads, or `min_heads_per_layer`, left): a full-width layer's drop looked cheap on the scoring batches
+but cost points that recovery did not give back (docs/lab/history.md, the MPNet family), so width goes first and a
+layer goes whole once it is mostly its fixed cost. When widths cannot reach a step's goal, the finish may still drop
+any layer, least loss first. `min_heads_per_layer` holds for the layers that are kept.
 
 Cost: 1 + `parts` x kinds forward passes over the scoring batches per step (no backward), plus one per layer with
 `layers`; the step log records each slice's losses.
@@ -89,6 +93,20 @@ def _without(alive: Masks, layers: list[int]) -> Masks:
     return out
 
 
+THIN = 0.25  # a layer competes whole once at most this share of its FFN neurons and of its heads is left
+
+
+def thin_layers(alive: Masks, min_heads: int = 0) -> set[int]:
+    """The layers that still have units and keep at most `THIN` of their FFN neurons (when neurons are pruned) and
+    of their heads (or `min_heads`, if that is more): what is left of them is mostly their fixed cost."""
+    heads = alive["heads"]
+    left = heads.sum(1) <= max(min_heads, int(THIN * heads.shape[1]))
+    if "neurons" in alive:
+        left &= alive["neurons"].sum(1) <= int(THIN * alive["neurons"].shape[1])
+    has_units = torch.stack([mask.any(1) for mask in alive.values()]).any(0)
+    return {int(layer) for layer in (left & has_units).nonzero().flatten()}
+
+
 def layer_drop_increases(alive: Masks, loss: LossFn, base: float) -> dict[int, float]:
     """Each layer that still has units: the measured loss increase over `base` when it is dropped whole (one pass
     over the scoring batches per layer). What ranks whole layers as units (`units: [.., layers]`)."""
@@ -144,13 +162,16 @@ def select_measured(
     plan: UnitPlan = {kind: {} for kind in scores}
     base, log = loss(current), []
     drops = layer_drop_increases(current, loss, base) if layers else None
+    thin = thin_layers(current, budget.spec.min_heads_per_layer) if layers else set()
     for goal in budget.intermediate_goals(step, current, parts):
-        best = _best_slice(budget, goal, scores, current, loss, base, drops)
+        offered = None if drops is None else {layer: v for layer, v in drops.items() if layer in thin}
+        best = _best_slice(budget, goal, scores, current, loss, base, offered)
         if best is None:
             continue
         _merge(plan, best["plan"])
         log.append({"kind": best["kind"], "loss_before": round(base, 5), "loss_after": round(best["loss"], 5)})
         current, base = best["alive"], best["loss"]
+        thin = thin_layers(current, budget.spec.min_heads_per_layer) if layers else set()
     rest = budget.select_to(budget.aim(step), scores, current)  # a kind ran out: finish on the common scale
     if drops is not None and budget.reached(after := apply_plan_to_masks(rest, current)) < budget.aim(step):
         _merge(rest, select_layers(budget, budget.aim(step), drops, after))  # then whole layers, least loss first
