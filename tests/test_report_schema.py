@@ -111,3 +111,37 @@ def test_a_member_section_round_trips(tmp_path) -> None:
     section = family()["family"]["members"][0]
     MemberSection.of(section).write(tmp_path / "member.json")
     assert MemberSection.read(tmp_path / "member.json").dump() == section
+
+
+def test_the_family_benchmark_reads_members_references_and_the_pick(tmp_path) -> None:
+    """benchmarks/mpnet_family.py: wall time from a `time -v` log, each member against its layer-drop baseline,
+    the best member as fast as each reference, and the pick at 1.0 point, in its JSON."""
+    from conftest import bench_script
+
+    script = bench_script("mpnet_family")
+    report = family()
+    member = report["family"]["members"][0]
+    member["baseline"] = {"baseline_accuracy": 0.7, "pruned_minus_baseline": 0.1, "mcnemar_p": 0.01}
+    member["budget"] |= {"measured_speedup": 2.1, "within_10pct": True}
+    reference = ROW | {"name": "reference/small/pytorch", "model": "small", "role": "reference", "speedup": 2.0,
+                       "accuracy": 0.79, "path": None}  # fmt: skip
+    report["family"]["frontier"] = [ROW, reference]
+    best = {"name": "2x/pytorch", "speedup": 2.1, "accuracy": 0.8, "points": 1.0, "mcnemar_p": 0.5, "beats": True}
+    report["family"]["versus_references"] = [
+        {k: reference[k] for k in ("name", "model", "runtime", "speedup", "accuracy", "rejected")}
+        | {"best": best, "best_same_runtime": best}
+    ]
+    (tmp_path / "report.json").write_text(json.dumps(report))
+    log = tmp_path / "time.log"
+    log.write_text(
+        "\tElapsed (wall clock) time (h:mm:ss or m:ss): 1:02:03\n\tMaximum resident set size (kbytes): 2048\n"
+    )
+    out = tmp_path / "figures.json"
+    args = ["--run-dir", str(tmp_path), "--time-log", str(log), "--else-running", "nothing", "--out", str(out)]
+    assert script.main(args) == 0
+    figures = json.loads(out.read_text())
+    assert figures["wall"] == {"wall_s": 3723.0, "peak_rss_mb": 2.0}
+    (m,) = figures["members"]
+    assert m["member_minus_layer_drop_points"] == pytest.approx(10.0) and m["within_10pct"] is True
+    assert figures["references"][0]["best"]["points"] == 1.0
+    assert figures["pick_1pt"]["name"] == "2x/pytorch"
