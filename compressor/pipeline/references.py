@@ -115,7 +115,8 @@ def prepare_reference(run: RunState, ref: Reference) -> dict:
     tokenizer = load_tokenizer(ref.spec)
     splits = tokenize_splits(run.data, tokenizer, run.recipe.data.max_length)
     with run.timed(f"reference {ref.label}: fine-tune"):
-        model, info = cached_finetune(run, ref.spec, tokenizer, splits["train"], f"reference {ref.label}: fine-tune")
+        what, settings = f"reference {ref.label}: fine-tune", run.recipe.bench.reference_finetune
+        model, info = cached_finetune(run, ref.spec, tokenizer, splits["train"], what, settings)
     if not run.main:
         return {}
     model = model.cpu().eval()

@@ -205,8 +205,14 @@ class BenchSpec(Strict):
         default_factory=list,
         max_length=16,
         description="other models to compare with (a built-in, a hub id or a local directory, as model.source): "
-        "each is fine-tuned on the same split with base_finetune (cached like the base), exported like a member and "
+        "each is fine-tuned on the same split with reference_finetune, else base_finetune (cached like the base), "
+        "exported like a member and "
         "benchmarked beside the members and the original, marked as a reference on the frontier",
+    )
+    reference_finetune: TrainSpec | None = Field(
+        None,
+        description="the fine-tune each reference gets (null: the recipe's base_finetune). A smaller model often "
+        "wants its own settings (a higher learning rate, more examples) to be a fair alternative",
     )
 
     @field_validator("quantize_only")
