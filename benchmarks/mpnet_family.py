@@ -18,14 +18,16 @@ Usage (after `compressor run recipes/mpnet_rt_family.yaml` under `/usr/bin/time 
 from __future__ import annotations
 
 import argparse
-import json
-import re
 import subprocess
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.append(str(Path(__file__).resolve().parent))  # its sibling scripts (base_run, family), after the packages
+
+from base_run import read_time_log  # noqa: E402
+from family import write_result  # noqa: E402
 
 from compressor.bench.frontier import pick  # noqa: E402
 from compressor.core.machine import cpu_summary  # noqa: E402
@@ -35,17 +37,12 @@ GOALS = {"wall_min": 90.0, "within": 0.10, "beats_reference_points": 1.0, "pick_
 
 
 def time_log(path: str | None) -> dict:
-    """Wall seconds and peak RSS from a `/usr/bin/time -v` log (None where absent)."""
+    """Wall seconds and peak RSS (MB) from the run's `/usr/bin/time -v` log (`base_run.read_time_log`); None
+    without one."""
     if path is None:
         return {"wall_s": None, "peak_rss_mb": None}
-    text = Path(path).read_text(errors="replace")
-    wall = re.search(r"Elapsed \(wall clock\) time \(h:mm:ss or m:ss\): ([\d:.]+)", text)
-    rss = re.search(r"Maximum resident set size \(kbytes\): (\d+)", text)
-    seconds = None
-    if wall:
-        parts = [float(p) for p in wall.group(1).split(":")]
-        seconds = sum(p * 60**i for i, p in enumerate(reversed(parts)))
-    return {"wall_s": seconds, "peak_rss_mb": int(rss.group(1)) / 1024 if rss else None}
+    measured = read_time_log(Path(path))
+    return {"wall_s": measured["wall_s"], "peak_rss_mb": measured["peak_rss_kb"] / 1024}
 
 
 def member_rows(report: RunReport) -> list[dict]:
@@ -140,8 +137,7 @@ def main(argv: list[str] | None = None) -> int:
         "frontier": rows,
     }
     print(show(figures))
-    Path(args.out).write_text(json.dumps(figures, indent=2, default=str))
-    print(f"wrote {Path(args.out).relative_to(ROOT) if Path(args.out).is_relative_to(ROOT) else args.out}")
+    write_result(figures, Path(args.out))
     return 0
 
 
