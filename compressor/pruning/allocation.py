@@ -162,16 +162,17 @@ def select_measured(
     plan: UnitPlan = {kind: {} for kind in scores}
     base, log = loss(current), []
     drops = layer_drop_increases(current, loss, base) if layers else None
-    thin = thin_layers(current, budget.spec.min_heads_per_layer) if layers else set()
     for goal in budget.intermediate_goals(step, current, parts):
-        offered = None if drops is None else {layer: v for layer, v in drops.items() if layer in thin}
+        offered = None
+        if drops is not None:  # whole layers compete once thin, as the slices so far left them
+            thin = thin_layers(current, budget.spec.min_heads_per_layer)
+            offered = {layer: v for layer, v in drops.items() if layer in thin}
         best = _best_slice(budget, goal, scores, current, loss, base, offered)
         if best is None:
             continue
         _merge(plan, best["plan"])
         log.append({"kind": best["kind"], "loss_before": round(base, 5), "loss_after": round(best["loss"], 5)})
         current, base = best["alive"], best["loss"]
-        thin = thin_layers(current, budget.spec.min_heads_per_layer) if layers else set()
     rest = budget.select_to(budget.aim(step), scores, current)  # a kind ran out: finish on the common scale
     if drops is not None and budget.reached(after := apply_plan_to_masks(rest, current)) < budget.aim(step):
         _merge(rest, select_layers(budget, budget.aim(step), drops, after))  # then whole layers, least loss first

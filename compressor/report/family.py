@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from compressor.bench.render import cpu_line, int8_mark
 from compressor.report.references import references_section
-from compressor.report.schema import Budget, MemberSection, RunReport
+from compressor.report.schema import MemberSection, RunReport
 from compressor.report.summary import _pct, _steps_table, _x, recovery_lines, time_lines
 
 FRONTIER_PNG = "frontier.png"
@@ -64,14 +64,15 @@ def _members_table(members: list[MemberSection]) -> list[str]:
         "|---|---:|---:|:---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for m in members:
-        p, budget, base = m.pruned, m.budget or Budget(target=m.target, flop_ratio=m.pruned.flop_ratio), m.baseline
-        within = {True: "✓", False: "✗"}.get(budget.within_10pct, "–")
+        p, base = m.pruned, m.baseline
+        measured, met = (m.budget.measured_speedup, m.budget.within_10pct) if m.budget else (None, None)
+        within = {True: "✓", False: "✗"}.get(met, "–")
         compare = "–"
         if base:
             compare = f"{100 * base['pruned_minus_baseline']:+.2f} ({base['mcnemar_p']:.3g})"
         neurons = "–" if p.ffn_neurons is None else p.ffn_neurons
         lines.append(
-            f"| {m.label} | {m.target:g} | {_x(budget.measured_speedup)} | {within} | {m.step} | "
+            f"| {m.label} | {m.target:g} | {_x(measured)} | {within} | {m.step} | "
             f"{p.heads_left} | {neurons} | {p.flop_ratio:.2f} | {_pct(p.test.accuracy)} "
             f"| {_pct(base['baseline_accuracy']) if base else '–'} | {compare} |"
         )
