@@ -79,7 +79,12 @@ def runnable() -> bool:
     """Whether compressor runs here: transformers and torch within the range, or installed and allowed anyway
     (`COMPRESSOR_ALLOW_UNSUPPORTED=1`). `import compressor` imports nothing heavy where this is False."""
     wrong = outside()
-    return not wrong or (os.environ.get(ALLOW_ENV) == "1" and all(v is not None for v in wrong.values()))
+    return not wrong or _allowed(wrong)
+
+
+def _allowed(wrong: dict[str, str | None]) -> bool:
+    """Whether the out-of-range packages `wrong` may run anyway: all installed, and `COMPRESSOR_ALLOW_UNSUPPORTED=1`."""
+    return os.environ.get(ALLOW_ENV) == "1" and all(v is not None for v in wrong.values())
 
 
 def require_supported() -> None:
@@ -94,7 +99,7 @@ def require_supported() -> None:
     wanted = [f"{name}{REQUIRED[name]}" for name in wrong]
     quoted = " ".join(f"'{w}'" for w in wanted)
     message = f"{found}; compressor supports {', '.join(wanted)} (pip install {quoted})"
-    if runnable():  # allowed anyway: the same line as a warning
+    if _allowed(wrong):  # the same line as a warning
         warnings.warn(f"{message}; running anyway ({ALLOW_ENV}=1)", stacklevel=2)
         return
     raise UnsupportedVersionError(message)
