@@ -10,7 +10,10 @@ after another with `compressor run`:
 - `rescale_finetune` (only with `--modes`): that pipeline with the rescale fit before each step's fine-tune, to
   measure whether the fit helps a run that trains anyway.
 Every recipe shares its model's cached base fine-tune, so the runs differ only in pruning and recovery; a run's
-seconds are its wall time minus the base phase (`timings`), and `pruning seconds` is its pruning loop alone.
+seconds are its wall time minus the base phase (`timings`), `pruning seconds` is its pruning loop alone, and
+`compress_seconds` is the wall time to the saved, exported and gated model with its test accuracy and layer-drop
+baseline: the run minus the base phase and the bench (`bench.enabled: false` skips it). The time goals are judged
+on `compress_seconds`; the table shows both.
 Each table row: test accuracy and drop vs the original, the speed-up measured by the run's own bench (PyTorch, at
 the budget's batch and length), seconds, and the int8 variant's gate verdict; below it the layer-drop baseline of
 each run at the same FLOPs (untrained for none/rescale, fine-tuned alike for finetune). The goals: MiniLM 1.5x within
@@ -89,6 +92,7 @@ def row(report: dict) -> dict:
         "drop_points": round(100 * (original - accuracy), 2),
         "measured_speedup": report.get("budget", {}).get("measured_speedup"),
         "seconds_without_base": round(report["seconds"] - base, 1),
+        "compress_seconds": round(report["seconds"] - base - timings.get("bench", 0.0), 1),
         "pruning_seconds": timings.get("pruning steps"),
         "base_seconds": base,
         "recovery": report.get("recovery"),
@@ -113,10 +117,11 @@ def table(model: str, target: float, rows: dict[str, dict]) -> list[str]:
     goal = GOALS.get((model, target))
     if goal and "rescale" in rows:
         r = rows["rescale"]
-        met = r["drop_points"] <= goal[0] and r["seconds_without_base"] <= goal[1]
+        met = r["drop_points"] <= goal[0] and r["compress_seconds"] <= goal[1]
         met = met and (r["measured_speedup"] or 0) >= 0.9 * target
         verdict = "met" if met else "MISSED"
-        lines.append(f"  goal: within {goal[0]} point in ≤ {goal[1]:.0f} s at {target:g}x: {verdict}")
+        lines.append(f"  goal: within {goal[0]} point in ≤ {goal[1]:.0f} s to the exported model at {target:g}x "
+                     f"({r['compress_seconds']:.0f} s; with the bench {r['seconds_without_base']:.0f} s): {verdict}")
     return lines
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -101,6 +103,19 @@ def test_prune_logs_the_measured_slices_and_meets_the_flop_budget(task):
     assert total - masked_flops(model, result.masks.alive(), 64) >= 0.4 * total
     ratio = compressor.prune(task[0], tok, train, _spec(allocation="ratio"), validation=val)
     assert all("allocation" not in step for step in ratio.steps)
+
+
+def test_allocation_examples_limits_the_loss_passes_to_the_first_scoring_batches(task):
+    """`allocation_examples` makes the measured passes read the first batches of the scoring sample only (a
+    post-training sample of thousands need not be read nine times a step); null reads them all."""
+    model, tok, train, _ = task
+    batches = sample_batches(train, tok, 32, 16, seed=0, by_length=True)  # the loop's scoring batches
+    full = Masks.full(model, ["heads", "neurons"])
+    expected = [masked_loss(model, part, full) for part in (batches[:1], batches)]
+    specs = [_spec(steps=1, allocation_examples=n) for n in (16, None)]
+    runs = [compressor.prune(copy.deepcopy(model), tok, train, spec) for spec in specs]
+    assert [r.steps[0]["allocation"][0]["loss_before"] for r in runs] == pytest.approx(expected, abs=1e-5)
+    assert expected[0] != pytest.approx(expected[1], abs=1e-4)
 
 
 def test_whole_layers_compete_as_a_kind_by_the_measured_loss_of_dropping_each(task):

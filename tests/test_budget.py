@@ -177,24 +177,53 @@ def test_measured_speedup_corrects_the_tables_later_goals(task, tiny_table, meas
     assert result.steps[-1]["predicted_speedup"] < plain.steps[-1]["predicted_speedup"]
 
 
-def test_a_budget_measured_short_after_its_last_step_takes_a_top_up_step(task, tiny_table, monkeypatch):
-    """The real model matches the table at step 1 but is 20% slower from step 2, the last scheduled one: the loop
-    takes one more step at the final goal (its recovery distils: teacher targets cover the top-up draw) and stops."""
+def _drifting(table, factors):
+    """A stand-in for the real timing: the table's speed-up times the next of `factors` (the real model matches
+    the table at 1.0, runs slower below it)."""
     from compressor.pruning.units import alive_units
-    from compressor.recipe import FinetuneSpec
-    from compressor.recovery import loop as api
 
-    model, tok, train, val = task
-    table, _ = tiny_table
-    factors = iter([1.0, 0.8, 0.8, 0.8])
-
-    def drifting(original, pruned, runtime, batch_size, seq_len):
+    def measure(original, pruned, runtime, batch_size, seq_len):
         shapes = (budget_mod.widths_of(alive_units(m), table.dims) for m in (original, pruned))
         return next(factors) * table.speedup(*shapes)
 
-    monkeypatch.setattr(api, "measured_speedup", drifting)
+    return measure
+
+
+def _distilling_speedup_spec():
+    from compressor.recipe import FinetuneSpec
+
     distil = FinetuneSpec(**FINETUNE.model_dump(), distill={"alpha": 0.5, "temperature": 2.0})
-    spec = _spec(kind="speedup", value=2.0, calibrate=True).model_copy(update={"finetune": distil})
+    return _spec(kind="speedup", value=2.0, calibrate=True).model_copy(update={"finetune": distil})
+
+
+def test_a_step_measured_short_of_its_target_selects_more_before_its_recovery(task, tiny_table, monkeypatch):
+    """The real model matches the table at step 1 but is 20% slower from step 2, the last scheduled one: step 2
+    corrects the table by its measurement and selects more from its own scores before fine-tuning, so the target
+    is met without a top-up step."""
+    from compressor.recovery import loop as api
+
+    model, tok, train, val = task
+    calls = iter([1.0] + [0.8] * 5)
+    monkeypatch.setattr(api, "measured_speedup", _drifting(tiny_table[0], calls))
+    result = compressor.prune(model, tok, train, _distilling_speedup_spec(), validation=val)
+    steps = result.steps
+    assert [s["step"] for s in steps] == [1, 2] and [s["calibration"] for s in steps] == pytest.approx([1, 0.8])
+    assert steps[1]["measured_speedup"] >= 2.0 * (1 - budget_mod.SPEEDUP_SLACK)
+    assert steps[1]["predicted_speedup"] >= 2.0 / 0.8 * (1 - budget_mod.SPEEDUP_SLACK)  # selected past the table
+    assert len(list(calls)) == 3  # three of the six timings taken: step 1, step 2, step 2 after more units
+    removed = sum(len(ids) for ids in steps[1]["removed"].values())  # the step's log holds the extra units too
+    assert steps[0]["heads_left"] - removed == steps[1]["heads_left"] == int(result.masks.heads.sum())
+
+
+def test_a_shortfall_the_step_cannot_settle_takes_a_top_up_step(task, tiny_table, monkeypatch):
+    """With no extra selection inside the step, a step measured short takes one more step at the final goal (its
+    recovery distils: teacher targets cover the top-up draw) and stops."""
+    from compressor.recovery import loop as api
+
+    model, tok, train, val = task
+    monkeypatch.setattr(api, "measured_speedup", _drifting(tiny_table[0], iter([1.0, 0.8, 0.8, 0.8])))
+    monkeypatch.setattr(api, "TOP_UP_STEPS", 0)
+    spec = _distilling_speedup_spec()
     result = compressor.prune(model, tok, train, spec, validation=val)
     steps = result.steps
     assert [s["step"] for s in steps] == [1, 2, 3] and [s["calibration"] for s in steps] == pytest.approx([1, 0.8, 0.8])

@@ -14,7 +14,7 @@ from test_export import CHECK, UNEVEN_EMPTY, labelled_by, saved_model
 from compressor.deploy import export as ex
 from compressor.deploy import openvino as ovd
 from compressor.surgery.checkpoint import load_pruned
-from compressor.testing import ARCHS, tiny_batch
+from compressor.testing import ARCHS, tiny_batch, tiny_model
 
 pytest.importorskip("openvino")
 pytest.importorskip("nncf")
@@ -65,6 +65,35 @@ def test_openvino_fp32_matches_pytorch_in_the_optimum_intel_layout(tmp_path, arc
     assert entry["file"] == str(variant / "openvino_model.xml") and entry["size_bytes"] > 0
     assert_matches_pytorch(model_dir, variant, 1e-4)
     assert "fp32" in result, "the fp32 ONNX graph the IR was converted from is always exported"
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_a_layer_without_ffn_neurons_converts_to_openvino(tmp_path, arch):
+    """A layer whose FFN lost every neuron (the upper layers of a deep member) leaves no zero-sized weight in the
+    graph, which OpenVINO's ONNX reader would refuse: it is traced with one zero-weight neuron, same logits; the
+    saved model keeps none."""
+    import onnx
+    from conftest import make_tokenizer_dir
+    from transformers import AutoTokenizer
+
+    from compressor.surgery.arch import present_neurons
+    from compressor.surgery.checkpoint import save_pruned
+    from compressor.surgery.slicing import padded_empty_ffns, prune_heads, prune_neurons
+
+    model = prune_heads(tiny_model(arch, layers=3, heads=4), {0: [1, 3]})
+    width = len(present_neurons(model)[1])
+    model = prune_neurons(model, {1: list(range(width)), 2: [0, 5]})
+    assert present_neurons(model)[1] == [] and padded_empty_ffns(model) is not model
+    whole = tiny_model(arch, layers=3, heads=4)
+    assert padded_empty_ffns(whole) is whole  # nothing to pad: the model itself
+    tokenizer = AutoTokenizer.from_pretrained(make_tokenizer_dir(tmp_path / "tok"))
+    model_dir = save_pruned(model, tmp_path / "model", tokenizer)
+    result = ex.export_onnx(model_dir, tmp_path / "onnx", ["openvino-fp32"], CHECK)
+    assert result["fp32"]["max_abs_diff"] <= 1e-4 and result["openvino-fp32"]["max_abs_diff"] <= 1e-4
+    graph = onnx.load(str(tmp_path / "onnx" / "fp32" / "model.onnx")).graph
+    assert all(0 not in init.dims for init in graph.initializer)
+    assert_matches_pytorch(model_dir, tmp_path / "onnx" / "openvino-fp32", 1e-4)
+    assert present_neurons(load_pruned(model_dir))[1] == []
 
 
 def test_openvino_fp32_parity_failure_writes_nothing(tmp_path, monkeypatch):

@@ -240,6 +240,33 @@ def test_pick_returns_a_reference_when_it_wins_and_says_so(tmp_path):
     assert "| reference minilm-l6 | pytorch | 6.90× |" in md and "none as fast" in md
 
 
+def test_pick_returns_the_quantized_original_when_it_wins_and_says_so(tmp_path):
+    """Quantize-only is a choice: within 1.2 points the original's int8 (an exported variant with a path, its gate
+    passed) is faster than every member and is picked, the report and `compressor pick` saying it is the original,
+    not pruned; a rejected int8 of the original and the PyTorch original itself (no path) are never picked."""
+    original = {**_row("pytorch-original", "original", "original", "pytorch", 1.0, 0.86), "path": None}
+    int8 = _row("onnx-int8-original", "original", "original", "onnx-int8", 4.8, 0.85)
+    rows = [original, *ROWS[1:], int8]
+    chosen = pick(rows, 1.2)
+    assert chosen["name"] == "onnx-int8-original" and chosen["role"] == "original"
+    assert pick(rows, 0.6)["name"] == "2x/pytorch"
+    assert pick([original, {**int8, "rejected": True}, *ROWS[1:3]], 1.2)["name"] == "2x/onnx-int8"
+    assert pick([original], None) is None
+    run = tmp_path / "run"
+    report = {"schema_version": 1, "status": "complete", "name": "r", "model_source": "m", "data_source": "d",
+              "labels": LABELS, "steps": [], "original": {"test": {"accuracy": 0.86}}, "bench": {"max_drop": 0.012},
+              "family": {"targets": [2.0, 4.0], "kind": "speedup", "runtime": "pytorch", "members": [],
+                         "frontier": rows, "pick": chosen}}  # fmt: skip
+    (run / "original" / "onnx-int8").mkdir(parents=True)
+    (run / "report.json").write_text(json.dumps(report))
+    result = CliRunner().invoke(app, ["pick", str(run), "--max-drop", "1.2", "--out", str(tmp_path / "mine")])
+    assert result.exit_code == 0, result.output
+    assert result.output.startswith("onnx-int8-original (the original on onnx-int8, not pruned): 4.80x")
+    assert (tmp_path / "mine").is_dir()
+    md = render_family(RunReport.of(report))
+    assert "**Recommendation: `onnx-int8-original`**" in md and "the original on onnx-int8, not pruned" in md
+
+
 def test_own_evaluation_batches_must_hold_the_same_examples(tiny_model_dir):
     """A candidate with its own tokenisation is evaluated on it; batches of other examples are refused."""
     model = tiny_model("bert", layers=1, heads=2)

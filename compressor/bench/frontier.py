@@ -6,9 +6,9 @@ an ONNX variant), where it lies on disk, and whether it may be shipped (an int8 
 not). `frontier` joins the points with the benchmark's summary (speed-up over
 the PyTorch original at one batch size, test accuracy, McNemar's exact test against the original) and marks the
 Pareto-optimal ones: no other point is at least as fast and at least as accurate, and better in one. `pick` is the
-fastest shippable member or reference within an accuracy drop; the report's recommendation, `report.json` and
-`compressor pick` all call it, so they cannot disagree. `versus_references` says, per reference point, which member
-beats it at equal or higher measured speed, and by how much.
+fastest shippable member, reference or exported original within an accuracy drop; the report's recommendation,
+`report.json` and `compressor pick` all call it, so they cannot disagree. `versus_references` says, per reference
+point, which member beats it at equal or higher measured speed, and by how much.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from compressor.core.candidates import KINDS, ORIGINAL_NAME, CandidateName
 from compressor.core.runtimes import for_variant
 
 ROLES = KINDS  # a point's role is its candidate's kind (`compressor.core.candidates`)
-CHOICES = ("member", "reference")  # the roles `pick` may return: models the run ships or compared with
+CHOICES = ("member", "reference", "original")  # the roles `pick` may return (the original: an exported variant only)
 
 
 @dataclass(frozen=True)
@@ -28,7 +28,7 @@ class Point:
     """One candidate as a choice. `name`: its bench name (`compressor.core.candidates`); `model`: the member's
     or reference's label, "original" or, for a baseline, the member it is compared with; `role`: its candidate's
     kind, one of `ROLES`; `runtime`: a declared runtime's name (`compressor.core.runtimes`); `path`: what
-    `compressor pick` copies (a model directory or an ONNX variant's directory), None for the original."""
+    `compressor pick` copies (a model directory or an exported variant's directory), None for the PyTorch original."""
 
     name: str
     model: str
@@ -92,13 +92,16 @@ def _pareto(row: dict, rows: list[dict]) -> bool:
 
 
 def pick(rows: list[dict], max_drop: float | None, batch: int | None = None, runtime: str | None = None) -> dict | None:
-    """The fastest shippable member or reference (not a rejected int8 variant) whose test accuracy is at most
-    `max_drop` points below the original's (None: any), at `batch` (default: the batch the rows were made at), on
-    `runtime` when given. None when none qualifies. A reference wins only when it is faster than every member that
-    qualifies: its row says `role: reference`, and every reader says it is not a pruned member."""
+    """The fastest shippable choice (not a rejected int8 variant) whose test accuracy is at most `max_drop` points
+    below the original's (None: any), at `batch` (default: the batch the rows were made at), on `runtime` when
+    given: a member, a reference, or the original exported to a runtime (quantize-only: what a user would do
+    instead of pruning). None when none qualifies. A reference or an exported original wins only when it is faster
+    than every member that qualifies: its row's `role` says so, and every reader says it is not a pruned member."""
     best, best_speed = None, 0.0
     for row in rows:
-        if row["role"] not in CHOICES or row["rejected"] or (runtime is not None and row["runtime"] != runtime):
+        if row["role"] not in CHOICES or row["rejected"] or row["path"] is None:
+            continue
+        if runtime is not None and row["runtime"] != runtime:
             continue
         if max_drop is not None and (row["drop_points"] is None or row["drop_points"] > max_drop + 1e-9):
             continue

@@ -82,7 +82,8 @@ def pick(
     as_json: bool = typer.Option(False, "--json", help="print the picked frontier row as JSON"),
 ) -> None:
     """Print the fastest model and runtime of a run within --max-drop points of the original; exit 1 if none. The
-    fastest may be a reference (`bench.references`: another model fine-tuned on the task), which the line says."""
+    fastest may be a reference (`bench.references`: another model fine-tuned on the task) or the original exported
+    to a runtime (quantize-only, no pruning), which the line says."""
     from compressor.bench.frontier import pick as choose
 
     rows = read_frontier(run_dir)
@@ -90,8 +91,8 @@ def pick(
     check_choice(rows, runtime, batch_size)
     chosen = choose(rows, drop, batch_size, runtime)
     if chosen is None:
-        typer.echo(f"no member or reference{' on ' + runtime if runtime else ''} is within {max_drop} points of the "
-                   "original", err=True)  # fmt: skip
+        typer.echo(f"no member, reference or exported original{' on ' + runtime if runtime else ''} is within "
+                   f"{max_drop} points of the original", err=True)  # fmt: skip
         raise typer.Exit(NOTHING_QUALIFIES)
     source = Path(chosen["path"])
     source = source if source.is_absolute() else run_dir / source
@@ -102,12 +103,19 @@ def pick(
         return
     copied = f"; copied to {out}" if out is not None else ""
     p_value = "–" if chosen["mcnemar_p"] is None else f"{chosen['mcnemar_p']:.3g}"
-    what = " (reference, not a pruned member)" if chosen["role"] == "reference" else ""
+    what = not_a_member(chosen)
     typer.echo(
         f"{chosen['name']}{what}: {chosen['speedup']:.2f}x the PyTorch original at batch {chosen['batch']}, "
         f"{chosen['seq_len']} tokens; test accuracy {100 * chosen['accuracy']:.2f}% "
         f"({-chosen['drop_points']:+.2f} points; McNemar p {p_value}){int8_cpu(chosen)}; {source}{copied}"
     )
+
+
+def not_a_member(row: dict) -> str:
+    """' (reference, not a pruned member)', ' (the original on <runtime>, not pruned)' or '' for a member."""
+    if row["role"] == "reference":
+        return " (reference, not a pruned member)"
+    return f" (the original on {row['runtime']}, not pruned)" if row["role"] == "original" else ""
 
 
 def int8_cpu(row: dict) -> str:

@@ -65,6 +65,7 @@ from compressor.deploy.quantize import gate as int8_gate
 from compressor.deploy.quantize import status as int8_status
 from compressor.surgery.arch import arch_spec, head_size, present_heads
 from compressor.surgery.checkpoint import load_pruned
+from compressor.surgery.slicing import padded_empty_ffns
 
 # Int8Options, quantize_graph and the inference helpers stay importable from here.
 __all__ = [
@@ -130,7 +131,8 @@ def export_fp32(model: nn.Module, dest: Path, opset: int | None = None) -> Path:
 
     The model object is exported as built (pruned shapes, `EmptyAttention` layers), never re-loaded from a path.
     The TorchScript tracer is used because ORT's optimizer fuses attention on its graphs of eager attention, once
-    each layer's head count is pinned in its reshapes (`pin_head_counts`).
+    each layer's head count is pinned in its reshapes (`pin_head_counts`). A layer left with no FFN neuron is traced
+    with one zero-weight neuron (`padded_empty_ffns`: the same output, no zero-sized weight for OpenVINO to refuse).
     """
     dest.mkdir(parents=True, exist_ok=True)
     file, names = dest / ONNX_FILE, graph_inputs(model)
@@ -138,7 +140,7 @@ def export_fp32(model: nn.Module, dest: Path, opset: int | None = None) -> Path:
     with warnings.catch_warnings(), torch.no_grad():  # tracer warnings about constant masks; parity checks the graph
         warnings.simplefilter("ignore")
         torch.onnx.export(  # the model itself (no wrapper), so node names are its module paths
-            model.eval(),
+            padded_empty_ffns(model).eval(),
             (),
             str(file),
             kwargs=_example_inputs(model),

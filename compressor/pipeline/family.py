@@ -184,7 +184,7 @@ def run_bench(run: RunState, sections: list[dict]) -> tuple[dict, list[Point]]:
     for variant, info in export_original(run, with_quantize_only(run.recipe, original_variants(run))).items():
         cid = CandidateName.original(for_variant(variant).name)
         candidates.append(bench.runtime_candidate(cid.name, cid.runtime, info["dir"], seq, spec.threads, original))
-        points.append(Point.of(cid, None))
+        points.append(Point.of(cid, info["dir"], rejected=info.get("status") == "rejected"))
     for section in run.report.get("references", []):
         candidates += reference_candidates(section, run.data, run.recipe.data.max_length, spec)
         points += reference_points(section)

@@ -9,7 +9,6 @@ and returns its section of the report. The bench, the budget check and the analy
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
 from collections.abc import Callable, Iterator
@@ -215,8 +214,8 @@ def export_original(state: RunState, variants: list[str]) -> dict:
 def _original_variants(state: RunState, variants: list[str]) -> tuple[list[str], Int8Options | None]:
     """The ONNX variants to build of the original for `variants`, and their int8 options: an int8 variant is
     quantised from the optimised graph when the pruned model's is (the recipe asks for `optimized`), with the
-    recipe's per-channel, reduce-range, excluded-node and calibration settings; no validation gate (the original is
-    measured, never shipped)."""
+    recipe's per-channel, reduce-range, excluded-node and calibration settings, and the same validation gate: a
+    quantised original is a choice `compressor pick` may return (quantize-only, no pruning)."""
     from compressor.deploy.quantize import int8_options
 
     spec = state.recipe.export
@@ -225,7 +224,7 @@ def _original_variants(state: RunState, variants: list[str]) -> tuple[list[str],
         return list(variants), None
     graphs = ["optimized"] if "optimized" in spec.variants and "optimized" not in variants else []
     int8 = int8_options(spec.int8, quantized, state.splits["train"], state.splits["validation"], state.tokenizer)
-    return [*graphs, *variants], dataclasses.replace(int8, validation=())
+    return [*graphs, *variants], int8
 
 
 def bench_spec_for(recipe: Recipe) -> BenchSpec:

@@ -190,6 +190,14 @@ class Budget:
             return self.closing(index, self.tries_at(steps_log, index), [], alive)
         return [t for e in steps_log for t in e.get("members", [])]
 
+    def short_of(self, index: int, alive: Masks) -> bool:
+        """Whether a self-measuring speed-up budget's step at goal `index`, a family member's target, is expected
+        (after its last measurement) to land short of it: what a step corrects before its recovery."""
+        spec = self.spec.resolved_budget
+        if self.kind != "speedup" or not spec.calibrate or self.members.get(index) is None:
+            return False
+        return not self._meets(self.reached(alive), self.goal(index))
+
     def describe(self, target: float) -> str:
         """A target in words: '2.0x', or '50%' of heads / FLOPs."""
         return f"{target}x" if self.kind == "speedup" else f"{target:.0%}"

@@ -92,6 +92,10 @@ class Masks(Mapping[str, torch.Tensor]):
                 out[kind][layer, ids] = False
         return out
 
+    def removed_since(self, earlier: Mapping[str, torch.Tensor]) -> UnitPlan:
+        """The units alive in `earlier` and dead here, as a unit plan (what the steps in between removed)."""
+        return masks_to_plan({kind: ~(earlier[kind] & ~mask) for kind, mask in self.items()})
+
     def head_gates(self) -> torch.Tensor:
         """Float gates for `masking.gated` (1 alive, 0 removed)."""
         return self.heads.float()

@@ -182,6 +182,10 @@ class PruneSpec(Strict):
     allocation: Literal["measured", "ratio"] = Field("measured", description="unit kinds share a FLOP/speed-up "
         "budget by each slice's measured loss increase per cost, or by the criterion's score per cost")  # fmt: skip
     allocation_parts: int = Field(4, ge=1, le=64, description="slices per step for allocation 'measured'")
+    allocation_examples: int | None = Field(
+        None, ge=1, le=10**7, description="allocation 'measured': examples its loss passes read, the first of the "
+        "scoring batches (null: all of them; a post-training sample of thousands can pass a few hundred)",
+    )  # fmt: skip
     score_examples: int = Field(512, ge=1, le=10**7, description="training examples the criterion reads per step")
     score_batch_size: int = Field(32, ge=1, le=65536, description="batch size of the scoring passes")
     finetune: FinetuneSpec | None = Field(

@@ -35,7 +35,7 @@ from tqdm.auto import tqdm
 
 from compressor.core.errors import UserError
 from compressor.pruning.allocation import masked_loss, select_measured
-from compressor.pruning.budget import Budget, max_steps, plan_budget
+from compressor.pruning.budget import TOP_UP_STEPS, Budget, max_steps, plan_budget
 from compressor.pruning.latency.check import measured_speedup
 from compressor.pruning.selection import mask_to_plan
 from compressor.pruning.units import Masks, UnitPlan, score_all
@@ -316,15 +316,45 @@ def _select(
         bar = tqdm(total=passes, desc=f"step {step + 1}: allocation", leave=False,
                    disable=not loop.accelerator.is_local_main_process)  # fmt: skip
 
+        batches = _allocation_batches(loop)
+
         def loss(alive: Masks) -> float:
             bar.update(1)
-            return masked_loss(loop.model, loop.score_batches, alive, loop.accelerator)
+            return masked_loss(loop.model, batches, alive, loop.accelerator)
 
         try:
             return select_measured(loop.budget, index, scores, masks, loss, p.allocation_parts, layers)
         finally:
             bar.close()
     return loop.budget.select(index, scores, masks), []
+
+
+def _allocation_batches(loop: _Loop) -> list[dict]:
+    """The scoring batches the measured allocation's loss passes read: the first `allocation_examples` worth (the
+    batches come in a seeded order, so they are a random subset), or all of them."""
+    wanted = loop.config.allocation_examples
+    if wanted is None:
+        return loop.score_batches
+    return loop.score_batches[: max(1, -(-wanted // loop.config.score_batch_size))]
+
+
+def _settle(loop: _Loop, index: int, scores: dict, masks: Masks, step: int) -> tuple[Masks, dict, list[dict]]:
+    """Under a speed-up budget that measures itself: time the masked model, and while a member's target is
+    measured short, select more units from this step's scores (its table corrected by the measurement) before any
+    recovery runs. A shortfall costs a selection and a timing here, where a top-up step would score, repair and
+    fine-tune again. Returns the masks, the last measurement and the allocation slices of the extra selections."""
+    measured, slices = _calibrate(loop, masks), []
+    for _ in range(TOP_UP_STEPS):
+        if not measured or not loop.budget.short_of(index, masks):
+            break
+        log.info("budget: step %d measured %.2fx, short of %.2fx; selecting more from its scores", step + 1,
+                 measured["measured_speedup"], loop.budget.goal(index))  # fmt: skip
+        more, extra = _select(loop, index, scores, masks, step)
+        if not any(layers for layers in more.values()):
+            break
+        masks, slices = masks.without(more), slices + extra
+        measured = _calibrate(loop, masks)
+    return masks, measured, slices
 
 
 def _validate(loop: _Loop, masks: Masks) -> dict | None:
@@ -346,7 +376,10 @@ def _step(loop: _Loop, masks: Masks, step: int, index: int) -> StepRecord:
     scores, diagnostics = _score(loop, masks, step, index)
     score_seconds = time.perf_counter() - t_score
     plan, slices = _select(loop, index, scores, masks, step)
-    masks = masks.without(plan)
+    before, masks, measured = masks, masks.without(plan), {}
+    if p.resolved_budget.kind == "speedup":
+        masks, measured, extra = _settle(loop, index, scores, masks, step)
+        plan, slices = masks.removed_since(before), slices + extra
     entry = {
         "step": step + 1,
         "removed": {str(k): v for k, v in plan["heads"].items()} if "heads" in plan else {},
@@ -357,7 +390,7 @@ def _step(loop: _Loop, masks: Masks, step: int, index: int) -> StepRecord:
     if masks.neurons is not None:
         entry |= unit_entry(masks.heads, masks.neurons, plan)
     if p.resolved_budget.kind != "heads":  # FLOP and speed-up budgets log their progress, with or without neurons
-        entry |= _calibrate(loop, masks) | loop.budget.progress(masks)
+        entry |= measured | loop.budget.progress(masks)
     if (after_prune := _validate(loop, masks)) is not None:
         entry["val_after_prune"] = after_prune
     if diagnostics:

@@ -40,14 +40,16 @@ def _frontier_table(rows: list[dict]) -> list[str]:
 
 
 def _pick_line(chosen: dict | None, max_drop: float | None) -> str:
-    """The recommendation (the family's pick): the fastest shippable member (or reference) within `bench.max_drop`
-    of the original."""
+    """The recommendation (the family's pick): the fastest shippable member (or reference, or exported original)
+    within `bench.max_drop` of the original."""
     within = "any accuracy" if max_drop is None else f"within {100 * max_drop:.2f} points of the original"
     if chosen is None:
         return f"**Recommendation: none**: no model on any runtime is {within} (bench.max_drop)."
     what = "member"
     if chosen["role"] == "reference":
         what = f"model (**reference `{chosen['model']}`, not a pruned member**: no member is as fast)"
+    elif chosen["role"] == "original":
+        what = f"model (**the original on {chosen['runtime']}, not pruned**: no member is as fast)"
     return (
         f"**Recommendation: `{chosen['name']}`**, the fastest {what} {within}: {chosen['speedup']:.2f}× the PyTorch "
         f"original at batch {chosen['batch']}, {chosen['seq_len']} tokens, test accuracy {_pct(chosen['accuracy'])}% "

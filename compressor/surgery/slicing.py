@@ -211,3 +211,31 @@ def _drop_dead_layers(model: nn.Module) -> nn.Module:
     units = zip(present_heads(model), present_neurons(model), strict=True)
     dead = [i for i, (h, n) in enumerate(units) if not h and not n and i not in gone]
     return remove_layers(model, dead) if dead else model
+
+
+def padded_empty_ffns(model: nn.Module) -> nn.Module:
+    """`model`, or a copy in which every built layer left with no FFN neuron computes one neuron of zero weights
+    instead of none: W_1 gets one zero row per block, W_2 one zero column and its own bias, so the FFN's output is
+    still W_2's bias, exactly. For export: a graph holding zero-sized weights runs in ONNX Runtime, but OpenVINO's
+    ONNX reader takes a [hidden, 0] MatMul weight for a scalar and refuses the graph. The saved model keeps no
+    neuron (its config and FLOPs are unchanged)."""
+    spec, gone = arch_spec(model), set(removed_layers(model))
+    empty = [i for i, neurons in enumerate(present_neurons(model)) if not neurons and i not in gone]
+    if not empty:
+        return model
+    model = copy.deepcopy(model)
+    for i in empty:
+        layer = layers(model)[i]
+        w_in, w_out = get_path(layer, spec.ffn_in), get_path(layer, spec.ffn_out)
+        new_in = empty_linear(w_in.in_features, spec.ffn_in_blocks, w_in)
+        new_out = empty_linear(1, w_out.out_features, w_out)
+        with torch.no_grad():
+            for new in (new_in, new_out):
+                new.weight.zero_()
+            if new_in.bias is not None:
+                new_in.bias.zero_()
+            if new_out.bias is not None:
+                new_out.bias.copy_(w_out.bias)
+        set_path(layer, spec.ffn_in, new_in)
+        set_path(layer, spec.ffn_out, new_out)
+    return model
