@@ -23,7 +23,8 @@ Usage (the lead's machine, machine to itself; MPNet needs `make setup-base`):
     .venv/bin/python benchmarks/posttrain.py --models minilm --else-running "nothing"            # ~20 min
     .venv/bin/python benchmarks/posttrain.py --models minilm mpnet --else-running "nothing"      # + ~2.5 h
   → prints one table per model and target and writes benchmarks/results/posttrain.json
-`--reuse` reads finished runs under `--runs` instead of running them again.
+`--reuse` reads finished runs under `--runs` instead of running them again (their rows say `reused`: they may come
+from an earlier commit; delete a run's directory to make it again).
 """
 
 from __future__ import annotations
@@ -67,15 +68,16 @@ def recipe_for(model: str, mode: str, target: float, out: Path) -> dict:
     return recipe
 
 
-def run(recipe: dict, out: Path, reuse: bool) -> dict:
-    """Run `recipe` (unless `reuse` and it finished) and return its report."""
+def run(recipe: dict, out: Path, reuse: bool) -> tuple[dict, bool]:
+    """Run `recipe` (unless `reuse` and it finished) and return its report, and whether it was an earlier run's."""
     run_dir = Path(recipe["output_dir"])
-    if not (reuse and (run_dir / "report.json").exists()):
+    reused = reuse and (run_dir / "report.json").exists()
+    if not reused:
         path = out / f"{recipe['name']}.yaml"
         path.write_text(yaml.safe_dump(recipe, sort_keys=False))
         cmd = [sys.executable, "-m", "compressor", "run", str(path), "--force"]
         subprocess.run(cmd, cwd=ROOT, check=True)
-    return json.loads((run_dir / "report.json").read_text())
+    return json.loads((run_dir / "report.json").read_text()), reused
 
 
 def row(report: dict) -> dict:
@@ -120,8 +122,10 @@ def table(model: str, target: float, rows: dict[str, dict]) -> list[str]:
         met = r["drop_points"] <= goal[0] and r["compress_seconds"] <= goal[1]
         met = met and (r["measured_speedup"] or 0) >= 0.9 * target
         verdict = "met" if met else "MISSED"
-        lines.append(f"  goal: within {goal[0]} point in ≤ {goal[1]:.0f} s to the exported model at {target:g}x "
-                     f"({r['compress_seconds']:.0f} s; with the bench {r['seconds_without_base']:.0f} s): {verdict}")
+        lines.append(
+            f"  goal: within {goal[0]} point in ≤ {goal[1]:.0f} s to the exported model at {target:g}x "
+            f"({r['compress_seconds']:.0f} s; with the bench {r['seconds_without_base']:.0f} s): {verdict}"
+        )
     return lines
 
 
@@ -140,7 +144,10 @@ def main(argv: list[str] | None = None) -> int:
     result = {"commit": head.stdout.strip(), "cpu": cpu_summary(), "else_running": args.else_running, "models": {}}
     for model in args.models:
         for target in MODELS[model][2]:
-            rows = {mode: row(run(recipe_for(model, mode, target, out), out, args.reuse)) for mode in args.modes}
+            rows = {}
+            for mode in args.modes:
+                report, reused = run(recipe_for(model, mode, target, out), out, args.reuse)
+                rows[mode] = row(report) | {"reused": reused}  # reused: made earlier, maybe at another commit
             result["models"].setdefault(model, {})[f"{target:g}x"] = rows
             print("\n".join(table(model, target, rows)), flush=True)
     versions = {name: __import__(name).__version__ for name in ("torch", "transformers", "onnxruntime")}
