@@ -23,17 +23,19 @@ def unit_entry(heads: torch.Tensor, neurons: torch.Tensor, plan: dict) -> dict:
 
 
 def log_step(entry: dict, steps: int) -> None:
-    """Log a finished step: heads left, validation accuracy after pruning and after fine-tuning, and for runs that
-    prune neurons their counts and the budget's progress. `steps`: the scheduled count (later ones are top-ups)."""
+    """Log a finished step: heads left, validation accuracy after pruning and (where the step trained) after
+    fine-tuning, and for runs that prune neurons their counts and the budget's progress. `steps`: the scheduled
+    count (later ones are top-ups)."""
     accuracy = {k: entry[k]["accuracy"] for k in ("val_after_prune", "val_after_finetune") if k in entry}
+    trained = f", after fine-tune {_fmt(accuracy['val_after_finetune'])}" if "val_after_finetune" in accuracy else ""
     log.info(
-        "step %d%s: %d heads left %s | val acc after prune %s, after fine-tune %s (%.0fs)",
+        "step %d%s: %d heads left %s | val acc after prune %s%s (%.0fs)",
         entry["step"],
         f"/{steps}" if entry["step"] <= steps else f" ({steps} scheduled + top-ups)",
         entry["heads_left"],
         entry["heads_per_layer"],
         _fmt(accuracy.get("val_after_prune")),
-        _fmt(accuracy.get("val_after_finetune", accuracy.get("val_after_prune"))),
+        trained,
         entry["seconds"],
     )
     if "rescale" in entry:
