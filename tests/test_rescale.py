@@ -168,6 +168,8 @@ def test_rescale_run_end_to_end_trains_nothing_and_reports_the_fits(tmp_path, ti
     assert report["pruned"]["masked_vs_pruned_max_abs_diff"] < 1e-4
     assert "Recovery: `rescale` on a sample of 120 training examples" in (out / "report.md").read_text()
     assert json.loads((out / "report.json").read_text())["recovery"]["mode"] == "rescale"
+    step_line = next(line for line in (out / "run.log").read_text().splitlines() if "step 1/1:" in line)
+    assert "val acc after prune" in step_line and "fine-tune" not in step_line  # the step trained nothing
 
 
 def test_unlabelled_training_text_runs_a_post_training_mode(tmp_path, tiny_model_dir, tiny_csv, cache_dir):

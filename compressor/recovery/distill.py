@@ -225,3 +225,29 @@ def mixed_loss(model: nn.Module, inputs: dict, batch: dict, targets: TeacherTarg
             teacher_states = targets.teacher.to(out.logits.device)(**inputs, output_hidden_states=True).hidden_states
         loss = loss + spec.hidden_weight * hidden_loss(out.hidden_states, teacher_states, inputs["attention_mask"])
     return loss
+
+
+def teacher_targets(
+    teacher: nn.Module | TeacherTargets | None,
+    model: nn.Module,
+    train_ds: datasets.Dataset,
+    tokenizer,
+    finetune: TrainSpec | None,
+    accelerator: Accelerator,
+    seed: int,
+    steps: int,
+) -> TeacherTargets | None:
+    """The pruning loop's teacher: logits for every training example its `steps` recovery fine-tunes (`finetune`)
+    draw, computed once from `teacher` (default: `model` before any step), or the caller's own targets; None when
+    the recovery does not distil. A teacher given without distillation is refused in one line. (Eight arguments:
+    the loop's, passed on.)"""
+    distill = getattr(finetune, "distill", None)
+    if distill is None:
+        if teacher is not None:
+            raise UserError("teacher: given, but prune.finetune.distill is off; expected distill settings to use it")
+        return None
+    if isinstance(teacher, TeacherTargets):
+        return teacher
+    examples = step_examples(len(train_ds), finetune, seed, steps)
+    source = teacher if teacher is not None else model
+    return load_or_compute(None, source, train_ds, tokenizer, accelerator, distill, examples)

@@ -33,14 +33,13 @@ from accelerate.utils import broadcast, broadcast_object_list, set_seed
 from torch import nn
 from tqdm.auto import tqdm
 
-from compressor.core.errors import UserError
 from compressor.pruning.allocation import masked_loss, select_measured
 from compressor.pruning.budget import TOP_UP_STEPS, Budget, max_steps, plan_budget
 from compressor.pruning.latency.check import measured_speedup
 from compressor.pruning.selection import mask_to_plan
 from compressor.pruning.units import Masks, UnitPlan, score_all
 from compressor.recipe import PruneSpec
-from compressor.recovery.distill import TeacherTargets, load_or_compute, step_examples
+from compressor.recovery.distill import TeacherTargets, teacher_targets
 from compressor.recovery.evaluate import evaluate
 from compressor.recovery.rescale import Refit, post_training_sample
 from compressor.recovery.steplog import log_step, unit_entry
@@ -206,7 +205,8 @@ def _prepare(model, tokenizer, train, config, validation, teacher, seed, acceler
     arguments are `prune`'s, passed on."""
     unwrapped = accelerator.unwrap_model(model)
     train = post_training_sample(train, config, seed, unwrapped, tokenizer)
-    targets = _teacher_targets(teacher, model, train, tokenizer, config, accelerator, seed)
+    steps = max_steps(config)
+    targets = teacher_targets(teacher, model, train, tokenizer, config.recovery_finetune, accelerator, seed, steps)
     score_batches = sample_batches(
         train, tokenizer, config.scoring_examples, config.score_batch_size, seed, accelerator, by_length=True
     )  # criteria sum over batches: length order pads least
@@ -252,30 +252,6 @@ def _snapshot(model: nn.Module) -> Callable[[], dict[str, torch.Tensor]]:
     """The model's weights now, on the CPU, for a family member later steps would otherwise train away."""
     weights = {k: v.detach().clone().cpu() for k, v in model.state_dict().items()}
     return lambda: weights
-
-
-def _teacher_targets(
-    teacher: nn.Module | TeacherTargets | None,
-    model: nn.Module,
-    train_ds,
-    tokenizer,
-    config: PruneSpec,
-    accelerator,
-    seed: int,
-) -> TeacherTargets | None:
-    """Teacher logits for every training example the steps draw, computed once (or the caller's), when
-    distillation is on."""
-    finetune = config.recovery_finetune
-    distill = finetune.distill if finetune is not None else None
-    if distill is None:
-        if teacher is not None:
-            raise UserError("teacher: given, but prune.finetune.distill is off; expected distill settings to use it")
-        return None
-    if isinstance(teacher, TeacherTargets):
-        return teacher
-    examples = step_examples(len(train_ds), finetune, seed, max_steps(config))
-    source = teacher if teacher is not None else model
-    return load_or_compute(None, source, train_ds, tokenizer, accelerator, distill, examples)
 
 
 def _score(loop: _Loop, masks: Masks, step: int, index: int) -> tuple[dict[str, torch.Tensor], dict]:
