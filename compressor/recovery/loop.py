@@ -341,8 +341,9 @@ def _validate(loop: _Loop, masks: Masks) -> dict | None:
 
 
 def _step(loop: _Loop, masks: Masks, step: int, index: int) -> StepRecord:
-    """Step `step` (0-based): score, select and mask the units that reach goal `index` of the schedule, then
-    fine-tune with the new masks."""
+    """Step `step` (0-based): score, select and mask the units that reach goal `index` of the schedule (a speed-up
+    step measured short of its target selects more first, `_settle`), then repair: rescale and/or fine-tune with
+    the new masks, as the recovery mode says."""
     t0 = time.perf_counter()
     p = loop.config
     set_seed(loop.seed + 1000 * (step + 1))
