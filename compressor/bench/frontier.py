@@ -111,6 +111,14 @@ def pick(rows: list[dict], max_drop: float | None, batch: int | None = None, run
     return None if best is None else {**best, "speedup": best_speed, "batch": batch or best["batch"]}
 
 
+def not_a_member(row: dict) -> str | None:
+    """What a picked row that is not a pruned member is, in words every reader prints ("reference, not a pruned
+    member"; "the original on <runtime>, not pruned"), or None for a member."""
+    if row["role"] == "reference":
+        return "reference, not a pruned member"
+    return f"the original on {row['runtime']}, not pruned" if row["role"] == "original" else None
+
+
 def versus_references(rows: list[dict], pairs: list[dict]) -> list[dict]:
     """Per reference point of the frontier `rows`: the most accurate shippable member at equal or higher measured
     speed (on any runtime, and on the reference's own runtime), with the accuracy difference in points and McNemar's

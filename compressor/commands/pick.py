@@ -84,6 +84,7 @@ def pick(
     """Print the fastest model and runtime of a run within --max-drop points of the original; exit 1 if none. The
     fastest may be a reference (`bench.references`: another model fine-tuned on the task) or the original exported
     to a runtime (quantize-only, no pruning), which the line says."""
+    from compressor.bench.frontier import not_a_member
     from compressor.bench.frontier import pick as choose
 
     rows = read_frontier(run_dir)
@@ -103,19 +104,12 @@ def pick(
         return
     copied = f"; copied to {out}" if out is not None else ""
     p_value = "–" if chosen["mcnemar_p"] is None else f"{chosen['mcnemar_p']:.3g}"
-    what = not_a_member(chosen)
+    what = f" ({words})" if (words := not_a_member(chosen)) else ""
     typer.echo(
         f"{chosen['name']}{what}: {chosen['speedup']:.2f}x the PyTorch original at batch {chosen['batch']}, "
         f"{chosen['seq_len']} tokens; test accuracy {100 * chosen['accuracy']:.2f}% "
         f"({-chosen['drop_points']:+.2f} points; McNemar p {p_value}){int8_cpu(chosen)}; {source}{copied}"
     )
-
-
-def not_a_member(row: dict) -> str:
-    """' (reference, not a pruned member)', ' (the original on <runtime>, not pruned)' or '' for a member."""
-    if row["role"] == "reference":
-        return " (reference, not a pruned member)"
-    return f" (the original on {row['runtime']}, not pruned)" if row["role"] == "original" else ""
 
 
 def int8_cpu(row: dict) -> str:

@@ -6,6 +6,7 @@ is `bench.frontier.pick` at the recipe's `bench.max_drop`, the same call `compre
 
 from __future__ import annotations
 
+from compressor.bench.frontier import not_a_member
 from compressor.bench.render import cpu_line, int8_mark
 from compressor.report.references import references_section
 from compressor.report.schema import MemberSection, RunReport
@@ -45,11 +46,8 @@ def _pick_line(chosen: dict | None, max_drop: float | None) -> str:
     within = "any accuracy" if max_drop is None else f"within {100 * max_drop:.2f} points of the original"
     if chosen is None:
         return f"**Recommendation: none**: no model on any runtime is {within} (bench.max_drop)."
-    what = "member"
-    if chosen["role"] == "reference":
-        what = f"model (**reference `{chosen['model']}`, not a pruned member**: no member is as fast)"
-    elif chosen["role"] == "original":
-        what = f"model (**the original on {chosen['runtime']}, not pruned**: no member is as fast)"
+    words = not_a_member(chosen)
+    what = f"model (**{words}**: no member is as fast)" if words else "member"
     return (
         f"**Recommendation: `{chosen['name']}`**, the fastest {what} {within}: {chosen['speedup']:.2f}× the PyTorch "
         f"original at batch {chosen['batch']}, {chosen['seq_len']} tokens, test accuracy {_pct(chosen['accuracy'])}% "
