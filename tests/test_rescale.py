@@ -21,6 +21,8 @@ from compressor.pruning.criteria.fisher import fisher
 from compressor.pruning.masking import gated
 from compressor.pruning.units import score_all
 from compressor.recipe import PruneSpec, RecipeError, parse_recipe
+from compressor.recovery import replay
+from compressor.recovery import rescale as rescale_module
 from compressor.recovery.loop import Masks
 from compressor.recovery.rescale import post_training_sample, rescale
 from compressor.surgery.arch import arch_spec, get_path, layers
@@ -46,7 +48,7 @@ def _logits(model, batch, masks: Masks | None = None) -> torch.Tensor:
         return model(**inputs).logits
 
 
-@pytest.mark.parametrize("arch", ["bert", "modernbert"])  # post-norm and pre-norm residuals
+@pytest.mark.parametrize("arch", FAMILIES)
 def test_least_squares_recovers_known_scales(arch):
     """A reference whose W_O columns (per head) and down-projection columns (per neuron) are the model's times
     known scales: the fit finds those scales, so the folded weights equal the reference's."""
@@ -96,6 +98,35 @@ def test_folded_scales_masked_equals_pruned_equals_reloaded_equals_onnx(arch, tm
     session = ort.InferenceSession(result["fp32"]["file"], providers=["CPUExecutionProvider"])
     feed = {i.name: check.get(i.name, torch.zeros_like(check["input_ids"])).numpy() for i in session.get_inputs()}
     assert np.abs(session.run(["logits"], feed)[0] - masked.numpy()).max() <= 1e-4
+
+
+@pytest.mark.parametrize("arch", FAMILIES)
+def test_recording_with_stubbed_layers_gives_the_calls_of_a_real_forward(arch):
+    """The rescale records later batches with the layers stubbed out: every layer's call arguments (masks, position
+    bias, rotary tables) equal those a real forward passes on that batch."""
+    model = tiny_model(arch).eval()
+    batches = [tiny_batch(batch=4, seq=9 + s, seed=s) for s in range(3)]
+    with torch.no_grad():
+        recorded = replay.record(model, batches)
+        for batch, calls in zip(batches[1:], recorded[1:], strict=True):
+            real, _ = replay._record(model, batch)
+            assert calls.check is None  # recorded without running the layers
+            assert replay._equal(replay._args_of(calls), replay._args_of(real))
+    assert all(layer.__dict__.get("forward") is None for layer in layers(model))  # the layers' forwards are back
+
+
+@pytest.mark.parametrize("arch", FAMILIES)
+def test_the_layer_after_its_neuron_fit_is_derived_not_rerun(arch, monkeypatch):
+    """Per layer the pruned model runs once for the head fit and once for the neuron fit; its output after the fold
+    comes from the neuron fit's pass (the family's `ffn_norm`), not a third run. (That it is what running the layer
+    gives is `test_least_squares_recovers_known_scales`: later layers' scales are only found from right inputs.)"""
+    model = tiny_model(arch)
+    reference = copy.deepcopy(model)
+    runs = []
+    real = rescale_module.run_layer
+    monkeypatch.setattr(rescale_module, "run_layer", lambda m, *a: runs.append(m is model) or real(m, *a))
+    rescale(model, reference, Masks.full(model, ("heads", "neurons")).alive(), FIT[:3])
+    assert sum(runs) == 2 * len(layers(model)) * 3 and len(runs) - sum(runs) == len(layers(model)) * 3
 
 
 def test_ill_conditioned_fit_is_skipped_and_scales_stay_one():

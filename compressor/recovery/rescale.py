@@ -12,9 +12,12 @@ last layer that mixes tokens on where the classifier reads the first token (CLS 
 exported model needs nothing new. A fit whose Gram matrix is ill-conditioned, or that would not lower the residual,
 is skipped (scales stay 1); scales outside [0, `max_scale`] are clamped; both are logged.
 
-Layers are run one at a time (`Layer inputs`): one forward per model records each layer's call arguments, then the
-unpruned and the pruned model advance layer by layer, so the whole fit costs a few forward passes. The layer
-attributes come from each family's `ArchSpec` (`out_proj`, `ffn_in`, `ffn_out`, `pre_norm`, `pooling_attr`).
+Layers are run one at a time (`replay`: each layer called as the encoder calls it): per layer, the unpruned layer
+once for the targets; the pruned layer up to W_O for the head fit, then whole for the neuron fit, whose pass also
+gives the layer's output after the fold (the down-projection and the family's output LayerNorm on what that pass
+captured, checked against the pass's own output), so the whole fit costs about two and a half forward passes. The
+layer attributes come from each family's `ArchSpec` (`out_proj`, `ffn_in`, `ffn_out`, `ffn_norm`, `pre_norm`,
+`pooling_attr`).
 """
 
 from __future__ import annotations
@@ -22,12 +25,12 @@ from __future__ import annotations
 import copy
 import logging
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import datasets
 import torch
+import torch.nn.functional as F
 from torch import nn
 from tqdm.auto import tqdm
 
@@ -35,6 +38,7 @@ from compressor.core.errors import UserError
 from compressor.pruning.masking import gated
 from compressor.pruning.units import Masks
 from compressor.recipe import PruneSpec
+from compressor.recovery.replay import CHAIN_ATOL, LayerCalls, Stop, capture, check_chain, record, run_layer
 from compressor.recovery.train import model_inputs
 from compressor.sources.batches import loader, sample_batches, sample_split
 from compressor.surgery.arch import arch_spec, get_path, head_size, layers, present_heads, present_neurons
@@ -42,124 +46,58 @@ from compressor.surgery.arch import arch_spec, get_path, head_size, layers, pres
 log = logging.getLogger("compressor")
 MAX_CONDITION = 1e10  # a Gram matrix this ill-conditioned gives scales that fit noise: the layer is skipped
 MAX_SCALE = 10.0  # scales are clamped to [0, MAX_SCALE]
-CHAIN_ATOL = 1e-3  # replaying the layers one by one must reproduce the model's own forward to this
-
-
-class _Stop(Exception):
-    """Raised by a hook to end a forward pass early."""
-
-
-@dataclass
-class _Calls:
-    """What a model's layers were called with on one batch: the hidden states entering layer 0, and per layer the
-    other positional and keyword arguments (the same tensor objects the encoder passed: no copies)."""
-
-    hidden: torch.Tensor
-    args: list[tuple]
-    kwargs: list[dict]
-    rows: torch.Tensor  # [batch, seq] bool: real tokens
-    check: list[torch.Tensor] | None = None  # the hidden states entering every layer (first batch only)
-
-
-def _hidden_of(args: tuple, kwargs: dict) -> tuple[torch.Tensor, tuple, dict]:
-    """Split a layer call into its hidden states and the rest."""
-    if args:
-        return args[0], args[1:], kwargs
-    name = next(k for k in ("hidden_states", "hidden_state", "x") if k in kwargs)
-    return kwargs[name], (), {k: v for k, v in kwargs.items() if k != name}
-
-
-def _record_calls(model: nn.Module, batch: dict, keep_inputs: bool) -> _Calls:
-    """Run `model` on `batch`, recording each layer's call arguments."""
-    seen: list[tuple[torch.Tensor, tuple, dict]] = []
-
-    def hook(_module: nn.Module, args: tuple, kwargs: dict) -> None:
-        seen.append(_hidden_of(args, kwargs))
-
-    handles = [layer.register_forward_pre_hook(hook, with_kwargs=True) for layer in layers(model)]
-    try:
-        model(**model_inputs(batch))
-    finally:
-        for handle in handles:
-            handle.remove()
-    rows = batch["attention_mask"].bool() if "attention_mask" in batch else torch.ones_like(batch["input_ids"]).bool()
-    check = [h for h, _, _ in seen] if keep_inputs else None
-    return _Calls(seen[0][0], [a for _, a, _ in seen], [k for _, _, k in seen], rows, check)
-
-
-def _run_layer(model: nn.Module, index: int, hidden: torch.Tensor, calls: _Calls) -> torch.Tensor:
-    """Layer `index` of `model` on `hidden`, called as the encoder called it; its hidden-state output."""
-    out = layers(model)[index](hidden, *calls.args[index], **calls.kwargs[index])
-    return out[0] if isinstance(out, tuple) else out
-
-
-@contextmanager
-def _capture(modules: dict[str, nn.Module]) -> Iterator[dict[str, tuple[torch.Tensor, torch.Tensor]]]:
-    """Record (input, output) of each named module's next call (hooks run after any gating pre-hook)."""
-    seen: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
-    handles = [
-        module.register_forward_hook(lambda _m, args, out, name=name: seen.__setitem__(name, (args[0], out)))
-        for name, module in modules.items()
-    ]
-    try:
-        yield seen
-    finally:
-        for handle in handles:
-            handle.remove()
 
 
 @dataclass
 class _Normal:
-    """Normal equations of one sublayer's fit: G = AᵀA, c = Aᵀt, tt = tᵀt (float64)."""
+    """Normal equations of one sublayer's fit, G m = c, built from batches: unit i's contribution is its block of
+    input columns z_i (one head's `size` columns of W_O's input, or one neuron's single column of the down-
+    projection's) times the same columns W_i of the weight, so G_ij = Σ_rows ⟨z_i W_iᵀ, z_j W_jᵀ⟩ is the block sum of
+    (ZᵀZ) ∘ (WᵀW) and c_i = Σ_rows ⟨z_i, (t W)_i⟩. Batches add ZᵀZ (`moments`) and the per-column c; `solved`
+    applies WᵀW and sums the blocks once (float64)."""
 
-    gram: torch.Tensor
-    cross: torch.Tensor
-    total: float = 0.0
+    moments: torch.Tensor  # ZᵀZ over the kept units' columns
+    cross: torch.Tensor  # per column, then per unit once finished
+    total: float = 0.0  # tᵀt
 
     @classmethod
-    def empty(cls, k: int) -> _Normal:
-        return cls(torch.zeros(k, k, dtype=torch.float64), torch.zeros(k, dtype=torch.float64))
+    def empty(cls, columns: int) -> _Normal:
+        return cls(torch.zeros(columns, columns, dtype=torch.float64), torch.zeros(columns, dtype=torch.float64))
+
+    def add(self, z: torch.Tensor, weight: torch.Tensor, target: torch.Tensor) -> None:
+        """One batch's rows: `z` [rows, columns] the kept units' input columns, `weight` [hidden, columns] theirs,
+        `target` [rows, hidden] what their contributions should sum to."""
+        self.moments += (z.T @ z).double()
+        self.cross += (z * (target @ weight)).sum(0).double()
+        self.total += float(target.double().pow(2).sum())
+
+    def gram(self, weight: torch.Tensor, size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """G and c per unit, `weight` [hidden, columns] the kept units' columns, `size` columns per unit."""
+        w = weight.double()
+        k = self.cross.numel() // size
+        gram = (self.moments * (w.T @ w)).reshape(k, size, k, size).sum((1, 3))
+        return gram, self.cross.reshape(k, size).sum(1)
 
 
-def _head_terms(z: torch.Tensor, weight: torch.Tensor, blocks: list[int], size: int, target: torch.Tensor, eq: _Normal):
-    """Add one batch's rows to `eq` for heads: `z` [rows, present heads × size] is W_O's input, `blocks` the column
-    blocks of the kept heads, `target` [rows, hidden] what their contributions should sum to."""
-    n = z.shape[0]
-    zb = z.reshape(n, -1, size)[:, blocks]  # [rows, k, size]
-    wb = weight.reshape(weight.shape[0], -1, size)[:, blocks]  # [hidden, k, size]
-    contrib = torch.einsum("nkd,hkd->nkh", zb, wb)  # [rows, k, hidden]
-    eq.gram += torch.einsum("nkh,njh->kj", contrib, contrib).double()
-    eq.cross += torch.einsum("nkh,nh->k", contrib, target).double()
-    eq.total += float(target.double().pow(2).sum())
-
-
-def _neuron_terms(z: torch.Tensor, weight: torch.Tensor, cols: list[int], target: torch.Tensor, eq: _Normal):
-    """Add one batch's rows to `eq` for neurons: contribution i is z[:, i] · W[:, i], so AᵀA = (ZᵀZ) ∘ (WᵀW)
-    (the WᵀW factor is applied once, in `_solve`'s caller) and Aᵀt = Σ_rows z ∘ (t W)."""
-    zc, wc = z[:, cols], weight[:, cols]
-    eq.gram += (zc.T @ zc).double()
-    eq.cross += (zc * (target @ wc)).sum(0).double()
-    eq.total += float(target.double().pow(2).sum())
-
-
-def _solve(eq: _Normal, max_scale: float, max_condition: float) -> tuple[torch.Tensor, dict]:
-    """The scales minimising ‖A m − t‖², clamped to [0, max_scale], or ones (skipped) when ill-conditioned or no
-    better than ones; with the relative residual ‖A m − t‖² / ‖t‖² before (m = 1) and after."""
-    k = eq.gram.shape[0]
+def _solve(gram: torch.Tensor, cross: torch.Tensor, total: float, max_scale: float, max_condition: float):
+    """The scales m minimising ‖A m − t‖² (normal equations `gram` m = `cross`, `total` = ‖t‖²), clamped to
+    [0, max_scale], or ones (skipped) when ill-conditioned or no better than ones; with the relative residual
+    ‖A m − t‖² / ‖t‖² before (m = 1) and after."""
+    k = gram.shape[0]
     ones = torch.ones(k, dtype=torch.float64)
 
     def residual(m: torch.Tensor) -> float:
-        value = float(m @ eq.gram @ m - 2 * m @ eq.cross + eq.total)
-        return max(value, 0.0) / max(eq.total, 1e-30)
+        value = float(m @ gram @ m - 2 * m @ cross + total)
+        return max(value, 0.0) / max(total, 1e-30)
 
     before = residual(ones)
     info = {"units": k, "residual_before": before}
-    eig = torch.linalg.eigvalsh(eq.gram)
+    eig = torch.linalg.eigvalsh(gram)
     condition = float(eig[-1] / eig[0]) if float(eig[0]) > 0 else float("inf")
     info["condition"] = condition
     if condition > max_condition:
         return ones, info | {"residual_after": before, "status": "skipped: ill-conditioned"}
-    scales = torch.linalg.solve(eq.gram, eq.cross)
+    scales = torch.linalg.solve(gram, cross)
     clamped = scales.clamp(0.0, max_scale)
     status = "clamped" if not torch.equal(clamped, scales) else "fit"
     after = residual(clamped)
@@ -206,50 +144,61 @@ def _sublayers(model: nn.Module, index: int, alive: Masks) -> list[_Sublayer]:
     return out
 
 
-def _targets(reference: nn.Module, index: int, hidden: torch.Tensor, calls: _Calls):
+def _targets(reference: nn.Module, index: int, hidden: torch.Tensor, calls: LayerCalls):
     """Run the unpruned layer `index`: its output and the two sums the pruned one should match (attention's and
     the FFN's residual + projection output), [batch, seq, hidden]."""
     spec, layer = arch_spec(reference), layers(reference)[index]
     modules = {"out": get_path(layer, spec.out_proj), "ffn_in": get_path(layer, spec.ffn_in),
                "ffn_out": get_path(layer, spec.ffn_out)}  # fmt: skip
-    with _capture(modules) as seen:
-        out = _run_layer(reference, index, hidden, calls)
+    with capture(modules) as seen:
+        out = run_layer(reference, index, hidden, calls)
     attention = hidden + seen["out"][1]
     residual = attention if spec.pre_norm else seen["ffn_in"][0]
     return out, {"heads": attention, "neurons": residual + seen["ffn_out"][1]}
 
 
-def _accumulate(model, index, sub: _Sublayer, hidden, calls: _Calls, target, first_only: bool, eq: _Normal) -> None:
-    """Run pruned layer `index` (gates on) and add this batch's equations for `sub`."""
+@dataclass
+class _FfnPass:
+    """What a neuron fit's pass over one batch saw: the down-projection's input and residual, and the layer's
+    output (from which the layer's output after the fold is derived without running it again: `_ffn_output`)."""
+
+    z: torch.Tensor
+    residual: torch.Tensor
+    out: torch.Tensor
+
+
+def _accumulate(model, index, sub: _Sublayer, hidden, calls: LayerCalls, target, first_only, eq) -> _FfnPass | None:
+    """Run pruned layer `index` (gates on) and add this batch's equations for `sub` to `eq`. A head fit stops the
+    layer once W_O has run (the FFN after it is not needed); a neuron fit runs it whole and returns its `_FfnPass`."""
     spec, layer = arch_spec(model), layers(model)[index]
     proj = get_path(layer, sub.path)
+    heads = sub.kind == "heads"
     modules = {"proj": proj, "out": get_path(layer, spec.out_proj), "ffn_in": get_path(layer, spec.ffn_in)}
-    with _capture(modules) as seen:
-        _run_layer(model, index, hidden, calls)
-    if sub.kind == "heads":
+    out = None
+    with capture(modules, stop="proj" if heads else None) as seen:
+        try:
+            out = run_layer(model, index, hidden, calls)
+        except Stop:
+            pass
+    if heads:
         residual = hidden
     else:
         residual = hidden + seen["out"][1] if spec.pre_norm else seen["ffn_in"][0]
     bias = proj.bias if proj.bias is not None else 0.0
     goal = _rows(target - residual - bias, calls.rows, first_only).float()
     z = _rows(seen["proj"][0], calls.rows, first_only).float()
-    if sub.kind == "heads":
-        _head_terms(z, proj.weight.float(), sub.blocks, sub.size, goal, eq)
-    else:
-        _neuron_terms(z, proj.weight.float(), sub.blocks, goal, eq)
+    columns = sub.columns()
+    eq.add(z[:, columns], proj.weight[:, columns].float(), goal)
+    return None if heads else _FfnPass(seen["proj"][0], residual, out)
 
 
-def _check_chain(model: nn.Module, calls: _Calls) -> None:
-    """Replaying the layers one by one must reproduce the inputs the model's own forward gave each layer (a family
-    whose encoder does more between layers, e.g. DeBERTa's optional convolution, is refused in one line)."""
-    hidden = calls.hidden
-    for index in range(len(calls.args) - 1):
-        hidden = _run_layer(model, index, hidden, calls)
-        if not torch.allclose(hidden, calls.check[index + 1], atol=CHAIN_ATOL, rtol=CHAIN_ATOL):
-            raise UserError(
-                f"prune.recovery: rescale replays layers one by one, but '{model.config.model_type}' layer "
-                f"{index + 1}'s input is not layer {index}'s output; expected a plain stack of layers (use finetune)"
-            )
+def _ffn_output(model: nn.Module, index: int, seen: _FfnPass) -> torch.Tensor:
+    """Layer `index`'s output from its down-projection's input and residual: the family's post-norm LayerNorm
+    (`ArchSpec.ffn_norm`) of their sum, or the sum itself (pre-norm); what the layer computes after its FFN."""
+    spec, layer = arch_spec(model), layers(model)[index]
+    proj = get_path(layer, spec.ffn_out)
+    total = seen.residual + F.linear(seen.z, proj.weight, proj.bias)
+    return total if spec.ffn_norm is None else get_path(layer, spec.ffn_norm)(total)
 
 
 def rescale(
@@ -278,38 +227,44 @@ def rescale(
     cls_from = with_heads[-1] if first_token and with_heads else len(layers(model))  # tokens no longer mix after
     entries: list[dict] = []
     with torch.no_grad(), gated(model, heads, neurons):
-        ref_calls = [_record_calls(reference, b, i == 0) for i, b in enumerate(batches)]
-        calls = [_record_calls(model, b, i == 0) for i, b in enumerate(batches)]
+        ref_calls, calls = record(reference, batches), record(model, batches)
         if batches:
-            _check_chain(model, calls[0])
+            check_chain(model, calls[0])
         ref_hidden = [c.hidden for c in ref_calls]
         hidden = [c.hidden for c in calls]
         for index in tqdm(range(len(layers(model))), desc="rescale: layers", leave=False):
             outputs = [_targets(reference, index, h, c) for h, c in zip(ref_hidden, ref_calls, strict=True)]
             ref_hidden = [out for out, _ in outputs]
+            after = None  # the layer's outputs once its fits are folded, where the neuron fit could derive them
             for sub in _sublayers(model, index, alive):
                 first_only = index >= cls_from  # the last attention's output and all after: only the CLS row counts
-                entries.append(_fit(model, index, sub, hidden, calls, [t[sub.kind] for _, t in outputs], first_only,
-                                    (max_scale, max_condition)))  # fmt: skip
-            hidden = [_run_layer(model, index, h, c) for h, c in zip(hidden, calls, strict=True)]
+                entry, after = _fit(model, index, sub, hidden, calls, [t[sub.kind] for _, t in outputs], first_only,
+                                    (max_scale, max_condition))  # fmt: skip
+                entries.append(entry)
+            hidden = after or [run_layer(model, index, h, c) for h, c in zip(hidden, calls, strict=True)]
     seconds = time.perf_counter() - t0
     _log_fits(entries, seconds)
     return {"seconds": round(seconds, 2), "examples": sum(len(c.rows) for c in calls), "layers": entries}
 
 
-def _fit(model, index, sub: _Sublayer, hidden, calls, targets, first_only: bool, limits: tuple[float, float]) -> dict:
-    """Accumulate, solve and fold one sublayer's scales; its log entry."""
+def _fit(model, index, sub: _Sublayer, hidden, calls, targets, first_only: bool, limits: tuple[float, float]):
+    """Accumulate, solve and fold one sublayer's scales: its log entry, and for a neuron fit the layer's outputs
+    after the fold (derived from the pass that fed the fit, once checked against that pass's own output), else None."""
     proj = get_path(layers(model)[index], sub.path)
-    eq = _Normal.empty(len(sub.blocks))
-    for h, c, t in zip(hidden, calls, targets, strict=True):
-        _accumulate(model, index, sub, h, c, t, first_only, eq)
-    if sub.kind == "neurons":
-        w = proj.weight[:, sub.blocks].double()
-        eq.gram *= w.T @ w
-    scales, info = _solve(eq, *limits)
+    eq = _Normal.empty(len(sub.blocks) * sub.size)
+    work = zip(hidden, calls, targets, strict=True)
+    passes = [_accumulate(model, index, sub, h, c, t, first_only, eq) for h, c, t in work]
+    scales, info = _solve(*eq.gram(proj.weight[:, sub.columns()], sub.size), eq.total, *limits)
+    derive = (
+        sub.kind == "neurons"
+        and passes
+        and torch.allclose(_ffn_output(model, index, passes[0]), passes[0].out, atol=CHAIN_ATOL, rtol=CHAIN_ATOL)
+    )
     _fold(proj, sub.columns(), scales.float().repeat_interleave(sub.size))
-    return {"layer": index, "kind": sub.kind, "first_token_only": first_only, **info,
-            "scale_range": [round(float(scales.min()), 4), round(float(scales.max()), 4)]}  # fmt: skip
+    after = [_ffn_output(model, index, seen) for seen in passes] if derive else None
+    entry = {"layer": index, "kind": sub.kind, "first_token_only": first_only, **info,
+             "scale_range": [round(float(scales.min()), 4), round(float(scales.max()), 4)]}  # fmt: skip
+    return entry, after
 
 
 def _log_fits(entries: list[dict], seconds: float) -> None:

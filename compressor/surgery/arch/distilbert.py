@@ -22,6 +22,7 @@ DISTILBERT = register(
         ffn_out="ffn.lin2",
         token_type_ids=False,
         attention_norm=None,
+        ffn_norm="output_layer_norm",
         ffn_size_attr="hidden_dim",
     ),
     "distilbert",

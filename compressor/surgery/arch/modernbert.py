@@ -32,6 +32,7 @@ MODERNBERT = register(
         pooling_attr="classifier_pooling",
         ort_fuses_attention=False,  # ORT's optimizer has no pattern for rotary attention
         attention_norm=None,
+        ffn_norm=None,
         # tiny test models: layers 0, 3, ... global, the others a sliding window of ±2 tokens (local_attention 4)
         tiny={
             "local_attention": 4,

@@ -62,6 +62,8 @@ class ArchSpec:
     attention_norm: str | None = "output.LayerNorm"  # from the attention block: the LayerNorm it applies to W_O's
     # output plus the residual (a sibling `dropout` runs first); None where the block returns W_O's output as is
     # (the layer normalises: DistilBERT; pre-norm: ModernBERT). What a layer left without heads keeps (`EmptyAttention`)
+    ffn_norm: str | None = "output.LayerNorm"  # from a layer: the LayerNorm a post-norm layer applies to the
+    # down-projection's output plus its residual, giving the layer's output; None: that sum is the output (pre-norm)
     ffn_size_attr: str = "intermediate_size"  # the config attribute holding the FFN width (DistilBERT: hidden_dim)
     encoder_side_module: str | None = None  # a module the encoder runs after its first layer, outside the layer
     # list, on the layers' parent (DeBERTa-v2's optional `conv`): where one is present, the encoder cannot be started
@@ -129,6 +131,8 @@ def register(spec: ArchSpec, *model_types: str) -> ArchSpec:
         raise ValueError(f"ArchSpec.probs_dropout: expected a dotted path or None, got {spec.probs_dropout!r}")
     if isinstance(spec.head_rows, str) or not all(name.isidentifier() for name in spec.head_rows):
         raise ValueError(f"ArchSpec.head_rows: expected a tuple of attribute names, got {spec.head_rows!r}")
+    if spec.ffn_norm is not None and not all(p.isidentifier() for p in spec.ffn_norm.split(".")):
+        raise ValueError(f"ArchSpec.ffn_norm: expected a dotted path or None, got {spec.ffn_norm!r}")
     if spec.pooling_attr is not None and not spec.pooling_attr.isidentifier():
         raise ValueError(f"ArchSpec.pooling_attr: expected an attribute name or None, got {spec.pooling_attr!r}")
     if spec.shared_bias is not None and not spec.shared_bias.isidentifier():
