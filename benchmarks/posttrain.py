@@ -52,6 +52,7 @@ SAMPLES = {"minilm": {}, "mpnet": {"sample_size": 1000, "allocation_examples": 2
 GOALS = {("minilm", 1.5): (1.0, 180.0), ("mpnet", 1.5): (1.0, 600.0)}  # (max drop in points, max seconds)
 MODES = ("none", "rescale", "finetune", "rescale_finetune")  # the last: not run unless asked (--modes)
 BASE_PHASES = ("base fine-tune", "base model: load", "base model: load cached fine-tune")
+BASELINE_PHASES = ("baseline", "layer-drop baseline: fine-tune")  # the comparison, inside compress_seconds
 
 
 def recipe_for(model: str, mode: str, target: float, out: Path) -> dict:
@@ -99,6 +100,7 @@ def row(report: dict) -> dict:
         "measured_speedup": report.get("budget", {}).get("measured_speedup"),
         "seconds_without_base": round(report["seconds"] - base, 1),
         "compress_seconds": round(report["seconds"] - base - timings.get("bench", 0.0), 1),
+        "baseline_seconds": round(sum(v for k, v in timings.items() if k in BASELINE_PHASES), 1),
         "pruning_seconds": timings.get("pruning steps"),
         "base_seconds": base,
         "recovery": report.get("recovery"),
@@ -124,11 +126,12 @@ def table(model: str, target: float, rows: dict[str, dict]) -> list[str]:
     if goal and "rescale" in rows:
         r = rows["rescale"]
         met = r["drop_points"] <= goal[0] and r["compress_seconds"] <= goal[1]
-        met = met and (r["measured_speedup"] or 0) >= 0.9 * target
+        met = met and (r["measured_speedup"] or 0) >= target
         verdict = "met" if met else "MISSED"
         lines.append(
-            f"  goal: within {goal[0]} point in ≤ {goal[1]:.0f} s to the exported model at {target:g}x "
-            f"({r['compress_seconds']:.0f} s; with the bench {r['seconds_without_base']:.0f} s): {verdict}"
+            f"  goal: ≥ {target:g}x within {goal[0]} point in ≤ {goal[1]:.0f} s to the exported model "
+            f"({r['compress_seconds']:.0f} s, of which the layer-drop baseline {r['baseline_seconds']:.0f} s; with the "
+            f"bench {r['seconds_without_base']:.0f} s): {verdict}"
         )
     return lines
 
