@@ -51,17 +51,16 @@ def _logits(model, batch, masks: Masks | None = None) -> torch.Tensor:
 @pytest.mark.parametrize("arch", FAMILIES)
 def test_least_squares_recovers_known_scales(arch):
     """A reference whose W_O columns (per head) and down-projection columns (per neuron) are the model's times
-    known scales (below 1: within every unit's range bound): the fit finds those scales, so the folded weights equal
-    the reference's."""
+    known scales: the fit finds those scales, so the folded weights equal the reference's."""
     model = tiny_model(arch)
     reference = copy.deepcopy(model)
     spec, g = arch_spec(model), torch.Generator().manual_seed(3)
     for layer in layers(reference):
         out, ffn = get_path(layer, spec.out_proj), get_path(layer, spec.ffn_out)
-        heads = 0.5 + 0.5 * torch.rand(out.in_features // 8, generator=g)
+        heads = 0.5 + torch.rand(out.in_features // 8, generator=g)
         with torch.no_grad():
             out.weight *= heads.repeat_interleave(8)
-            ffn.weight *= 0.5 + 0.5 * torch.rand(ffn.in_features, generator=g)
+            ffn.weight *= 0.5 + torch.rand(ffn.in_features, generator=g)
     full = Masks.full(model, ("heads", "neurons"))
     info = rescale(model, reference, full.alive(), FIT)
     for fitted, wanted in zip(layers(model), layers(reference), strict=True):
@@ -70,27 +69,6 @@ def test_least_squares_recovers_known_scales(arch):
             torch.testing.assert_close(fit, want, atol=2e-3, rtol=2e-3)
     assert all(e["status"] == "fit" and e["residual_after"] < 1e-5 < e["residual_before"] for e in info["layers"])
     torch.testing.assert_close(_logits(model, FIT[0]), _logits(reference, FIT[0]), atol=1e-3, rtol=1e-3)
-
-
-def test_scales_never_widen_an_output_channels_weight_range():
-    """A reference whose down-projection columns are three times the model's asks for scales of 3; each is clamped
-    to its unit's range bound, so no row's largest |weight| grows (per-channel int8 keeps its step) and no neuron
-    that held a row's largest weight is scaled up."""
-    model = tiny_model("bert", layers=2)
-    reference = copy.deepcopy(model)
-    ffn = arch_spec(model).ffn_out
-    before = [get_path(layer, ffn).weight.detach().abs().clone() for layer in layers(model)]
-    with torch.no_grad():
-        for layer in layers(reference):
-            get_path(layer, ffn).weight *= 3.0
-    info = rescale(model, reference, Masks.full(model, ("heads", "neurons")).alive(), FIT)
-    fits = [e for e in info["layers"] if e["kind"] == "neurons"]
-    for layer, old, entry in zip(layers(model), before, fits, strict=True):
-        new = get_path(layer, ffn).weight.detach().abs()
-        assert torch.all(new.amax(1) <= old.amax(1) * (1 + 1e-6))
-        scales = new.amax(0) / old.amax(0)
-        assert entry["status"] == "clamped" and 1.0 < float(scales.max()) < 3.0
-        assert torch.all(scales[old.argmax(1)] <= 1 + 1e-5)  # a row's largest weight: bound 1
 
 
 @pytest.mark.parametrize("arch", FAMILIES)

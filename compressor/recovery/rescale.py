@@ -10,10 +10,7 @@ last layer that mixes tokens on where the classifier reads the first token (CLS 
 `G m = c` (k × k, k kept units) are accumulated over batches in float64 on the CPU, solved with `torch.linalg`, and
 `m` is folded into W_O's columns per head and the down-projection's columns per neuron: a saved, reloaded or
 exported model needs nothing new. A fit whose Gram matrix is ill-conditioned, or that would not lower the residual,
-is skipped (scales stay 1); scales are clamped to [0, bound], both logged. A unit's bound (`_range_bound`) is
-the largest scale that widens no output channel's weight range: per-channel int8 (ONNX Runtime's, NNCF's) steps
-each output row by its largest |weight|, so a unit scaled past its row's largest would coarsen every other unit's
-weights in that row, and the int8 model would lose what the fit gained (`max_scale` caps the bound).
+is skipped (scales stay 1); scales outside [0, `max_scale`] are clamped; both are logged.
 
 Layers are run one at a time (`replay`: each layer called as the encoder calls it): per layer, the unpruned layer
 once for the targets; the pruned layer up to W_O for the head fit, then whole for the neuron fit, whose pass also
@@ -48,7 +45,7 @@ from compressor.surgery.arch import arch_spec, get_path, head_size, layers, pres
 
 log = logging.getLogger("compressor")
 MAX_CONDITION = 1e10  # a Gram matrix this ill-conditioned gives scales that fit noise: the layer is skipped
-MAX_SCALE = 10.0  # no scale exceeds this, whatever its range bound
+MAX_SCALE = 10.0  # scales are clamped to [0, MAX_SCALE]
 
 
 @dataclass
@@ -82,10 +79,10 @@ class _Normal:
         return gram, self.cross.reshape(k, size).sum(1)
 
 
-def _solve(gram: torch.Tensor, cross: torch.Tensor, total: float, upper: torch.Tensor, max_condition: float):
+def _solve(gram: torch.Tensor, cross: torch.Tensor, total: float, max_scale: float, max_condition: float):
     """The scales m minimising ‖A m − t‖² (normal equations `gram` m = `cross`, `total` = ‖t‖²), clamped to
-    [0, `upper`] (per unit), or ones (skipped) when ill-conditioned or no better than ones; with the relative
-    residual ‖A m − t‖² / ‖t‖² before (m = 1) and after."""
+    [0, max_scale], or ones (skipped) when ill-conditioned or no better than ones; with the relative residual
+    ‖A m − t‖² / ‖t‖² before (m = 1) and after."""
     k = gram.shape[0]
     ones = torch.ones(k, dtype=torch.float64)
 
@@ -101,21 +98,12 @@ def _solve(gram: torch.Tensor, cross: torch.Tensor, total: float, upper: torch.T
     if condition > max_condition:
         return ones, info | {"residual_after": before, "status": "skipped: ill-conditioned"}
     scales = torch.linalg.solve(gram, cross)
-    clamped = torch.minimum(scales.clamp(min=0.0), upper)
+    clamped = scales.clamp(0.0, max_scale)
     status = "clamped" if not torch.equal(clamped, scales) else "fit"
     after = residual(clamped)
     if not after < before:
         return ones, info | {"residual_after": before, "status": "skipped: no improvement"}
     return clamped, info | {"residual_after": after, "status": status}
-
-
-def _range_bound(weight: torch.Tensor, size: int) -> torch.Tensor:
-    """Per unit of `weight`'s columns (the kept units' blocks of `size` columns), the largest scale that leaves every
-    row's largest |weight| as it is: min over rows of (row's largest) / (the unit's largest in that row), ≥ 1."""
-    w = weight.detach().abs().double()
-    unit = w.reshape(w.shape[0], -1, size).amax(-1)  # [rows, units]
-    row = w.amax(1, keepdim=True)
-    return (row / unit.clamp_min(torch.finfo(torch.float64).tiny)).amin(0)
 
 
 def _fold(linear: nn.Linear, columns: torch.Tensor, scales: torch.Tensor) -> None:
@@ -266,9 +254,7 @@ def _fit(model, index, sub: _Sublayer, hidden, calls, targets, first_only: bool,
     eq = _Normal.empty(len(sub.blocks) * sub.size)
     work = zip(hidden, calls, targets, strict=True)
     passes = [_accumulate(model, index, sub, h, c, t, first_only, eq) for h, c, t in work]
-    weight = proj.weight[:, sub.columns()]
-    upper = _range_bound(weight, sub.size).clamp(max=limits[0])
-    scales, info = _solve(*eq.gram(weight, sub.size), eq.total, upper, limits[1])
+    scales, info = _solve(*eq.gram(proj.weight[:, sub.columns()], sub.size), eq.total, *limits)
     derive = (
         sub.kind == "neurons"
         and passes
@@ -282,14 +268,14 @@ def _fit(model, index, sub: _Sublayer, hidden, calls, targets, first_only: bool,
 
 
 def _log_fits(entries: list[dict], seconds: float) -> None:
-    """One line per fit, a warning for each skipped one (clamped to the range bound is the rule, not a warning)."""
+    """One line per fit, a warning for each skipped or clamped one."""
     for e in entries:
         line = (
             f"rescale: layer {e['layer']} {e['kind']} ({e['units']}): residual {e['residual_before']:.4f} -> "
             f"{e['residual_after']:.4f}, scales {e['scale_range'][0]:.3f}..{e['scale_range'][1]:.3f}"
         )
-        if not e["status"].startswith("skipped"):
-            log.info("%s (%s)", line, e["status"])
+        if e["status"] == "fit":
+            log.info(line)
         else:
             log.warning("%s, %s (condition %.2e)", line, e["status"], e["condition"])
     log.info("rescale: %d fits in %.1fs", len(entries), seconds)
