@@ -26,6 +26,7 @@ Usage (the lead's machine, machine to itself, after the family runs; one model a
         --else-running "nothing"                                        # both models in one JSON (MiniLM cached)
     .venv/bin/python benchmarks/peers.py --models minilm --quick --ours minilm=runs/minilm_rt_family
         # a check of the whole pipeline: first member only, one peer iteration, no speed matching, a short recovery
+`--members 1.5x 2x` keeps only those members of the `--ours` runs (the settings in the JSON say which).
 Without `--ours`, targets come from `--target MODEL:LABEL:SPEEDUP:HEADS:FFN:STEPS` (repeatable; no member is timed);
 `--recipe MODEL=PATH` swaps a model's recipe (its base fine-tune, data, scoring and recovery settings).
 """
@@ -570,6 +571,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--models", nargs="+", choices=sorted(RECIPES), default=sorted(RECIPES))
     parser.add_argument("--peers", nargs="+", choices=PEERS, default=list(PEERS))
     parser.add_argument("--ours", nargs="+", default=[], metavar="MODEL=RUN_DIR", help="finished family runs")
+    parser.add_argument("--members", nargs="+", metavar="LABEL",
+                        help="only these members of the --ours runs (e.g. 1.5x 2x); default: all")  # fmt: skip
     parser.add_argument("--target", action="append", default=[], metavar="MODEL:LABEL:SPEEDUP:HEADS:FFN:STEPS")
     parser.add_argument("--recipe", nargs="+", default=[], metavar="MODEL=RECIPE",
                         help="another recipe for a model (its base fine-tune, data and recovery settings)")  # fmt: skip
@@ -601,7 +604,7 @@ def targets_for(args) -> dict[str, list[Target]]:
     out: dict[str, list[Target]] = {}
     for item in args.ours:
         name, run_dir = _pair(item, "--ours")
-        out[name] = targets_from_run(run_dir)
+        out[name] = [t for t in targets_from_run(run_dir) if not args.members or t.label in args.members]
     for text in args.target:
         name, target = parse_target(text)
         out.setdefault(name, []).append(target)

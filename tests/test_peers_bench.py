@@ -75,6 +75,17 @@ def test_members_are_read_from_a_family_report(tmp_path):
         peers.targets_from_run(tmp_path / "missing")
 
 
+def test_members_option_keeps_only_the_named_members(tmp_path):
+    steps = [{"seconds": 10.0}, {"seconds": 12.0}]
+    members = [{"label": label, "step": i + 1, "budget": {"measured_speedup": 1.5 + i},
+                "pruned": {"heads_left": 60 - i, "ffn_neurons": 3000, "model_dir": "m"}}
+               for i, label in enumerate(("1.5x", "2x"))]  # fmt: skip
+    (tmp_path / "report.json").write_text(json.dumps({"steps": steps, "family": {"members": members}}))
+    ours = ["--models", "minilm", "--ours", f"minilm={tmp_path}"]
+    assert [t.label for t in peers.targets_for(peers.parse_args([*ours, "--members", "2x"]))["minilm"]] == ["2x"]
+    assert [t.label for t in peers.targets_for(peers.parse_args(ours))["minilm"]] == ["1.5x", "2x"]
+
+
 def test_member_speedup_falls_back_to_the_frontier(tmp_path):
     """A FLOP or head budget has no speed-up check: the member's PyTorch row of the frontier gives its speed-up."""
     member = {"label": "50pct", "step": 1, "pruned": {"heads_left": 36, "ffn_neurons": 4608, "model_dir": "m"}}
