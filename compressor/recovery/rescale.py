@@ -53,7 +53,7 @@ class _Normal:
     """Normal equations of one sublayer's fit, G m = c, built from batches: unit i's contribution is its block of
     input columns z_i (one head's `size` columns of W_O's input, or one neuron's single column of the down-
     projection's) times the same columns W_i of the weight, so G_ij = Σ_rows ⟨z_i W_iᵀ, z_j W_jᵀ⟩ is the block sum of
-    (ZᵀZ) ∘ (WᵀW) and c_i = Σ_rows ⟨z_i, (t W)_i⟩. Batches add ZᵀZ (`moments`) and the per-column c; `solved`
+    (ZᵀZ) ∘ (WᵀW) and c_i = Σ_rows ⟨z_i, (t W)_i⟩. Batches add ZᵀZ (`moments`) and the per-column c; `gram`
     applies WᵀW and sums the blocks once (float64)."""
 
     moments: torch.Tensor  # ZᵀZ over the kept units' columns
