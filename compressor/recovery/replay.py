@@ -125,7 +125,10 @@ def record(model: nn.Module, batches: Sequence[dict]) -> list[LayerCalls]:
     if like is not None and not stub:
         log.info("rescale: %s's layers are called with arguments that depend on the hidden states; recording every "
                  "batch with a full forward", model.config.model_type)  # fmt: skip
-    return [first] + [_record(model, batch, like if stub else None)[0] for batch in batches[1:]]
+    rest = [_record(model, batch, like if stub else None)[0] for batch in batches[1:]]
+    for calls in rest:
+        calls.check = None  # only the first batch's layer inputs are checked: the others' need not be kept
+    return [first, *rest]
 
 
 def _args_of(calls: LayerCalls) -> tuple:
