@@ -27,6 +27,7 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 import datasets
 import torch
@@ -126,7 +127,9 @@ class _Sublayer:
     blocks: list[int]  # positions among the present units of the kept ones
     size: int  # input columns per unit
 
+    @cached_property
     def columns(self) -> torch.Tensor:
+        """The kept units' input columns of the Linear, in unit order (built once: every batch's pass reads it)."""
         return torch.tensor([b * self.size + j for b in self.blocks for j in range(self.size)], dtype=torch.long)
 
 
@@ -187,7 +190,7 @@ def _accumulate(model, index, sub: _Sublayer, hidden, calls: LayerCalls, target,
     bias = proj.bias if proj.bias is not None else 0.0
     goal = _rows(target - residual - bias, calls.rows, first_only).float()
     z = _rows(seen["proj"][0], calls.rows, first_only).float()
-    columns = sub.columns()
+    columns = sub.columns
     eq.add(z[:, columns], proj.weight[:, columns].float(), goal)
     return None if heads else _FfnPass(seen["proj"][0], residual, out)
 
@@ -254,13 +257,13 @@ def _fit(model, index, sub: _Sublayer, hidden, calls, targets, first_only: bool,
     eq = _Normal.empty(len(sub.blocks) * sub.size)
     work = zip(hidden, calls, targets, strict=True)
     passes = [_accumulate(model, index, sub, h, c, t, first_only, eq) for h, c, t in work]
-    scales, info = _solve(*eq.gram(proj.weight[:, sub.columns()], sub.size), eq.total, *limits)
+    scales, info = _solve(*eq.gram(proj.weight[:, sub.columns], sub.size), eq.total, *limits)
     derive = (
         sub.kind == "neurons"
         and passes
         and torch.allclose(_ffn_output(model, index, passes[0]), passes[0].out, atol=CHAIN_ATOL, rtol=CHAIN_ATOL)
     )
-    _fold(proj, sub.columns(), scales.float().repeat_interleave(sub.size))
+    _fold(proj, sub.columns, scales.float().repeat_interleave(sub.size))
     after = [_ffn_output(model, index, seen) for seen in passes] if derive else None
     entry = {"layer": index, "kind": sub.kind, "first_token_only": first_only, **info,
              "scale_range": [round(float(scales.min()), 4), round(float(scales.max()), 4)]}  # fmt: skip
