@@ -5,7 +5,8 @@ the pruned model and the pruned model's fp32 ONNX export are saved, then benchma
 benchmarks/baseline_ci.json by the same code path as `compressor bench --reference ... --candidate ... --baseline`
 (`compressor.commands.bench.run_bench`, decisions in `compressor.guard.baseline`): per-round speed-up ratios (a
 regression when the change is beyond the tolerance and Welch's one-sided test is significant; inconclusive, also a
-failure, when this run's rounds are too noisy), absolute throughput only on the baseline's CPU model, and quality on
+failure, when this run's rounds are too noisy), absolute throughput and the ONNX-vs-PyTorch ratios (set by each CPU's
+kernels) only on the baseline's CPU model, and quality on
 seeded synthetic batches labelled by the original's own predictions (so the original scores 1.0 and the pruned
 model's accuracy is its agreement, deterministic). Before timing, the pruned model must reproduce the masked
 original exactly.

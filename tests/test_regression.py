@@ -173,6 +173,39 @@ def test_compare_refuses_a_different_metric_set_and_skips_throughput_on_another_
     assert regression.passed(skipped)
 
 
+def test_ratios_on_the_cpus_own_kernels_are_skipped_on_another_cpu_and_compared_on_its_own() -> None:
+    """A speed-up of ONNX Runtime (or of int8) over PyTorch is set by the CPU's kernels: on another CPU model it is
+    skipped with the reason (a 20% drop there says nothing about the change), on the baseline's CPU it is decided;
+    a PyTorch-vs-PyTorch ratio is decided everywhere."""
+    names = ("ratio:onnx:s16:b4", "ratio:pruned:s16:b4")
+    base = baseline_of(**{n: metric("ratio") for n in names})
+    now = {n: measured("ratio", 0.7) for n in names}
+    now[names[0]].cpu_bound = True
+    other = regression.compare(base, now, same_cpu=False)
+    assert [v.status for v in other] == ["skipped", "REGRESSION"]
+    assert other[0].note == "runtime kernels differ by CPU: baseline CPU 'cpu' is not this one"
+    assert [v.status for v in regression.compare(base, now, same_cpu=True)] == ["REGRESSION", "REGRESSION"]
+
+
+def test_measured_metrics_mark_ratios_of_another_engine_or_of_int8_as_cpu_bound() -> None:
+    rounds = {"seconds_per_round": [0.1, 0.1]}
+    names = ("pytorch-original", "pytorch-pruned", "onnx-fp32", "pytorch-int8")
+    result = {
+        "reference": "pytorch-original",
+        "summary": {
+            "pytorch-original": {"kind": "pytorch"},
+            "pytorch-pruned": {"kind": "pytorch"},
+            "onnx-fp32": {"kind": "onnx"},
+            "pytorch-int8": {"kind": "pytorch", "cpu_int8_features": "avx2"},
+        },
+        "throughput": {n: {"16": {"4": rounds}} for n in names},
+        "speedups": {n: {"16": {"4": {"per_round": [1.5, 1.6]}}} for n in names},
+    }
+    bound = {k: m.cpu_bound for k, m in regression.measured_metrics(result).items() if k.startswith("ratio:")}
+    assert bound == {"ratio:pytorch-pruned:s16:b4": False, "ratio:onnx-fp32:s16:b4": True,
+                     "ratio:pytorch-int8:s16:b4": True}  # fmt: skip
+
+
 def test_regression_table_names_was_now_tolerance_direction() -> None:
     base = baseline_of(**{"accuracy:c": metric("quality", value=0.83), "agreement:c": metric("quality")})
     verdicts = regression.compare(

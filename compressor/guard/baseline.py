@@ -8,12 +8,15 @@ a check is about (a new export, a new pruning plan), so its fingerprint is recor
 
 Metric kinds and how each is decided (why: a shared CI runner is noisy, so one number per run would flake):
 - `ratio`: candidate vs reference speed-up, per round (interleaved rounds, same run, so portable across
-  machines). The estimate is the change of the mean per-round log value (now vs baseline), reported as a relative
-  change (equal to now/was − 1 of the geometric means). The rule is the usual "practically and statistically
-  significant" one: REGRESSION when the estimate is beyond the tolerance in the bad direction AND Welch's one-sided
-  t-test of "no change" on the per-round logs (scipy.stats.ttest_ind, unequal variances) is significant at the
-  baseline's `confidence` (p < 1 − confidence). Reported with it: the two-sided (2·confidence − 1) interval of the
-  change, which lies wholly on the bad side of zero exactly when the test is significant.
+  machines of one CPU model, and across CPU models when both run the same kernels: a ratio between two runtimes,
+  e.g. ONNX Runtime vs PyTorch, or of an int8 candidate, rests on each runtime's kernels for this CPU and is compared
+  only on the baseline's CPU model, like throughput). The estimate is the change of the mean per-round log value
+  (now vs baseline), reported as a relative change (equal to now/was − 1 of the geometric means). The rule is the
+  usual "practically and statistically significant" one: REGRESSION when the estimate is beyond the tolerance in
+  the bad direction AND Welch's one-sided t-test of "no change" on the per-round logs (scipy.stats.ttest_ind,
+  unequal variances) is significant at the baseline's `confidence` (p < 1 − confidence). Reported with it: the
+  two-sided (2·confidence − 1) interval of the change, which lies wholly on the bad side of zero exactly when the
+  test is significant.
   `inconclusive` (fails the check, exit 1, never a silent pass) when this run's rounds are too dispersed to detect
   the tolerance (`too_noisy`: the half-width of the one-sided `confidence` interval of their mean log exceeds the
   tolerance), or when the estimate is beyond the tolerance but not significant; the advice is to re-run on a quiet
@@ -172,10 +175,20 @@ class Measured:
     kind: str
     value: float
     per_round: list[float] | None = None
+    cpu_bound: bool = False  # a ratio that rests on this CPU's kernels (`cpu_bound_ratio`): same CPU model only
 
 
 def _geomean(values: Sequence[float]) -> float:
     return float(np.exp(np.mean(np.log(values))))
+
+
+def cpu_bound_ratio(result: dict, name: str) -> bool:
+    """Whether candidate `name`'s speed-up over the reference depends on the CPU model, not only on the models: it
+    runs on another engine than the reference (ONNX Runtime, OpenVINO vs PyTorch: each picks its own kernels per CPU)
+    or on int8 kernels (VNNI, AMX or neither), so another CPU moves it by more than any tolerance."""
+    summary = result["summary"]
+    entry, ref = summary[name], summary[result["reference"]]
+    return entry["kind"] != ref["kind"] or "cpu_int8_features" in entry
 
 
 def measured_metrics(result: dict) -> dict[str, Measured]:
@@ -188,7 +201,8 @@ def measured_metrics(result: dict) -> dict[str, Measured]:
                 out[f"throughput:{name}:s{s}:b{b}"] = Measured("throughput", _geomean(eps), eps)
                 if name != ref:
                     ratios = result["speedups"][name][s][b]["per_round"]
-                    out[f"ratio:{name}:s{s}:b{b}"] = Measured("ratio", _geomean(ratios), list(ratios))
+                    bound = cpu_bound_ratio(result, name)
+                    out[f"ratio:{name}:s{s}:b{b}"] = Measured("ratio", _geomean(ratios), list(ratios), bound)
     quality = result.get("quality")
     for name, row in (quality or {}).get("results", {}).items():
         if name != ref:
@@ -375,7 +389,8 @@ def decide(name: str, ref: Metric, now: Measured, confidence: float) -> Verdict:
 
 def compare(baseline: Baseline, measured: dict[str, Measured], same_cpu: bool) -> list[Verdict]:
     """A verdict per baseline metric. A metric set that differs from the baseline's is a mismatch (BaselineError):
-    a metric that vanished must never pass silently. Throughput metrics are skipped on another CPU model."""
+    a metric that vanished must never pass silently. On another CPU model, throughput and the ratios that rest on
+    the CPU's kernels (`cpu_bound_ratio`) are skipped, and the table says so."""
     missing, extra = sorted(set(baseline.metrics) - set(measured)), sorted(set(measured) - set(baseline.metrics))
     if missing or extra:
         raise BaselineError(
@@ -384,8 +399,9 @@ def compare(baseline: Baseline, measured: dict[str, Measured], same_cpu: bool) -
     verdicts = []
     for name, ref in baseline.metrics.items():
         v = decide(name, ref, measured[name], baseline.confidence)
-        if ref.kind == "throughput" and not same_cpu:
-            v.status, v.note = "skipped", f"baseline CPU '{baseline.cpu_model}' is not this one"
+        if not same_cpu and (ref.kind == "throughput" or measured[name].cpu_bound):
+            why = "" if ref.kind == "throughput" else "runtime kernels differ by CPU: "
+            v.status, v.note = "skipped", f"{why}baseline CPU '{baseline.cpu_model}' is not this one"
         verdicts.append(v)
     return verdicts
 
