@@ -132,6 +132,39 @@ def test_family_run_saves_each_member_and_its_frontier(tmp_path, tiny_model_dir,
     _check_pick_cli(out, family, tmp_path)
 
 
+def test_member_finetune_trains_each_member_and_its_baseline_once_more(tmp_path, tiny_model_dir, tiny_csv, cache_dir):
+    """`prune.member_finetune`: each member gets a last fine-tune on its own copy (distilled, on examples the steps
+    never drew: the teacher pass covered them), so its saved model differs from its step's masked model yet still
+    equals its ONNX export; its validation before (the step's) and after are reported, and its baseline got the
+    same fine-tune."""
+    budget = {"kind": "flops", "values": [0.2, 0.4], "seq_len": 16}
+    finetune = {**FINETUNE, "distill": {"alpha": 0.5, "temperature": 2.0}}
+    member_ft = {"epochs": 1, "lr": 5e-4, "batch_size": 16, "max_examples": 128}
+    prune = {**UNITS, "steps": 2, "budget": budget, "finetune": finetune, "member_finetune": member_ft}
+    recipe = parse_recipe(tiny_recipe(tiny_model_dir, tiny_csv, tmp_path / "ft", prune=prune,
+                                      export={"variants": ["fp32"]}, bench={**BENCH, "max_drop": None}))  # fmt: skip
+    report = run_recipe(recipe)
+    out, members = tmp_path / "ft", report["family"]["members"]
+    for member in members:
+        ft, step = member["member_finetune"], report["steps"][member["step"] - 1]
+        assert ft["steps"] == 8 and ft["distill"]["alpha"] == 0.5  # 128 examples / 16, distilled
+        assert ft["val_before"] == step["val_after_finetune"] and 0 <= ft["val_after"]["accuracy"] <= 1
+        assert member["baseline"]["member_finetune"]["steps"] == 8
+        assert member["pruned"]["masked_vs_pruned_max_abs_diff"] <= 1e-4
+    with pytest.raises(AssertionError):  # trained on after its step: no longer the step's masked model
+        _check_member_parity(out, recipe, members[0])
+    _check_onnx_parity(out, members[0], recipe)
+    assert "Final fine-tune of each member" in (out / "report.md").read_text()
+
+
+@pytest.mark.parametrize("recovery", ["rescale", "none"])
+def test_member_finetune_is_refused_in_post_training_modes(recovery):
+    with pytest.raises(RecipeError, match=f"member_finetune: recovery '{recovery}' trains nothing") as err:
+        parse_recipe({"model": {"task_tuned": True}, "prune": {**UNITS, "budget": {"kind": "flops", "value": 0.3},
+                      "recovery": recovery, "member_finetune": {"epochs": 1}}})  # fmt: skip
+    assert "\n" not in str(err.value)
+
+
 def _check_member_parity(out, recipe, member: dict) -> None:
     """The member saved after step k equals the masked model rebuilt from step k's checkpoint, and its ONNX fp32
     graph equals the saved model (max |Δlogit| ≤ 1e-4)."""
@@ -157,6 +190,23 @@ def _check_member_parity(out, recipe, member: dict) -> None:
         assert (saved(**model_inputs(batch)).logits - reference).abs().max() <= 1e-4
     onnx = OnnxClassifier(out / "members" / member["label"] / "onnx" / "fp32")
     logits = onnx(model_inputs(batch))
+    assert abs(torch.as_tensor(logits) - reference).max() <= 1e-4
+
+
+def _check_onnx_parity(out, member: dict, recipe) -> None:
+    """A member's saved model and its ONNX fp32 export give the same logits (max |Δlogit| ≤ 1e-4)."""
+    from transformers import AutoTokenizer
+
+    from compressor.sources import load_task_data
+
+    model_dir = out / "members" / member["label"] / "model"
+    saved, tokenizer = load_pruned(model_dir).eval(), AutoTokenizer.from_pretrained(model_dir)
+    data = load_task_data(recipe.data)
+    split = tokenize(data.validation, tokenizer, data.text_fields, recipe.data.max_length)
+    batch = model_inputs(next(iter(sample_batches(split, tokenizer, 32, 32, seed=0))))
+    with torch.inference_mode():
+        reference = saved(**batch).logits
+    logits = OnnxClassifier(out / "members" / member["label"] / "onnx" / "fp32")(batch)
     assert abs(torch.as_tensor(logits) - reference).max() <= 1e-4
 
 

@@ -132,9 +132,19 @@ def _clear(out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
 
 
-def run_member(state: RunState, member: Member, make_baseline: Callable[[RunState], LayerDropBaseline] | None) -> dict:
+def run_member(
+    state: RunState,
+    member: Member,
+    make_baseline: Callable[[RunState], LayerDropBaseline] | None,
+    finish: Callable[[RunState], dict] | None = None,
+) -> dict:
     """Make one member shippable in `state.out` and return its report section; `member.json` is written last.
-    Every process takes part in the baseline's fine-tune; only the main one writes."""
+    `finish`: the member's final fine-tune (`prune.member_finetune`), before its surgery. Every process takes part
+    in the fine-tunes; only the main one writes."""
+    finetuned = None
+    if finish is not None:
+        with state.timed("final fine-tune"):
+            finetuned = finish(state)
     if make_baseline is not None:
         with state.timed("layer-drop baseline: fine-tune"):
             state.baseline = make_baseline(state)
@@ -148,6 +158,8 @@ def run_member(state: RunState, member: Member, make_baseline: Callable[[RunStat
         "step": member.step,
         **{name: state.report[name] for name in MEMBER_STAGES if name in state.report},
     }
+    if finetuned is not None:
+        section["member_finetune"] = finetuned
     if state.baseline is not None:
         section["baseline"]["model_dir"] = str(save_pruned(state.baseline.model, state.out / BASELINE_DIR))
     typed = MemberSection.of(section)
@@ -257,7 +269,7 @@ def run_report(run: RunState, sections: list[dict]) -> dict:
             section |= reference_comparison(rows, result)
         return {"bench": result, "family": section} if result else {"family": section}
     (member,) = sections
-    out = {name: member[name] for name in MEMBER_STAGES if name in member}
+    out = {name: member[name] for name in (*MEMBER_STAGES, "member_finetune") if name in member}
     out |= {"bench": result} if result else {}
     with run.timed("budget check"):
         out["budget"] = run_budget(run, member)

@@ -34,9 +34,11 @@ from compressor.recipe import Recipe, RecipeError, dump_recipe, parse_recipe
 from compressor.recovery.baseline import LayerDropBaseline, baseline_examples, layer_drop_baseline
 from compressor.recovery.checkpoints import StepCheckpoints
 from compressor.recovery.distill import TeacherTargets, load_or_compute, step_examples
+from compressor.recovery.draws import member_seed, recovery_examples
 from compressor.recovery.evaluate import evaluate
 from compressor.recovery.loop import prune
 from compressor.recovery.rescale import post_training_sample, recovery_summary
+from compressor.recovery.train import train
 from compressor.report.schema import SCHEMA_VERSION
 from compressor.report.writer import write_report
 from compressor.sources import TaskData, load_model, load_task_data, load_tokenizer
@@ -240,11 +242,13 @@ def _make_members(run: RunState, start: torch.nn.Module, teacher: TeacherTargets
             previous, steps_before = family.saved_baseline(done), member.step
             continue
         state = family.member_state(run, member)
-        make_baseline = None
+        make_baseline, finish = None, None
         if run.recipe.prune.baseline:  # the family's baselines are one layer-dropped model trained on, like its members
             make_baseline = partial(_baseline, original=start, teacher=teacher, previous=previous,
                                     steps_before=steps_before, index=index)  # fmt: skip
-        section = family.run_member(state, member, make_baseline)
+        if run.recipe.prune.member_finetune is not None:
+            finish = partial(_member_finetune, teacher=teacher, index=index)
+        section = family.run_member(state, member, make_baseline, finish)
         sections += [section] if run.main else []
         prefix = "" if label == SINGLE else f"member {label}: "
         run.timings |= {f"{prefix}{k}": v for k, v in state.timings.items()}
@@ -259,10 +263,14 @@ def _teacher(run: RunState, model: torch.nn.Module) -> TeacherTargets | None:
     finetune = run.recipe.prune.recovery_finetune
     if finetune is None or finetune.distill is None:
         return None
-    train_ds, seed, steps = run.splits["train"], run.recipe.seed, max_steps(run.recipe.prune)  # top-ups too
+    p, train_ds, seed = run.recipe.prune, run.splits["train"], run.recipe.seed
+    steps = max_steps(p)  # top-ups too
     draws = [step_examples(len(train_ds), finetune, seed, steps)]
-    if run.recipe.prune.baseline == "layer_drop":  # its draws too: one teacher pass, all cached for a resume
+    if p.baseline == "layer_drop":  # its draws too: one teacher pass, all cached for a resume
         draws.append(baseline_examples(len(train_ds), finetune, steps, seed))
+    if p.member_finetune is not None:  # and the members' final fine-tunes (their baselines draw the same)
+        seeds = [member_seed(seed, i) for i in range(len(p.resolved_budget.targets))]
+        draws.append(recovery_examples(len(train_ds), p.member_finetune.max_examples, seeds))
     examples = None if None in draws else sorted(set().union(*draws))
     return load_or_compute(
         run.out / "state" / "teacher", model, train_ds, run.tokenizer, run.accelerator, finetune.distill, examples
@@ -284,11 +292,40 @@ def _baseline(
     recipe, result = run.recipe, run.result
     seq = recipe.prune.resolved_budget.seq_len
     log.info("baseline: dropping top layers to the pruned model's FLOPs and fine-tuning alike")
-    return layer_drop_baseline(
+    baseline = layer_drop_baseline(
         original, masked_flops(result.model, result.masks, seq), seq, run.splits["train"], run.tokenizer,
         recipe.prune.recovery_finetune, len(result.steps) - steps_before, run.accelerator, seed=recipe.seed + index,
         teacher=teacher, start=previous,
     )  # fmt: skip
+    if recipe.prune.member_finetune is not None:  # the member's final fine-tune too; the next baseline goes on from
+        model = baseline.model.to(run.accelerator.device)  # it, which if anything favours the baseline
+        baseline.info["member_finetune"] = train(
+            model, run.splits["train"], run.tokenizer, recipe.prune.member_finetune, run.accelerator,
+            seed=member_seed(recipe.seed, index), desc="baseline: final fine-tune", teacher=teacher,
+        )  # fmt: skip
+        baseline.model = run.accelerator.unwrap_model(model).cpu().eval()
+    return baseline
+
+
+def _member_finetune(state: RunState, teacher: TeacherTargets | None, index: int) -> dict:
+    """Member `index`'s final fine-tune (`prune.member_finetune`), on every process, in place on the member's own
+    model (a copy of its step's weights; the last member's is the loop's final model, whose steps are over) under
+    its masks, distilled as the steps were; with the member's validation accuracy before it (its step's) and after
+    it, so the report shows what the longer schedule bought."""
+    result, spec, accelerator = state.result, state.recipe.prune.member_finetune, state.accelerator
+    model, masks = result.model.to(accelerator.device), result.masks
+    gates, neurons = masks.head_gates(), masks.neuron_gates()
+    log.info("member: final fine-tune (%s epochs, %s examples per epoch)", spec.epochs, spec.max_examples or "all")
+    info = train(
+        model, state.splits["train"], state.tokenizer, spec, accelerator, gates,
+        seed=member_seed(state.recipe.seed, index), desc="member: final fine-tune", neurons=neurons, teacher=teacher,
+    )  # fmt: skip
+    result.model = accelerator.unwrap_model(model).cpu().eval()
+    before = result.records[-1].entry.get("val_after_finetune") if result.records else None
+    after = evaluate(result.model, state.splits["validation"], state.tokenizer, accelerator, gates, neurons)
+    log.info("member: validation accuracy %s -> %.4f after the final fine-tune",
+             f"{before['accuracy']:.4f}" if before else "?", after["accuracy"])  # fmt: skip
+    return {**info, "val_before": before, "val_after": after}
 
 
 def _report_head(run: RunState, base_info: dict, original: dict) -> dict:

@@ -210,6 +210,14 @@ class PruneSpec(Strict):
         2000, ge=1, le=10**7, description="post-training modes: the training examples scoring and the fit use (the "
         "run reads no others); rescale_finetune: the examples of the fit",
     )  # fmt: skip
+    member_finetune: TrainSpec | None = Field(
+        None,
+        description="a last, longer recovery fine-tune of each model the run saves (every family member; a "
+        "one-target run's model), under its masks and distilled as the steps are (prune.finetune.distill), on the "
+        "member's own copy: later steps go on from the model before it; the layer-drop baseline gets it too. Applied "
+        "by `compressor run` as it saves members; `compressor.prune` returns the steps' models, before it (null: "
+        "none)",
+    )
     baseline: Literal["layer_drop"] | None = Field(
         "layer_drop", description="compare with dropping top layers to the pruned FLOPs, fine-tuned alike (null: off)"
     )
@@ -265,6 +273,11 @@ class PruneSpec(Strict):
     def _recovery_trains(self) -> PruneSpec:
         if self.recovery in ("finetune", "rescale_finetune") and self.finetune is None:
             raise ValueError(f"recovery: '{self.recovery}' fine-tunes; expected finetune settings, got finetune: null")
+        if self.post_training and self.member_finetune is not None:
+            raise ValueError(
+                f"member_finetune: recovery '{self.recovery}' trains nothing and reads only sample_size examples; "
+                "expected member_finetune: null (or recovery finetune / rescale_finetune)"
+            )
         return self
 
     @model_validator(mode="after")

@@ -8,6 +8,14 @@ from collections.abc import Sequence
 
 import numpy as np
 
+MEMBER_SEED = 10_000  # member i's final fine-tune (`prune.member_finetune`) draws with seed + MEMBER_SEED + i
+
+
+def member_seed(seed: int, index: int) -> int:
+    """The seed of member `index`'s final fine-tune (and its layer-drop baseline's): apart from the steps' seeds
+    (seed + k), so it draws its own examples and dropout."""
+    return seed + MEMBER_SEED + index
+
 
 def drawn_examples(n: int, max_examples: int | None, seed: int) -> list[int] | None:
     """Positions (in a split of `n` examples) of the examples one fine-tuning run with `seed` draws, or None when it

@@ -10,7 +10,7 @@ from compressor.bench.frontier import not_a_member
 from compressor.bench.render import cpu_line, int8_mark
 from compressor.report.references import references_section
 from compressor.report.schema import MemberSection, RunReport
-from compressor.report.summary import _pct, _steps_table, _x, recovery_lines, time_lines
+from compressor.report.summary import _pct, _steps_table, _x, final_finetune_text, recovery_lines, time_lines
 
 FRONTIER_PNG = "frontier.png"
 
@@ -79,6 +79,16 @@ def _members_table(members: list[MemberSection]) -> list[str]:
     return lines
 
 
+def _finetune_lines(members: list[MemberSection]) -> list[str]:
+    """What each member's final fine-tune (`prune.member_finetune`) did to its validation accuracy; none without."""
+    done = [m for m in members if m.member_finetune is not None]
+    if not done:
+        return []
+    parts = [f"{m.label} {final_finetune_text(m.member_finetune)}" for m in done]
+    return ["", "Final fine-tune of each member (`prune.member_finetune`), validation accuracy: " + "; ".join(parts)
+            + ". Its layer-drop baseline had the same."]  # fmt: skip
+
+
 def render_family(report: RunReport) -> str:
     """report.md of a family run, from its typed report."""
     section, o = report.family, report.original
@@ -116,7 +126,7 @@ def render_family(report: RunReport) -> str:
     if section.versus_references:
         lines += references_section(section.versus_references)
         lines += ["", "Each reference's fine-tuned model and ONNX variants are under `references/<reference>/`."]
-    lines += ["", "## Members", "", *_members_table(section.members)]
+    lines += ["", "## Members", "", *_members_table(section.members), *_finetune_lines(section.members)]
     lines += [
         "",
         "Each member's model, ONNX variants, model card and layer-drop baseline are under `members/<member>/`.",

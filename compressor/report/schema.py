@@ -124,6 +124,7 @@ class MemberSection(Section):
     target: float
     label: str
     step: int
+    member_finetune: dict[str, Any] | None = None  # its final fine-tune (`prune.member_finetune`), when asked for
     pruned: Pruned
     export: dict[str, dict[str, Any]] | None = None
     baseline: dict[str, Any] | None = None
@@ -161,6 +162,7 @@ class RunReport(Section):
     original: Original
     steps: list[dict[str, Any]]
     recovery: dict[str, Any] | None = None
+    member_finetune: dict[str, Any] | None = None
     pruned: Pruned | None = None
     export: dict[str, dict[str, Any]] | None = None
     baseline: dict[str, Any] | None = None

@@ -356,6 +356,9 @@ def render(report: RunReport) -> str:
     ]
     if report.recovery:
         lines += ["", *recovery_lines(report.recovery)]
+    if report.member_finetune is not None:
+        lines += ["", f"Final fine-tune (`prune.member_finetune`), validation accuracy: "
+                  f"{final_finetune_text(report.member_finetune)}; the layer-drop baseline had the same."]  # fmt: skip
     if report.export is not None:
         lines += ["", "## ONNX export", "", *_export_table(report.export)]
     if report.bench is not None:
@@ -375,6 +378,12 @@ def render(report: RunReport) -> str:
         lines += ["", "## Head roles of kept vs removed heads", "", *_roles_table(report.analysis)]
         lines += ["", "Details and figures: [analysis/analysis.md](analysis/analysis.md)."]
     return "\n".join(lines + ["", *time_lines(report)])
+
+
+def final_finetune_text(ft: dict) -> str:
+    """A final fine-tune (`prune.member_finetune`): validation accuracy before → after it, and its seconds."""
+    before = _pct((ft.get("val_before") or {}).get("accuracy"))
+    return f"{before} → {_pct(ft['val_after']['accuracy'])}% ({ft['seconds']:.0f} s)"
 
 
 def time_lines(report: RunReport) -> list[str]:
