@@ -8,7 +8,8 @@ them), in a pinned virtual environment this script builds (`benchmarks/peers_wor
 - at each member's measured PyTorch speed-up: the peer's head and FFN counts scaled until its model, timed against
   the original, is within `--speed-tolerance` of the member's speed-up (a few peer runs; each is cached).
 Every point is measured without recovery and after OUR recovery fine-tune (`compressor.recovery.train.train`, the
-recipe's `prune.finetune` once per step the member took, same seeds and distillation targets), so the comparison
+recipe's `prune.finetune` once per step the member took, then the member's final fine-tune when the recipe has
+`prune.member_finetune`, same seeds and distillation targets), so the comparison
 isolates the choice of units from the recovery. The peer's kept units come back as masks and are replayed with
 compressor's own slicing on the same base (logits checked against the peer's own pruned model); test accuracy comes
 from our evaluator, speed-ups from one interleaved bench per model (`compressor.bench.timing`: the original, our
@@ -58,6 +59,7 @@ from compressor.pruning.latency.check import measured_speedup  # noqa: E402
 from compressor.pruning.units import masks_to_plan, pruned_units_copy  # noqa: E402
 from compressor.recipe import load_recipe  # noqa: E402
 from compressor.recovery.distill import load_or_compute, step_examples  # noqa: E402
+from compressor.recovery.draws import member_seed, recovery_examples  # noqa: E402
 from compressor.recovery.evaluate import evaluate  # noqa: E402
 from compressor.recovery.train import train  # noqa: E402
 from compressor.sources import load_task_data, load_tokenizer  # noqa: E402
@@ -95,6 +97,7 @@ class Target:
     prune_seconds: float | None = None  # our steps' scoring + selection time
     recovery_seconds: float | None = None
     aim: float | None = None  # the speed-up the peer's speed-matched point aims at (the member's, timed here)
+    index: int = 0  # the member's place in its family: the seed of its final fine-tune (`prune.member_finetune`)
 
 
 @dataclass
@@ -108,6 +111,7 @@ class Setup:
     base_dir: Path
     work: Path
     finetune: object  # the recovery fine-tune of one step (the recipe's `prune.finetune`; shorter with --quick)
+    member_finetune: object = None  # the recipe's `prune.member_finetune` (None with --quick)
     teacher: object = None
     timings: dict = field(default_factory=dict)
 
@@ -151,7 +155,8 @@ def prepare(name: str, recipe_path: Path, work_root: Path, quick: bool) -> Setup
     started = time.perf_counter()
     base, info = base_model(run)
     base_dir = Path(info["cached"]) if info.get("cached") else Path(recipe.model.source)
-    setup = Setup(name, recipe, run, base.cpu().eval(), base_dir, work, finetune)
+    final = None if quick else recipe.prune.member_finetune
+    setup = Setup(name, recipe, run, base.cpu().eval(), base_dir, work, finetune, final)
     setup.timings["base model"] = round(time.perf_counter() - started, 1)
     _write_batches(setup)
     return setup
@@ -170,14 +175,18 @@ def _write_batches(setup: Setup) -> None:
     torch.save(probe, setup.work / "probe.pt")
 
 
-def teacher_targets(setup: Setup, steps: int):
-    """Distillation targets of the base for every example `steps` recovery fine-tunes draw (as our run's)."""
-    finetune = setup.finetune
+def teacher_targets(setup: Setup, steps: int, members: int):
+    """Distillation targets of the base for every example `steps` recovery fine-tunes and the final fine-tunes of
+    `members` members draw (as our run's)."""
+    finetune, final = setup.finetune, setup.member_finetune
     if finetune.distill is None:
         return None
-    run = setup.run
-    examples = step_examples(len(run.splits["train"]), finetune, setup.recipe.seed, steps)
-    cache = setup.work / f"teacher-{finetune.max_examples}x{steps}"
+    run, n, seed = setup.run, len(setup.run.splits["train"]), setup.recipe.seed
+    draws = [step_examples(n, finetune, seed, steps)]
+    if final is not None:
+        draws.append(recovery_examples(n, final.max_examples, [member_seed(seed, i) for i in range(members)]))
+    examples = None if None in draws else sorted(set().union(*draws))
+    cache = setup.work / (f"teacher-{finetune.max_examples}x{steps}" + (f"-final{members}" if final else ""))
     train_ds, accelerator = run.splits["train"], run.accelerator
     return load_or_compute(cache, setup.base, train_ds, run.tokenizer, accelerator, finetune.distill, examples)
 
@@ -192,7 +201,7 @@ def targets_from_run(run_dir: Path) -> list[Target]:
     report = json.loads(path.read_text())
     steps = report.get("steps", [])
     out = []
-    for m in report["family"]["members"]:
+    for index, m in enumerate(report["family"]["members"]):
         pruned = m["pruned"]
         done = steps[: m["step"]]
         recovery = sum((s.get("finetune") or {}).get("seconds", 0.0) for s in done)
@@ -204,6 +213,7 @@ def targets_from_run(run_dir: Path) -> list[Target]:
                 label=m["label"], speedup=_member_speedup(report, m), heads=int(pruned["heads_left"]),
                 ffn=int(pruned["ffn_neurons"]), steps=int(m["step"]), model_dir=str(model_dir),
                 prune_seconds=round(sum(s["seconds"] for s in done) - recovery, 1), recovery_seconds=round(recovery, 1),
+                index=index,
             )
         )  # fmt: skip
     return out
@@ -349,12 +359,15 @@ def units_point(setup: Setup, python: Path, peer: str, target: Target, args) -> 
     return result | {"dir": str(point)}
 
 
-def recovered(setup: Setup, point_dir: Path, steps: int) -> dict:
+def recovered(setup: Setup, point_dir: Path, steps: int, index: int = 0) -> dict:
     """Our recovery on a point's model: the recipe's `prune.finetune` once per step the member took (seed
-    `seed + step`, the same distillation targets), saved as `point_dir/recovered`; its test accuracy."""
+    `seed + step`, the same distillation targets), then the member's final fine-tune when the recipe has one
+    (`prune.member_finetune`, the member's seed), saved as `point_dir/recovered`; its test accuracy."""
     out = point_dir / "recovered.json"
-    recipe, run, finetune = setup.recipe, setup.run, setup.finetune
+    recipe, run, finetune, final = setup.recipe, setup.run, setup.finetune, setup.member_finetune
     settings = {"steps": steps, "finetune": finetune.model_dump(mode="json"), "seed": recipe.seed}
+    if final is not None:
+        settings |= {"member_finetune": final.model_dump(mode="json"), "member_index": index}
     if out.exists() and json.loads(out.read_text()).get("settings") == settings:
         return json.loads(out.read_text())
     model = load_pruned(point_dir / "model", attn_implementation="eager")
@@ -362,6 +375,9 @@ def recovered(setup: Setup, point_dir: Path, steps: int) -> dict:
     for step in range(steps):
         train(model, run.splits["train"], run.tokenizer, finetune, run.accelerator, seed=recipe.seed + step,
               desc=f"recovery {step + 1}/{steps}", teacher=setup.teacher)  # fmt: skip
+    if final is not None:
+        train(model, run.splits["train"], run.tokenizer, final, run.accelerator, seed=member_seed(recipe.seed, index),
+              desc="final fine-tune", teacher=setup.teacher)  # fmt: skip
     seconds = time.perf_counter() - started
     model = run.accelerator.unwrap_model(model).cpu().eval()
     save_pruned(model, point_dir / "recovered", run.tokenizer, metadata={"recovery_steps": steps})
@@ -384,7 +400,8 @@ def test_accuracy(setup: Setup, model_dir: Path, cache: Path) -> float:
 # ------------------------------------------------------------------------------------------------------- one model
 def model_points(setup: Setup, targets: list[Target], peers: list[str], args) -> list[dict]:
     """Every peer point of one model (units-matched and speed-matched, each without and with our recovery)."""
-    setup.teacher = teacher_targets(setup, max(_recovery_steps(t, args) for t in targets))
+    members = max(t.index for t in targets) + 1
+    setup.teacher = teacher_targets(setup, max(_recovery_steps(t, args) for t in targets), members)
     rows = []
     for peer in peers:
         python = venv_python(args.venv_dir, peer)
@@ -399,7 +416,7 @@ def model_points(setup: Setup, targets: list[Target], peers: list[str], args) ->
                     "prune_seconds": round(point["prune_seconds"], 1), "versions": point["versions"],
                     "replay_max_abs_diff": point["replay_max_abs_diff"],
                     "accuracy": test_accuracy(setup, point_dir / "model", point_dir / "model.test.json"),
-                    "recovered": recovered(setup, point_dir, _recovery_steps(target, args)),
+                    "recovered": recovered(setup, point_dir, _recovery_steps(target, args), target.index),
                 })  # fmt: skip
     return rows
 
