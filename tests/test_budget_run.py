@@ -192,6 +192,20 @@ def test_uniform_ffn_run_saves_a_model_plain_transformers_loads(tmp_path, tiny_m
         assert torch.allclose(plain(**batch).logits, load_pruned(model_dir).eval()(**batch).logits, atol=1e-5)
 
 
+def test_one_target_run_with_a_final_finetune_reports_it(tmp_path, tiny_model_dir, tiny_csv, cache_dir):
+    """`prune.member_finetune` on a one-target run: the model is trained once more before its surgery (the saved
+    model still equals the masked one), and report.json / report.md say what it did."""
+    member_ft = {"epochs": 2, "lr": 5e-4, "batch_size": 16, "max_examples": 64}
+    recipe = _recipe(tmp_path, tiny_model_dir, tiny_csv, "final", {"kind": "flops", "value": 0.3, "seq_len": 16},
+                     **{"prune.member_finetune": member_ft, "prune.baseline": None})  # fmt: skip
+    report = run_recipe(recipe)
+    ft = report["member_finetune"]
+    assert ft["steps"] == 8 and ft["val_before"] == report["steps"][-1]["val_after_finetune"]
+    assert report["pruned"]["masked_vs_pruned_max_abs_diff"] <= 1e-4
+    md = (tmp_path / "final" / "report.md").read_text()
+    assert "Final fine-tune (`prune.member_finetune`), validation accuracy: " in md
+
+
 @pytest.mark.parametrize("graphs", [["fp32", "optimized", "int8"], ["fp32", "int8"]], ids=["optimized", "fp32"])
 def test_original_int8_is_quantised_like_the_pruned_one(tmp_path, tiny_model_dir, tiny_csv, graphs):
     """The original an onnx-int8 budget is measured against: from the optimised graph exactly when the pruned
