@@ -22,7 +22,6 @@ from compressor.surgery.arch import (
     arch_spec,
     get_path,
     head_size,
-    layer_call_hidden,
     layers,
     num_layers,
     original_ffn_size,
@@ -71,7 +70,7 @@ def _skip_hook(heads: torch.Tensor, neurons: torch.Tensor, layer: int, ids: tupl
         live = live or neurons[layer].index_select(0, n_index.to(neurons.device)).any()
         if live:
             return output
-        hidden = layer_call_hidden(args, kwargs)[0]
+        hidden = args[0] if args else next(kwargs[k] for k in ("hidden_states", "hidden_state", "x") if k in kwargs)
         return (hidden, *output[1:]) if isinstance(output, tuple) else hidden  # tuple layers (MPNet): input first
 
     return hook

@@ -20,7 +20,7 @@ from torch import nn
 
 from compressor.core.errors import UserError
 from compressor.recovery.train import model_inputs
-from compressor.surgery.arch import layer_call_hidden, layers
+from compressor.surgery.arch import layers
 
 log = logging.getLogger("compressor")
 CHAIN_ATOL = 1e-3  # replaying the layers one by one must reproduce the model's own forward to this
@@ -42,6 +42,14 @@ class LayerCalls:
     check: list[torch.Tensor] | None = None  # the hidden states entering every layer (a real pass only)
 
 
+def _hidden_of(args: tuple, kwargs: dict) -> tuple[torch.Tensor, tuple, dict]:
+    """Split a layer call into its hidden states and the rest."""
+    if args:
+        return args[0], args[1:], kwargs
+    name = next(k for k in ("hidden_states", "hidden_state", "x") if k in kwargs)
+    return kwargs[name], (), {k: v for k, v in kwargs.items() if k != name}
+
+
 @contextmanager
 def _stubbed(model: nn.Module, like: object) -> Iterator[None]:
     """Every layer of `model` returns its input hidden states, in the structure of `like` (a real layer's output:
@@ -49,7 +57,7 @@ def _stubbed(model: nn.Module, like: object) -> Iterator[None]:
     own forward is back afterwards."""
 
     def passthrough(*args, **kwargs):
-        hidden = layer_call_hidden(args, kwargs)[0]
+        hidden = _hidden_of(args, kwargs)[0]
         return (hidden, *like[1:]) if isinstance(like, tuple) else hidden
 
     saved = [layer.__dict__.get("forward") for layer in layers(model)]  # an instance forward (a wrapper) is kept
@@ -74,7 +82,7 @@ def _record(model: nn.Module, batch: dict, like: object = None) -> tuple[LayerCa
     stack = layers(model)
 
     def hook(module: nn.Module, args: tuple, kwargs: dict) -> None:
-        seen.append(layer_call_hidden(args, kwargs))
+        seen.append(_hidden_of(args, kwargs))
         if module is stack[-1]:
             raise Stop
 

@@ -22,7 +22,20 @@ from torch import nn
 from compressor.pruning.criteria.confidence import model_inputs
 from compressor.pruning.criteria.registry import ScoreContext, mean_over_processes, register
 from compressor.pruning.masking import AttentionRecorder, gated
-from compressor.surgery.arch import arch_spec, get_path, layer_call_hidden, layers, present_heads, set_path
+from compressor.surgery.arch import arch_spec, get_path, layers, present_heads, set_path
+
+_HIDDEN_KWARGS = ("hidden_states", "hidden_state", "x")
+
+
+def _replace_hidden(args: tuple, kwargs: dict, hidden: torch.Tensor | None) -> tuple[torch.Tensor, tuple, dict]:
+    """(the layer's input hidden states, args, kwargs) with that input swapped for `hidden` when given."""
+    if args:
+        return args[0], ((hidden, *args[1:]) if hidden is not None else args), kwargs
+    key = next(k for k in _HIDDEN_KWARGS if k in kwargs)
+    current = kwargs[key]
+    if hidden is not None:
+        kwargs = {**kwargs, key: hidden}
+    return current, args, kwargs
 
 
 @contextmanager
@@ -33,7 +46,7 @@ def layer_inputs(model: nn.Module) -> Iterator[dict[int, torch.Tensor]]:
     for index, module in enumerate(layers(model)):
 
         def hook(_m: nn.Module, args: tuple, kwargs: dict, index: int = index) -> None:
-            seen[index] = layer_call_hidden(args, kwargs)[0].detach()
+            seen[index] = _replace_hidden(args, kwargs, None)[0].detach()
 
         handles.append(module.register_forward_pre_hook(hook, with_kwargs=True))
     try:
@@ -60,7 +73,7 @@ def start_at(model: nn.Module, layer: int, hidden: torch.Tensor) -> Iterator[Non
         return
 
     def hook(_m: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
-        _, args, kwargs = layer_call_hidden(args, kwargs, hidden)
+        _, args, kwargs = _replace_hidden(args, kwargs, hidden)
         return args, kwargs
 
     handle = stack[layer].register_forward_pre_hook(hook, with_kwargs=True)

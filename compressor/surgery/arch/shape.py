@@ -16,21 +16,6 @@ def layers(model: nn.Module) -> nn.ModuleList:
     return get_path(model.base_model, arch_spec(model).layers)
 
 
-HIDDEN_KWARGS = ("hidden_states", "hidden_state", "x")  # what each family's layer names its input, when by name
-
-
-def layer_call_hidden(
-    args: tuple, kwargs: dict, hidden: torch.Tensor | None = None
-) -> tuple[torch.Tensor, tuple, dict]:
-    """A layer call split as (its input hidden states, args, kwargs): the first positional argument, else the
-    keyword its family names it by. With `hidden`, the returned args/kwargs carry it in that place instead (a call
-    that starts from other hidden states); without, they are the call's own."""
-    if args:
-        return args[0], ((hidden, *args[1:]) if hidden is not None else args), kwargs
-    key = next(k for k in HIDDEN_KWARGS if k in kwargs)
-    return kwargs[key], args, ({**kwargs, key: hidden} if hidden is not None else kwargs)
-
-
 def num_layers(model: nn.Module) -> int:
     return len(layers(model))
 
