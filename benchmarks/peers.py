@@ -59,7 +59,7 @@ from compressor.pruning.latency.check import measured_speedup  # noqa: E402
 from compressor.pruning.units import masks_to_plan, pruned_units_copy  # noqa: E402
 from compressor.recipe import load_recipe  # noqa: E402
 from compressor.recovery.distill import load_or_compute, step_examples  # noqa: E402
-from compressor.recovery.draws import member_seed, recovery_examples  # noqa: E402
+from compressor.recovery.draws import member_examples, member_seed  # noqa: E402
 from compressor.recovery.evaluate import evaluate  # noqa: E402
 from compressor.recovery.train import train  # noqa: E402
 from compressor.sources import load_task_data, load_tokenizer  # noqa: E402
@@ -184,7 +184,7 @@ def teacher_targets(setup: Setup, steps: int, members: int):
     run, n, seed = setup.run, len(setup.run.splits["train"]), setup.recipe.seed
     draws = [step_examples(n, finetune, seed, steps)]
     if final is not None:
-        draws.append(recovery_examples(n, final.max_examples, [member_seed(seed, i) for i in range(members)]))
+        draws.append(member_examples(n, final.max_examples, seed, members))
     examples = None if None in draws else sorted(set().union(*draws))
     cache = setup.work / (f"teacher-{finetune.max_examples}x{steps}" + (f"-final{members}" if final else ""))
     train_ds, accelerator = run.splits["train"], run.accelerator

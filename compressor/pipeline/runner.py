@@ -34,7 +34,7 @@ from compressor.recipe import Recipe, RecipeError, dump_recipe, parse_recipe
 from compressor.recovery.baseline import LayerDropBaseline, baseline_examples, layer_drop_baseline
 from compressor.recovery.checkpoints import StepCheckpoints
 from compressor.recovery.distill import TeacherTargets, load_or_compute, step_examples
-from compressor.recovery.draws import member_seed, recovery_examples
+from compressor.recovery.draws import member_examples, member_seed
 from compressor.recovery.evaluate import evaluate
 from compressor.recovery.loop import prune
 from compressor.recovery.rescale import post_training_sample, recovery_summary
@@ -269,8 +269,8 @@ def _teacher(run: RunState, model: torch.nn.Module) -> TeacherTargets | None:
     if p.baseline == "layer_drop":  # its draws too: one teacher pass, all cached for a resume
         draws.append(baseline_examples(len(train_ds), finetune, steps, seed))
     if p.member_finetune is not None:  # and the members' final fine-tunes (their baselines draw the same)
-        seeds = [member_seed(seed, i) for i in range(len(p.resolved_budget.targets))]
-        draws.append(recovery_examples(len(train_ds), p.member_finetune.max_examples, seeds))
+        members = len(p.resolved_budget.targets)
+        draws.append(member_examples(len(train_ds), p.member_finetune.max_examples, seed, members))
     examples = None if None in draws else sorted(set().union(*draws))
     return load_or_compute(
         run.out / "state" / "teacher", model, train_ds, run.tokenizer, run.accelerator, finetune.distill, examples

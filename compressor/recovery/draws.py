@@ -27,6 +27,11 @@ def drawn_examples(n: int, max_examples: int | None, seed: int) -> list[int] | N
     return np.random.default_rng(seed).permutation(n)[:max_examples].tolist()
 
 
+def member_examples(n: int, max_examples: int | None, seed: int, members: int) -> list[int] | None:
+    """The examples the final fine-tunes of `members` members draw (`member_seed`), None when one uses them all."""
+    return recovery_examples(n, max_examples, [member_seed(seed, i) for i in range(members)])
+
+
 def recovery_examples(n: int, max_examples: int | None, seeds: Sequence[int]) -> list[int] | None:
     """The sorted union of the examples drawn by fine-tuning runs with `seeds` (None when one of them uses all)."""
     union: set[int] = set()
