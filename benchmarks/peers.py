@@ -19,7 +19,7 @@ Each point is cached under the work directory (default `$COMPRESSOR_CACHE/peers/
 settings it was made with: a rerun skips finished points and redoes those whose settings changed. A peer that fails
 (or whose masks do not reproduce its own model) is reported as a failed point; the others go on. The peers' pinned
 environments are built once under `--venv-dir` (default `$COMPRESSOR_CACHE/peers/venvs`). Results: a printed table,
-benchmarks/results/peers.json (peers_quick.json with --quick), benchmarks/results/peers.png.
+benchmarks/results/peers.json (peers_quick.json with --quick; `--name` another stem), benchmarks/results/peers.png.
 
 Usage (the lead's machine, machine to itself, after the family runs; one model at a time is fine, points are kept):
     .venv/bin/python benchmarks/peers.py --models minilm --ours minilm=runs/minilm_rt_family --else-running "nothing"
@@ -192,20 +192,28 @@ def teacher_targets(setup: Setup, steps: int, members: int):
 
 
 # ---------------------------------------------------------------------------------------------------------- targets
+def _members(report: dict) -> list[dict]:
+    """A finished run's members: a family's, or a one-target run's model as one member labelled "pruned"."""
+    if report.get("family"):
+        return report["family"]["members"]
+    return [{"label": "pruned", "pruned": report["pruned"], "step": len(report["steps"]), "budget": report["budget"]}]
+
+
 def targets_from_run(run_dir: Path) -> list[Target]:
-    """Our members from a finished family run's report.json: label, measured speed-up, units left, steps, prune
-    and recovery seconds (from the step log)."""
+    """Our members from a finished run's report.json (a family's, or a one-target run's model): label, measured
+    speed-up, units left, steps, prune and recovery seconds (from the step log)."""
     path = run_dir / "report.json"
     if not path.exists():
         raise SystemExit(f"peers: {path} not found; run the family recipe first or give --target")
     report = json.loads(path.read_text())
     steps = report.get("steps", [])
     out = []
-    for index, m in enumerate(report["family"]["members"]):
+    for index, m in enumerate(_members(report)):
         pruned = m["pruned"]
         done = steps[: m["step"]]
         recovery = sum((s.get("finetune") or {}).get("seconds", 0.0) for s in done)
-        model_dir = run_dir / "members" / m["label"] / "model"  # where the run saved it, wherever the run now is
+        saved = ("members", m["label"], "model") if report.get("family") else ("model",)
+        model_dir = run_dir.joinpath(*saved)  # where the run saved it, wherever the run now is
         if not model_dir.exists() and Path(pruned["model_dir"]).is_absolute():
             model_dir = Path(pruned["model_dir"])
         out.append(
@@ -223,7 +231,7 @@ def _member_speedup(report: dict, member: dict) -> float:
     """The member's measured PyTorch speed-up: its speed-up budget's check, else its frontier row (FLOP and head
     budgets have no check)."""
     measured = (member.get("budget") or {}).get("measured_speedup")
-    rows = {r["name"]: r for r in report["family"].get("frontier", [])}
+    rows = {r["name"]: r for r in (report.get("family") or report).get("frontier", [])}
     measured = measured or (rows.get(f"{member['label']}/pytorch") or {}).get("speedup")
     if measured is None:
         raise SystemExit(f"peers: member {member['label']} has no measured PyTorch speed-up in its report")
@@ -587,7 +595,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", choices=sorted(RECIPES), default=sorted(RECIPES))
     parser.add_argument("--peers", nargs="+", choices=PEERS, default=list(PEERS))
-    parser.add_argument("--ours", nargs="+", default=[], metavar="MODEL=RUN_DIR", help="finished family runs")
+    parser.add_argument("--ours", nargs="+", default=[], metavar="MODEL=RUN_DIR",
+                        help="finished runs (a family, or one target)")  # fmt: skip
     parser.add_argument("--members", nargs="+", metavar="LABEL",
                         help="only these members of the --ours runs (e.g. 1.5x 2x); default: all")  # fmt: skip
     parser.add_argument("--target", action="append", default=[], metavar="MODEL:LABEL:SPEEDUP:HEADS:FFN:STEPS")
@@ -596,6 +605,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true",
                         help="one member, one peer iteration, no speed matching, a short recovery: checks the "
                         "pipeline in minutes (writes peers_quick.json; not a figure)")  # fmt: skip
+    parser.add_argument("--name", default="peers", help="the results' file stem under benchmarks/results")
     parser.add_argument("--work-dir", type=Path, default=cache_root() / "peers" / "work")
     parser.add_argument("--venv-dir", type=Path, default=cache_root() / "peers" / "venvs")
     parser.add_argument("--speed-tolerance", type=float, default=0.05, help="relative, for the speed-matched points")
@@ -640,7 +650,7 @@ def main(argv: list[str] | None = None) -> None:
     sections = {name: run_model(name, targets[name], args.peers, args) for name in args.models}
     for name, section in sections.items():
         print(f"\n## {name}\n" + "\n".join(table(section)))
-    stem = "peers_quick" if args.quick else "peers"
+    stem = "peers_quick" if args.quick else args.name
     RESULTS.mkdir(parents=True, exist_ok=True)
     plot(sections, RESULTS / f"{stem}.png")
     result = {

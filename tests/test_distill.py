@@ -1,4 +1,5 @@
-"""Distillation: teacher logits computed once and reused, weight 0 equals plain fine-tuning, the loss terms."""
+"""Distillation: teacher logits computed once and reused, weight 0 equals plain fine-tuning, the loss terms; and the
+recovery that trains a masked model's pruned copy ends where training under the masks does."""
 
 from __future__ import annotations
 
@@ -12,13 +13,15 @@ from transformers import AutoTokenizer
 
 from compressor.core.errors import UserError
 from compressor.pipeline.runner import run_recipe
+from compressor.pruning.masking import gated
+from compressor.pruning.units import Masks
 from compressor.recipe import DistillSpec, FinetuneSpec, parse_recipe
 from compressor.recovery import distill
 from compressor.recovery.draws import drawn_examples, recovery_examples
-from compressor.recovery.train import train
+from compressor.recovery.train import train, train_kept
 from compressor.sources import load_task_data
 from compressor.sources.batches import tokenize
-from compressor.testing import tiny_model
+from compressor.testing import tiny_batch, tiny_model
 
 
 @pytest.fixture(scope="module")
@@ -163,3 +166,38 @@ def test_distill_and_int8_settings_parse_with_defaults() -> None:
     assert recipe.prune.finetune.distill == DistillSpec(alpha=0.5, temperature=2.0, hidden_weight=0.0)
     assert recipe.export.int8.max_drop == 0.005 and recipe.export.int8.per_channel
     assert parse_recipe({}).prune.finetune.distill is None  # off unless asked for
+
+
+def _without_dropout(model: torch.nn.Module) -> torch.nn.Module:
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+    return model
+
+
+def test_training_the_pruned_copy_ends_where_training_under_the_masks_does(tmp_path, train_split) -> None:
+    """`train_kept` (the pruned copy trained, distilled, its weights written back) gives the masked model that
+    `train` under the masks gives, with dropout off (its draws are what differ); the removed layer is untouched."""
+    ds, tokenizer = train_split
+    acc = Accelerator(cpu=True)
+    start = _without_dropout(tiny_model("bert", randomized=False))
+    width = start.config.intermediate_size
+    plan = {"heads": {0: [1, 3], 1: [0, 1, 2, 3]}, "neurons": {0: list(range(0, width, 2)), 1: list(range(width))}}
+    masks = Masks.full(start, ("heads", "neurons")).without(plan)
+    targets = distill.load_or_compute(tmp_path / "t", tiny_model("bert", seed=5), ds, tokenizer, acc, DistillSpec())
+    masked, kept = copy.deepcopy(start), copy.deepcopy(start)
+    torch.manual_seed(0)
+    train(masked, ds, tokenizer, SPEC, acc, masks.head_gates(), seed=3, neurons=masks.neuron_gates(), teacher=targets)
+    torch.manual_seed(0)
+    train_kept(kept, masks, ds, tokenizer, SPEC, acc, seed=3, teacher=targets)
+    inputs = {k: v for k, v in tiny_batch(batch=4, seq=9).items() if k != "labels"}
+
+    def logits(model: torch.nn.Module) -> torch.Tensor:
+        with torch.no_grad(), gated(model, masks.head_gates(), masks.neuron_gates()):
+            return model(**inputs).logits
+
+    torch.testing.assert_close(logits(kept), logits(masked), atol=1e-5, rtol=1e-4)
+    assert not torch.allclose(logits(kept), logits(start), atol=1e-3)  # it trained
+    before = dict(start.named_parameters())
+    layer = [(name, p) for name, p in kept.named_parameters() if name.startswith("bert.encoder.layer.1.")]
+    assert layer and all(torch.equal(p, before[name]) for name, p in layer)

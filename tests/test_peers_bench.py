@@ -75,6 +75,17 @@ def test_members_are_read_from_a_family_report(tmp_path):
         peers.targets_from_run(tmp_path / "missing")
 
 
+def test_a_one_target_run_is_one_member(tmp_path):
+    """A one-target run's model is read as one member, "pruned", from where that run saves it."""
+    steps = [{"seconds": 10.0, "finetune": {"seconds": 6.0}}, {"seconds": 12.0, "finetune": {"seconds": 7.0}}]
+    pruned = {"heads_left": 80, "ffn_neurons": 20000, "model_dir": "elsewhere/model"}
+    report = {"steps": steps, "pruned": pruned, "budget": {"measured_speedup": 1.98}}
+    (tmp_path / "report.json").write_text(json.dumps(report))
+    (target,) = peers.targets_from_run(tmp_path)
+    assert (target.label, target.speedup, target.heads, target.ffn, target.steps) == ("pruned", 1.98, 80, 20000, 2)
+    assert target.model_dir == str(tmp_path / "model") and target.recovery_seconds == 13.0
+
+
 def test_members_option_keeps_only_the_named_members(tmp_path):
     steps = [{"seconds": 10.0}, {"seconds": 12.0}]
     members = [{"label": label, "step": i + 1, "budget": {"measured_speedup": 1.5 + i},

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 from functools import cache
 
@@ -10,7 +11,7 @@ import torch
 from transformers import AutoModelForSequenceClassification
 
 from compressor.pruning.masking import full_gates, full_neuron_gates, gated
-from compressor.pruning.units import alive_units, apply_plan_to_masks
+from compressor.pruning.units import Masks, alive_units, apply_plan_to_masks
 from compressor.surgery.arch import (
     arch_spec,
     get_path,
@@ -23,7 +24,14 @@ from compressor.surgery.arch import (
 )
 from compressor.surgery.checkpoint import PLAN_FILE, load_pruned, save_pruned
 from compressor.surgery.portable import LAYOUT_KEY
-from compressor.surgery.slicing import PlanError, SkippedLayer, prune_neurons, pruned_copy, remove_layers
+from compressor.surgery.slicing import (
+    PlanError,
+    SkippedLayer,
+    cut_positions,
+    prune_neurons,
+    pruned_copy,
+    remove_layers,
+)
 from compressor.testing import ARCHS, tiny_batch, tiny_model
 
 LAYERS, HEADS = 3, 4
@@ -71,6 +79,36 @@ def test_neuron_and_layer_removal_matches_masking(arch: str) -> None:
     assert isinstance(layers(pruned)[1], SkippedLayer) and not list(layers(pruned)[1].parameters())
     assert [len(n) for n in present_neurons(pruned)] == [len(every(arch)) - len(every(arch)[::2]), 0, 0]
     assert present_heads(pruned) == [[0, 2], [], [0, 1, 3]]
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_a_changed_pruned_copy_writes_back_into_the_masked_model(arch: str) -> None:
+    """`Masks.write_back`: every weight of a pruned copy, once changed, lands in the slot it was cut from, so the
+    masked model computes what the changed copy computes; the slots surgery dropped keep their weights."""
+    heads, neurons = uneven_plan(arch)
+    masks = Masks.full(base(arch), ("heads", "neurons")).without({"heads": heads, "neurons": neurons})
+    model, gates = copy.deepcopy(base(arch)), gates_for(arch, heads, neurons)
+    changed = masks.pruned_copy(model)
+    with torch.no_grad():
+        for param in changed.parameters():
+            param.add_(0.3 * torch.randn_like(param))
+    masks.write_back(model, changed)
+    torch.testing.assert_close(logits(model, *gates), logits(changed), atol=1e-5, rtol=0)
+    assert not torch.allclose(logits(model, *gates), logits(base(arch), *gates), atol=1e-2)
+    untouched, removed = dict(base(arch).named_parameters()), {id(p) for p in layers(model)[1].parameters()}
+    dead = [(name, p) for name, p in model.named_parameters() if id(p) in removed]  # layer 1: removed whole
+    assert dead and all(torch.equal(p, untouched[name]) for name, p in dead)
+
+
+def test_cut_positions_refuse_a_cut_that_makes_weights() -> None:
+    """A cut that put a weight of its own in the model cannot be written back, and says so."""
+
+    def remake(model: torch.nn.Module) -> torch.nn.Module:
+        model.classifier = torch.nn.Linear(model.classifier.in_features, model.classifier.out_features)
+        return model
+
+    with pytest.raises(RuntimeError, match="classifier"):
+        cut_positions(base("bert"), remake)
 
 
 @pytest.mark.parametrize("arch", ARCHS)

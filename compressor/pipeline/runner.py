@@ -38,7 +38,7 @@ from compressor.recovery.draws import member_examples, member_seed
 from compressor.recovery.evaluate import evaluate
 from compressor.recovery.loop import prune
 from compressor.recovery.rescale import post_training_sample, recovery_summary
-from compressor.recovery.train import train
+from compressor.recovery.train import train, train_kept
 from compressor.report.schema import SCHEMA_VERSION
 from compressor.report.writer import write_report
 from compressor.sources import TaskData, load_model, load_task_data, load_tokenizer
@@ -309,18 +309,18 @@ def _baseline(
 
 def _member_finetune(state: RunState, teacher: TeacherTargets | None, index: int) -> dict:
     """Member `index`'s final fine-tune (`prune.member_finetune`), on every process, in place on the member's own
-    model (a copy of its step's weights; the last member's is the loop's final model, whose steps are over) under
-    its masks, distilled as the steps were; with the member's validation accuracy before it (its step's) and after
-    it, so the report shows what the longer schedule bought."""
+    model (a copy of its step's weights; the last member's is the loop's final model, whose steps are over), its
+    kept units trained as the pruned copy they make (`train_kept`), distilled as the steps were; with the member's
+    validation accuracy before it (its step's) and after it, so the report shows what the longer schedule bought."""
     result, spec, accelerator = state.result, state.recipe.prune.member_finetune, state.accelerator
-    model, masks = result.model.to(accelerator.device), result.masks
+    masks = result.masks
     gates, neurons = masks.head_gates(), masks.neuron_gates()
     log.info("member: final fine-tune (%s epochs, %s examples per epoch)", spec.epochs, spec.max_examples or "all")
-    info = train(
-        model, state.splits["train"], state.tokenizer, spec, accelerator, gates,
-        seed=member_seed(state.recipe.seed, index), desc="member: final fine-tune", neurons=neurons, teacher=teacher,
+    info = train_kept(
+        result.model, masks, state.splits["train"], state.tokenizer, spec, accelerator,
+        seed=member_seed(state.recipe.seed, index), desc="member: final fine-tune", teacher=teacher,
     )  # fmt: skip
-    result.model = accelerator.unwrap_model(model).cpu().eval()
+    result.model = result.model.cpu().eval()
     before = result.records[-1].entry.get("val_after_finetune") if result.records else None
     after = evaluate(result.model, state.splits["validation"], state.tokenizer, accelerator, gates, neurons)
     log.info("member: validation accuracy %s -> %.4f after the final fine-tune",

@@ -32,7 +32,7 @@ from compressor.surgery.arch import (
     original_num_heads,
     presence_mask,
 )
-from compressor.surgery.slicing import prune_heads, prune_neurons
+from compressor.surgery.slicing import cut_positions, prune_heads, prune_neurons, write_back
 
 UNIT_KINDS = ("heads", "neurons")
 UnitPlan = dict[str, dict[int, list[int]]]
@@ -114,6 +114,13 @@ class Masks(Mapping[str, torch.Tensor]):
     def pruned_copy(self, model: nn.Module) -> nn.Module:
         """A copy of `model` with the dead units sliced out and empty layers removed (`model` is untouched)."""
         return pruned_units_copy(model, self.unit_plan()).eval()
+
+    def write_back(self, model: nn.Module, trained: nn.Module) -> None:
+        """Copy the weights of `trained` (`self.pruned_copy(model)`, since trained) into the slots of `model` they
+        were cut from, in place; the dead units' slots keep their weights (under these masks they are never read).
+        So a masked model can be trained at the pruned model's cost and stay the run's one representation."""
+        plan = self.unit_plan()
+        write_back(model, trained, cut_positions(model, lambda ids: apply_unit_plan(ids, plan)))
 
 
 def alive_units(model: nn.Module) -> Masks:

@@ -213,10 +213,10 @@ class PruneSpec(Strict):
     member_finetune: TrainSpec | None = Field(
         None,
         description="a last, longer recovery fine-tune of each model the run saves (every family member; a "
-        "one-target run's model), under its masks and distilled as the steps are (prune.finetune.distill), on the "
-        "member's own copy: later steps go on from the model before it; the layer-drop baseline gets it too. Applied "
-        "by `compressor run` as it saves members; `compressor.prune` returns the steps' models, before it (null: "
-        "none)",
+        "one-target run's model), its kept units trained and distilled as the steps' are (prune.finetune.distill), "
+        "on the member's own copy: later steps go on from the model before it; the layer-drop baseline gets it "
+        "too. Applied by `compressor run` as it saves members; `compressor.prune` returns the steps' models, before "
+        "it (null: none)",
     )
     baseline: Literal["layer_drop"] | None = Field(
         "layer_drop", description="compare with dropping top layers to the pruned FLOPs, fine-tuned alike (null: off)"

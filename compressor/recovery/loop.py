@@ -43,7 +43,7 @@ from compressor.recovery.distill import TeacherTargets, teacher_targets
 from compressor.recovery.evaluate import evaluate
 from compressor.recovery.rescale import Refit, post_training_sample
 from compressor.recovery.steplog import log_step, unit_entry
-from compressor.recovery.train import train
+from compressor.recovery.train import train_kept
 from compressor.sources.batches import sample_batches
 from compressor.sources.models import check_sequence_classifier
 
@@ -379,10 +379,9 @@ def _step(loop: _Loop, masks: Masks, step: int, index: int) -> StepRecord:
         if (after_rescale := _validate(loop, masks)) is not None:
             entry["val_after_rescale"] = after_rescale
     if p.recovery_finetune is not None:
-        gates, desc = masks.head_gates(), f"step {step + 1}"
-        entry["finetune"] = train(
-            loop.model, loop.train, loop.tokenizer, p.recovery_finetune, loop.accelerator, gates,
-            seed=loop.seed + step, desc=desc, teacher=loop.teacher, neurons=masks.neuron_gates(),
+        entry["finetune"] = train_kept(
+            loop.model, masks, loop.train, loop.tokenizer, p.recovery_finetune, loop.accelerator,
+            seed=loop.seed + step, desc=f"step {step + 1}", teacher=loop.teacher,
         )  # fmt: skip
         if (after_finetune := _validate(loop, masks)) is not None:
             entry["val_after_finetune"] = after_finetune

@@ -1,7 +1,9 @@
 """Tokenisation, data loaders, the Accelerate fine-tuning loop and evaluation.
 
 Head (and FFN neuron) masks are respected by running inside `masking.gated(...)`: a gated unit gets zero
-gradient, so masked and physically pruned models stay numerically equivalent through fine-tuning.
+gradient, so masked and physically pruned models stay numerically equivalent through fine-tuning. A masked model's
+recovery (`train_kept`) trains its physically pruned copy instead and writes the weights back: the same kind of
+updates at the pruned model's cost.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from tqdm.auto import tqdm
 from transformers import get_linear_schedule_with_warmup
 
 from compressor.pruning.masking import gated
+from compressor.pruning.units import Masks
 from compressor.recipe import TrainSpec
 from compressor.recovery.distill import TeacherTargets, mixed_loss, with_index
 from compressor.recovery.draws import drawn_examples
@@ -91,3 +94,25 @@ def train(
     accelerator.free_memory()
     stats = {"steps": step, "train_loss": running / max(step, 1), "seconds": time.perf_counter() - start}
     return {**stats, "distill": teacher.spec.model_dump()} if teacher is not None else stats
+
+
+def train_kept(
+    model: nn.Module,
+    masks: Masks,
+    train_ds: datasets.Dataset,
+    tokenizer,
+    spec: TrainSpec,
+    accelerator: Accelerator,
+    seed: int = 0,
+    desc: str = "fine-tune",
+    teacher: TeacherTargets | None = None,
+) -> dict:
+    """Fine-tune the units `masks` keep in `model`, in place, as `train` under the masks would: by training the
+    physically pruned copy (`Masks.pruned_copy`) and writing its weights back (`Masks.write_back`). A gated unit
+    gets no gradient under the masks either, so the kept weights take the same updates (dropout draws aside),
+    while each pass costs the pruned model's FLOPs instead of the full width's. Returns `train`'s figures."""
+    full = accelerator.unwrap_model(model)
+    pruned = masks.pruned_copy(full).to(accelerator.device)
+    info = train(pruned, train_ds, tokenizer, spec, accelerator, seed=seed, desc=desc, teacher=teacher)
+    masks.write_back(full, accelerator.unwrap_model(pruned))
+    return info

@@ -1,0 +1,128 @@
+"""What training a masked model's pruned copy saves: `recovery.train.train_kept` against `train` under the masks.
+
+Every recovery fine-tune of a run (each step's, each member's last one) used to train the masked model at full
+width, the dead units gated to zero; `train_kept` trains the physically pruned copy and writes its weights back (the
+same updates, dropout draws aside: tests/test_distill.py). This script measures the difference per member of a
+finished run: the member's units (its saved model's plan) as masks over the run's model (pretrained weights, eager
+attention as the pruning loop uses: timing does not depend on the weights, so no base fine-tune is needed), the
+run's `prune.finetune` capped at `--examples`, timed both ways, alternated `--repeats` times after one warm-up each
+(medians; `train_kept`'s time includes its copy and write-back). Without distillation: its teacher logits are
+cached, so it adds a loss term to either way, not a pass. Its seconds per example and ratio are what the
+member's steps and last fine-tune cost; the first steps of a run, at larger widths, save less.
+
+Usage (machine to itself):
+    .venv/bin/python benchmarks/kept_training.py --run runs/cpu_tables/native_run --else-running "nothing"
+  → prints a table and writes benchmarks/results/kept_training.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+import yaml
+from accelerate import Accelerator
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from compressor.core.machine import cpu_summary  # noqa: E402
+from compressor.pruning.units import Masks  # noqa: E402
+from compressor.recipe import Recipe, parse_recipe  # noqa: E402
+from compressor.recovery.train import train, train_kept  # noqa: E402
+from compressor.sources import load_model, load_task_data, load_tokenizer  # noqa: E402
+from compressor.sources.batches import tokenize  # noqa: E402
+from compressor.surgery.checkpoint import read_unit_plan  # noqa: E402
+
+RESULTS = ROOT / "benchmarks" / "results" / "kept_training.json"
+
+
+def members(run_dir: Path) -> list[tuple[str, Path]]:
+    """(label, saved model dir) of each member of a finished run, a one-target run's model as "pruned"."""
+    found = sorted((run_dir / "members").glob("*/model"), key=lambda p: float(p.parent.name.rstrip("x")))
+    return [(p.parent.name, p) for p in found] or [("pruned", run_dir / "model")]
+
+
+def masks_of(model: torch.nn.Module, model_dir: Path, units: list[str]) -> Masks:
+    """The member's units as masks over the unpruned `model` (its removed layers: every head and neuron)."""
+    plan = read_unit_plan(model_dir)
+    return Masks.full(model, units).without({kind: plan[kind] for kind in units if plan[kind]})
+
+
+def timed(fn) -> float:
+    started = time.perf_counter()
+    fn()
+    return time.perf_counter() - started
+
+
+def measure(recipe: Recipe, model, tokenizer, train_ds, masks: Masks, repeats: int) -> dict:
+    """Median seconds of the same fine-tune under the masks and as the pruned copy (alternated, warmed up)."""
+    spec, acc = recipe.prune.finetune, Accelerator(cpu=True)
+    ways = {
+        "masked": lambda m: train(m, train_ds, tokenizer, spec, acc, masks.head_gates(), neurons=masks.neuron_gates()),
+        "pruned copy": lambda m: train_kept(m, masks, train_ds, tokenizer, spec, acc),
+    }
+    seconds: dict[str, list[float]] = {way: [] for way in ways}
+    for round_ in range(repeats + 1):
+        for way, fn in ways.items():
+            took = timed(lambda fn=fn: fn(copy.deepcopy(model)))
+            if round_:  # the first round warms up
+                seconds[way].append(took)
+    medians = {way: statistics.median(s) for way, s in seconds.items()}
+    return {
+        "seconds": {way: round(s, 2) for way, s in medians.items()},
+        "rounds": {way: [round(s, 2) for s in values] for way, values in seconds.items()},
+        "speedup": round(medians["masked"] / medians["pruned copy"], 2),
+        "heads_left": int(masks.heads.sum()),
+        "neurons_left": None if masks.neurons is None else int(masks.neurons.sum()),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--run", type=Path, required=True, help="a finished run directory")
+    parser.add_argument("--examples", type=int, default=320, help="examples per timed fine-tune")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--else-running", required=True, help="what else ran on the machine")
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args(argv)
+    data = yaml.safe_load((args.run / "recipe.resolved.yaml").read_text())
+    data["prune"]["finetune"] = {**data["prune"]["finetune"], "max_examples": args.examples, "distill": None}
+    recipe = parse_recipe(data)
+    task = load_task_data(recipe.data)
+    tokenizer = load_tokenizer(recipe.model)
+    model = load_model(recipe.model, task.label_names, attention="eager").eval()
+    train_ds = tokenize(task.train, tokenizer, task.text_fields, recipe.data.max_length)
+    rows = {}
+    for label, model_dir in members(args.run):
+        rows[label] = measure(recipe, model, tokenizer, train_ds, masks_of(model, model_dir, recipe.prune.units),
+                              args.repeats)  # fmt: skip
+        row = rows[label]
+        print(f"{label:>7}: heads {row['heads_left']}, neurons {row['neurons_left']}: masked {row['seconds']['masked']}"
+              f" s, pruned copy {row['seconds']['pruned copy']} s, {row['speedup']}x", flush=True)  # fmt: skip
+    out = {
+        "what": "one recovery fine-tune of each member's units: masked at full width vs its pruned copy",
+        "run": args.run.name,
+        "model": recipe.model.source,
+        "examples": args.examples,
+        "batch_size": recipe.prune.finetune.batch_size,
+        "max_length": recipe.data.max_length,
+        "cpu": cpu_summary(),
+        "threads": torch.get_num_threads(),
+        "else_running": args.else_running,
+        "members": rows,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(out, indent=2) + "\n")
+    print(f"wrote {args.out.relative_to(ROOT) if args.out.is_relative_to(ROOT) else args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
