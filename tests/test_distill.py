@@ -18,6 +18,7 @@ from compressor.pruning.units import Masks
 from compressor.recipe import DistillSpec, FinetuneSpec, parse_recipe
 from compressor.recovery import distill
 from compressor.recovery.draws import drawn_examples, recovery_examples
+from compressor.recovery.evaluate import evaluate, evaluate_kept
 from compressor.recovery.train import train, train_kept
 from compressor.sources import load_task_data
 from compressor.sources.batches import tokenize
@@ -177,7 +178,8 @@ def _without_dropout(model: torch.nn.Module) -> torch.nn.Module:
 
 def test_training_the_pruned_copy_ends_where_training_under_the_masks_does(tmp_path, train_split) -> None:
     """`train_kept` (the pruned copy trained, distilled, its weights written back) gives the masked model that
-    `train` under the masks gives, with dropout off (its draws are what differ); the removed layer is untouched."""
+    `train` under the masks gives, with dropout off (its draws are what differ); the removed layer is untouched;
+    `evaluate_kept` (on the pruned copy) reads what `evaluate` under the masks reads."""
     ds, tokenizer = train_split
     acc = Accelerator(cpu=True)
     start = _without_dropout(tiny_model("bert", randomized=False))
@@ -185,19 +187,22 @@ def test_training_the_pruned_copy_ends_where_training_under_the_masks_does(tmp_p
     plan = {"heads": {0: [1, 3], 1: [0, 1, 2, 3]}, "neurons": {0: list(range(0, width, 2)), 1: list(range(width))}}
     masks = Masks.full(start, ("heads", "neurons")).without(plan)
     targets = distill.load_or_compute(tmp_path / "t", tiny_model("bert", seed=5), ds, tokenizer, acc, DistillSpec())
-    masked, kept = copy.deepcopy(start), copy.deepcopy(start)
+    masked, kept, gates = copy.deepcopy(start), copy.deepcopy(start), (masks.head_gates(), masks.neuron_gates())
     torch.manual_seed(0)
-    train(masked, ds, tokenizer, SPEC, acc, masks.head_gates(), seed=3, neurons=masks.neuron_gates(), teacher=targets)
+    train(masked, ds, tokenizer, SPEC, acc, gates[0], seed=3, neurons=gates[1], teacher=targets)
     torch.manual_seed(0)
     train_kept(kept, masks, ds, tokenizer, SPEC, acc, seed=3, teacher=targets)
     inputs = {k: v for k, v in tiny_batch(batch=4, seq=9).items() if k != "labels"}
 
     def logits(model: torch.nn.Module) -> torch.Tensor:
-        with torch.no_grad(), gated(model, masks.head_gates(), masks.neuron_gates()):
+        with torch.no_grad(), gated(model, *gates):
             return model(**inputs).logits
 
     torch.testing.assert_close(logits(kept), logits(masked), atol=1e-5, rtol=1e-4)
     assert not torch.allclose(logits(kept), logits(start), atol=1e-3)  # it trained
+    on_copy, masked_eval = evaluate_kept(kept, masks, ds, tokenizer), evaluate(kept, ds, tokenizer, None, *gates)
+    assert on_copy["accuracy"] == masked_eval["accuracy"]
+    assert on_copy["loss"] == pytest.approx(masked_eval["loss"], abs=1e-5)
     before = dict(start.named_parameters())
     layer = [(name, p) for name, p in kept.named_parameters() if name.startswith("bert.encoder.layer.1.")]
     assert layer and all(torch.equal(p, before[name]) for name, p in layer)

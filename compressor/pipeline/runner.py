@@ -35,7 +35,7 @@ from compressor.recovery.baseline import LayerDropBaseline, baseline_examples, l
 from compressor.recovery.checkpoints import StepCheckpoints
 from compressor.recovery.distill import TeacherTargets, load_or_compute, step_examples
 from compressor.recovery.draws import member_examples, member_seed
-from compressor.recovery.evaluate import evaluate
+from compressor.recovery.evaluate import evaluate, evaluate_kept
 from compressor.recovery.loop import prune
 from compressor.recovery.rescale import post_training_sample, recovery_summary
 from compressor.recovery.train import train, train_kept
@@ -314,7 +314,6 @@ def _member_finetune(state: RunState, teacher: TeacherTargets | None, index: int
     validation accuracy before it (its step's) and after it, so the report shows what the longer schedule bought."""
     result, spec, accelerator = state.result, state.recipe.prune.member_finetune, state.accelerator
     masks = result.masks
-    gates, neurons = masks.head_gates(), masks.neuron_gates()
     log.info("member: final fine-tune (%s epochs, %s examples per epoch)", spec.epochs, spec.max_examples or "all")
     info = train_kept(
         result.model, masks, state.splits["train"], state.tokenizer, spec, accelerator,
@@ -322,7 +321,7 @@ def _member_finetune(state: RunState, teacher: TeacherTargets | None, index: int
     )  # fmt: skip
     result.model = result.model.cpu().eval()
     before = result.records[-1].entry.get("val_after_finetune") if result.records else None
-    after = evaluate(result.model, state.splits["validation"], state.tokenizer, accelerator, gates, neurons)
+    after = evaluate_kept(result.model, masks, state.splits["validation"], state.tokenizer, accelerator)
     log.info("member: validation accuracy %s -> %.4f after the final fine-tune",
              f"{before['accuracy']:.4f}" if before else "?", after["accuracy"])  # fmt: skip
     return {**info, "val_before": before, "val_after": after}

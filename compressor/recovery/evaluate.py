@@ -1,7 +1,8 @@
 """Predictions and accuracy of a (masked) PyTorch classifier over a tokenised split.
 
 The split runs sorted by length (little padding) and comes back in its own order; head and neuron masks are
-respected through `pruning.masking.gated`, so a masked model evaluates as its physically pruned copy would.
+respected through `pruning.masking.gated`, so a masked model evaluates as its physically pruned copy would;
+`evaluate_kept` evaluates that copy itself, at its cost.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from accelerate import Accelerator
 from torch import nn
 
 from compressor.pruning.masking import gated
+from compressor.pruning.units import Masks
 from compressor.sources.batches import lengths, loader, model_inputs, to_device
 
 
@@ -66,3 +68,12 @@ def evaluate(
     preds = logits.argmax(-1)
     acc = load_metric("accuracy").compute(predictions=preds.tolist(), references=labels.tolist())["accuracy"]
     return {"accuracy": float(acc), "loss": float(F.cross_entropy(logits, labels)), "n": int(labels.numel())}
+
+
+def evaluate_kept(
+    model: nn.Module, masks: Masks, eval_ds: datasets.Dataset, tokenizer, accelerator: Accelerator | None = None
+) -> dict:
+    """`evaluate` of the units `masks` keep in `model`, run on its physically pruned copy: the logits of the masked
+    model (surgery's parity, checked as each member is saved) at the pruned model's cost."""
+    unwrapped = accelerator.unwrap_model(model) if accelerator is not None else model
+    return evaluate(masks.pruned_copy(unwrapped), eval_ds, tokenizer, accelerator)

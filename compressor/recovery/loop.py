@@ -40,7 +40,7 @@ from compressor.pruning.selection import mask_to_plan
 from compressor.pruning.units import Masks, UnitPlan, score_all
 from compressor.recipe import PruneSpec
 from compressor.recovery.distill import TeacherTargets, teacher_targets
-from compressor.recovery.evaluate import evaluate
+from compressor.recovery.evaluate import evaluate_kept
 from compressor.recovery.rescale import Refit, post_training_sample
 from compressor.recovery.steplog import log_step, unit_entry
 from compressor.recovery.train import train_kept
@@ -336,8 +336,7 @@ def _settle(loop: _Loop, index: int, scores: dict, masks: Masks, step: int) -> t
 def _validate(loop: _Loop, masks: Masks) -> dict | None:
     if loop.validation is None:
         return None
-    gates = masks.head_gates()
-    return evaluate(loop.model, loop.validation, loop.tokenizer, loop.accelerator, gates, masks.neuron_gates())
+    return evaluate_kept(loop.model, masks, loop.validation, loop.tokenizer, loop.accelerator)
 
 
 def _step(loop: _Loop, masks: Masks, step: int, index: int) -> StepRecord:
