@@ -12,7 +12,9 @@ member's steps and last fine-tune cost; the first steps of a run, at larger widt
 
 Usage (machine to itself):
     .venv/bin/python benchmarks/kept_training.py --run runs/cpu_tables/native_run --else-running "nothing"
-  → prints a table and writes benchmarks/results/kept_training.json
+    .venv/bin/python benchmarks/kept_training.py --run runs/mpnet_rt_2x_last --examples 160 \
+        --out benchmarks/results/kept_training_mpnet.json --else-running "nothing"
+  → prints a line per member and writes benchmarks/results/kept_training.json
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import argparse
 import copy
 import json
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -108,7 +111,10 @@ def main(argv: list[str] | None = None) -> int:
               f" s, pruned copy {row['seconds']['pruned copy']} s, {row['speedup']}x", flush=True)  # fmt: skip
     out = {
         "what": "one recovery fine-tune of each member's units: masked at full width vs its pruned copy",
-        "run": args.run.name,
+        "run": args.run.name if args.run.is_absolute() else str(args.run),
+        "commit": subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
+        ).stdout.strip(),
         "model": recipe.model.source,
         "examples": args.examples,
         "batch_size": recipe.prune.finetune.batch_size,

@@ -100,15 +100,22 @@ def test_a_changed_pruned_copy_writes_back_into_the_masked_model(arch: str) -> N
     assert dead and all(torch.equal(p, untouched[name]) for name, p in dead)
 
 
-def test_cut_positions_refuse_a_cut_that_makes_weights() -> None:
-    """A cut that put a weight of its own in the model cannot be written back, and says so."""
+def remade(model: torch.nn.Module) -> torch.nn.Module:
+    model.classifier = torch.nn.Linear(model.classifier.in_features, model.classifier.out_features)
+    return model
 
-    def remake(model: torch.nn.Module) -> torch.nn.Module:
-        model.classifier = torch.nn.Linear(model.classifier.in_features, model.classifier.out_features)
-        return model
 
+def zeroed(model: torch.nn.Module) -> torch.nn.Module:
+    with torch.no_grad():
+        model.classifier.weight.zero_()
+    return model
+
+
+@pytest.mark.parametrize("cut", [remade, zeroed])
+def test_cut_positions_refuse_a_cut_that_makes_weights(cut) -> None:
+    """A cut that put weights of its own in the model (random or zeros) cannot be written back, and says so."""
     with pytest.raises(RuntimeError, match="classifier"):
-        cut_positions(base("bert"), remake)
+        cut_positions(base("bert"), cut)
 
 
 @pytest.mark.parametrize("arch", ARCHS)
