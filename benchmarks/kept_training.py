@@ -47,9 +47,12 @@ RESULTS = ROOT / "benchmarks" / "results" / "kept_training.json"
 
 
 def members(run_dir: Path) -> list[tuple[str, Path]]:
-    """(label, saved model dir) of each member of a finished run, a one-target run's model as "pruned"."""
-    found = sorted((run_dir / "members").glob("*/model"), key=lambda p: float(p.parent.name.rstrip("x")))
-    return [(p.parent.name, p) for p in found] or [("pruned", run_dir / "model")]
+    """(label, saved model dir) of each member of a finished run in its report's order (any budget's labels), a
+    one-target run's model as "pruned"."""
+    report = json.loads((run_dir / "report.json").read_text())
+    if report.get("family"):
+        return [(m["label"], run_dir / "members" / m["label"] / "model") for m in report["family"]["members"]]
+    return [("pruned", run_dir / "model")]
 
 
 def masks_of(model: torch.nn.Module, model_dir: Path, units: list[str]) -> Masks:
