@@ -22,6 +22,7 @@ from compressor.surgery.arch import (
     arch_spec,
     get_path,
     head_size,
+    hidden_kwarg,
     layers,
     num_layers,
     original_ffn_size,
@@ -70,7 +71,7 @@ def _skip_hook(heads: torch.Tensor, neurons: torch.Tensor, layer: int, ids: tupl
         live = live or neurons[layer].index_select(0, n_index.to(neurons.device)).any()
         if live:
             return output
-        hidden = args[0] if args else next(kwargs[k] for k in ("hidden_states", "hidden_state", "x") if k in kwargs)
+        hidden = args[0] if args else kwargs[hidden_kwarg(kwargs)]
         return (hidden, *output[1:]) if isinstance(output, tuple) else hidden  # tuple layers (MPNet): input first
 
     return hook

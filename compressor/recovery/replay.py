@@ -20,7 +20,7 @@ from torch import nn
 
 from compressor.core.errors import UserError
 from compressor.recovery.train import model_inputs
-from compressor.surgery.arch import layers
+from compressor.surgery.arch import hidden_kwarg, layers
 
 log = logging.getLogger("compressor")
 CHAIN_ATOL = 1e-3  # replaying the layers one by one must reproduce the model's own forward to this
@@ -46,7 +46,7 @@ def _hidden_of(args: tuple, kwargs: dict) -> tuple[torch.Tensor, tuple, dict]:
     """Split a layer call into its hidden states and the rest."""
     if args:
         return args[0], args[1:], kwargs
-    name = next(k for k in ("hidden_states", "hidden_state", "x") if k in kwargs)
+    name = hidden_kwarg(kwargs)
     return kwargs[name], (), {k: v for k, v in kwargs.items() if k != name}
 
 

@@ -22,16 +22,14 @@ from torch import nn
 from compressor.pruning.criteria.confidence import model_inputs
 from compressor.pruning.criteria.registry import ScoreContext, mean_over_processes, register
 from compressor.pruning.masking import AttentionRecorder, gated
-from compressor.surgery.arch import arch_spec, get_path, layers, present_heads, set_path
-
-_HIDDEN_KWARGS = ("hidden_states", "hidden_state", "x")
+from compressor.surgery.arch import arch_spec, get_path, hidden_kwarg, layers, present_heads, set_path
 
 
 def _replace_hidden(args: tuple, kwargs: dict, hidden: torch.Tensor | None) -> tuple[torch.Tensor, tuple, dict]:
     """(the layer's input hidden states, args, kwargs) with that input swapped for `hidden` when given."""
     if args:
         return args[0], ((hidden, *args[1:]) if hidden is not None else args), kwargs
-    key = next(k for k in _HIDDEN_KWARGS if k in kwargs)
+    key = hidden_kwarg(kwargs)
     current = kwargs[key]
     if hidden is not None:
         kwargs = {**kwargs, key: hidden}

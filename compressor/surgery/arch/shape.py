@@ -16,6 +16,14 @@ def layers(model: nn.Module) -> nn.ModuleList:
     return get_path(model.base_model, arch_spec(model).layers)
 
 
+HIDDEN_KWARGS = ("hidden_states", "hidden_state", "x")  # what each family's layer names its input, when by name
+
+
+def hidden_kwarg(kwargs: dict) -> str:
+    """The keyword by which a layer call passes its input hidden states (a call that passes them by name)."""
+    return next(k for k in HIDDEN_KWARGS if k in kwargs)
+
+
 def num_layers(model: nn.Module) -> int:
     return len(layers(model))
 
