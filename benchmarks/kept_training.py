@@ -39,20 +39,12 @@ from compressor.core.machine import cpu_summary  # noqa: E402
 from compressor.pruning.units import Masks  # noqa: E402
 from compressor.recipe import Recipe, parse_recipe  # noqa: E402
 from compressor.recovery.train import train, train_kept  # noqa: E402
+from compressor.report.schema import member_models  # noqa: E402
 from compressor.sources import load_model, load_task_data, load_tokenizer  # noqa: E402
 from compressor.sources.batches import tokenize  # noqa: E402
 from compressor.surgery.checkpoint import read_unit_plan  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results" / "kept_training.json"
-
-
-def members(run_dir: Path) -> list[tuple[str, Path]]:
-    """(label, saved model dir) of each member of a finished run in its report's order (any budget's labels), a
-    one-target run's model as "pruned"."""
-    report = json.loads((run_dir / "report.json").read_text())
-    if report.get("family"):
-        return [(m["label"], run_dir / "members" / m["label"] / "model") for m in report["family"]["members"]]
-    return [("pruned", run_dir / "model")]
 
 
 def masks_of(model: torch.nn.Module, model_dir: Path, units: list[str]) -> Masks:
@@ -106,12 +98,12 @@ def main(argv: list[str] | None = None) -> int:
     model = load_model(recipe.model, task.label_names, attention="eager").eval()
     train_ds = tokenize(task.train, tokenizer, task.text_fields, recipe.data.max_length)
     rows = {}
-    for label, model_dir in members(args.run):
-        rows[label] = measure(recipe, model, tokenizer, train_ds, masks_of(model, model_dir, recipe.prune.units),
-                              args.repeats)  # fmt: skip
-        row = rows[label]
-        print(f"{label:>7}: heads {row['heads_left']}, neurons {row['neurons_left']}: masked {row['seconds']['masked']}"
-              f" s, pruned copy {row['seconds']['pruned copy']} s, {row['speedup']}x", flush=True)  # fmt: skip
+    for member, model_dir in member_models(args.run):
+        masks = masks_of(model, model_dir, recipe.prune.units)
+        row = rows[member.label] = measure(recipe, model, tokenizer, train_ds, masks, args.repeats)
+        seconds = row["seconds"]
+        print(f"{member.label:>7}: heads {row['heads_left']}, neurons {row['neurons_left']}: masked {seconds['masked']}"
+              f" s, pruned copy {seconds['pruned copy']} s, {row['speedup']}x", flush=True)  # fmt: skip
     out = {
         "what": "one recovery fine-tune of each member's units: masked at full width vs its pruned copy",
         "run": args.run.name if args.run.is_absolute() else str(args.run),

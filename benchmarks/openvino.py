@@ -74,23 +74,10 @@ def load_run(recipe_path: Path, run_dir: Path | None, work: Path):
 
 
 def members_of(run_dir: Path | None) -> list[tuple[str, Path]]:
-    """(label, model dir) of each member of a finished run: a family's members, or a one-target run's model. A
-    report's model directories are as the run was given them (relative to where it ran, or absolute); a path that
-    is not there is looked up inside `run_dir` (a run directory moved since)."""
-    from compressor.report.schema import RunReport
+    """(label, model dir) of each member of a finished run (none without one)."""
+    from compressor.report.schema import member_models
 
-    if run_dir is None:
-        return []
-    report = RunReport.read(run_dir / "report.json")
-
-    def where(path: str) -> Path:
-        given = Path(path)
-        inside = (run_dir.joinpath(*given.parts[i:]) for i in range(len(given.parts)))
-        return given if given.exists() else next((p for p in inside if p.exists()), given)
-
-    if report.family is not None:
-        return [(m.label, where(m.pruned.model_dir)) for m in report.family.members]
-    return [("pruned", where(report.pruned.model_dir))]
+    return [] if run_dir is None else [(m.label, model_dir) for m, model_dir in member_models(run_dir)]
 
 
 def exported(run, model_dir: Path, out: Path) -> dict:

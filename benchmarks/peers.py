@@ -62,6 +62,7 @@ from compressor.recovery.distill import load_or_compute, step_examples  # noqa: 
 from compressor.recovery.draws import member_examples, member_seed  # noqa: E402
 from compressor.recovery.evaluate import evaluate  # noqa: E402
 from compressor.recovery.train import train  # noqa: E402
+from compressor.report.schema import MemberSection, RunReport, member_models  # noqa: E402
 from compressor.sources import load_task_data, load_tokenizer  # noqa: E402
 from compressor.sources.batches import model_inputs, sample_batches, tokenize  # noqa: E402
 from compressor.surgery.arch import num_layers, original_ffn_size, original_num_heads  # noqa: E402
@@ -192,34 +193,22 @@ def teacher_targets(setup: Setup, steps: int, members: int):
 
 
 # ---------------------------------------------------------------------------------------------------------- targets
-def _members(report: dict) -> list[dict]:
-    """A finished run's members: a family's, or a one-target run's model as one member labelled "pruned"."""
-    if report.get("family"):
-        return report["family"]["members"]
-    return [{"label": "pruned", "pruned": report["pruned"], "step": len(report["steps"]), "budget": report["budget"]}]
-
-
 def targets_from_run(run_dir: Path) -> list[Target]:
-    """Our members from a finished run's report.json (a family's, or a one-target run's model): label, measured
+    """Our members from a finished run's report (a family's, or a one-target run's model): label, measured
     speed-up, units left, steps, prune and recovery seconds (from the step log)."""
-    path = run_dir / "report.json"
-    if not path.exists():
-        raise SystemExit(f"peers: {path} not found; run the family recipe first or give --target")
-    report = json.loads(path.read_text())
-    steps = report.get("steps", [])
+    if not (run_dir / "report.json").exists():
+        raise SystemExit(f"peers: {run_dir / 'report.json'} not found; run the family recipe first or give --target")
+    report = RunReport.read(run_dir / "report.json")
     out = []
-    for index, m in enumerate(_members(report)):
-        pruned = m["pruned"]
-        done = steps[: m["step"]]
+    for index, (m, model_dir) in enumerate(member_models(run_dir)):
+        if m.pruned.ffn_neurons is None:
+            raise SystemExit(f"peers: member {m.label} has no FFN neuron count; the peers prune heads and FFN neurons")
+        done = report.steps[: m.step]
         recovery = sum((s.get("finetune") or {}).get("seconds", 0.0) for s in done)
-        saved = ("members", m["label"], "model") if report.get("family") else ("model",)
-        model_dir = run_dir.joinpath(*saved)  # where the run saved it, wherever the run now is
-        if not model_dir.exists() and Path(pruned["model_dir"]).is_absolute():
-            model_dir = Path(pruned["model_dir"])
         out.append(
             Target(
-                label=m["label"], speedup=_member_speedup(report, m), heads=int(pruned["heads_left"]),
-                ffn=int(pruned["ffn_neurons"]), steps=int(m["step"]), model_dir=str(model_dir),
+                label=m.label, speedup=_member_speedup(report, m), heads=m.pruned.heads_left,
+                ffn=m.pruned.ffn_neurons, steps=m.step, model_dir=str(model_dir),
                 prune_seconds=round(sum(s["seconds"] for s in done) - recovery, 1), recovery_seconds=round(recovery, 1),
                 index=index,
             )
@@ -227,14 +216,14 @@ def targets_from_run(run_dir: Path) -> list[Target]:
     return out
 
 
-def _member_speedup(report: dict, member: dict) -> float:
+def _member_speedup(report: RunReport, member: MemberSection) -> float:
     """The member's measured PyTorch speed-up: its speed-up budget's check, else its frontier row (FLOP and head
     budgets have no check)."""
-    measured = (member.get("budget") or {}).get("measured_speedup")
-    rows = {r["name"]: r for r in (report.get("family") or report).get("frontier", [])}
-    measured = measured or (rows.get(f"{member['label']}/pytorch") or {}).get("speedup")
+    rows = {r.name: r for r in report.frontier_rows()}
+    row = rows.get(f"{member.label}/pytorch")
+    measured = (member.budget and member.budget.measured_speedup) or (row and row.speedup)
     if measured is None:
-        raise SystemExit(f"peers: member {member['label']} has no measured PyTorch speed-up in its report")
+        raise SystemExit(f"peers: member {member.label} has no measured PyTorch speed-up in its report")
     return float(measured)
 
 

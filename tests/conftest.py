@@ -151,12 +151,28 @@ def task(tiny_model_dir):
     return model, tok, train, val
 
 
-def family_report(rows: list[dict], **family) -> dict:
+def family_report(rows: list[dict], steps: list[dict] | None = None, **family) -> dict:
     """The smallest report.json `compressor pick` accepts for a family run with frontier `rows`
-    (`compressor.report.schema.RunReport`); `family` adds to its `family` section."""
+    (`compressor.report.schema.RunReport`); `steps` is its step log, `family` adds to its `family` section."""
     return {
         "schema_version": 1, "status": "complete", "name": "r", "model_source": "m", "data_source": "d",
-        "labels": ["0", "1"], "steps": [], "original": {"test": {"accuracy": None}},
+        "labels": ["0", "1"], "steps": steps or [], "original": {"test": {"accuracy": None}},
         "family": {"targets": [2.0], "kind": "speedup", "runtime": "pytorch", "members": [], "frontier": rows,
                    **family},
+    }  # fmt: skip
+
+
+def one_target_report(steps: list[dict], pruned: dict, budget: dict) -> dict:
+    """The smallest report.json of a one-target run: its member's `pruned` and `budget` at the top."""
+    report = family_report([], steps)
+    del report["family"]
+    return report | {"pruned": pruned, "budget": budget}
+
+
+def pruned_section(heads_left: int, ffn_neurons: int | None, model_dir: str) -> dict:
+    """A member's `pruned` section (`compressor.report.schema.Pruned`) with the counts and directory readers use."""
+    return {
+        "test": {"accuracy": 0.8}, "heads_left": heads_left, "heads_total": 96, "heads_per_layer": [],
+        "model_dir": model_dir, "plan": {}, "parameters": 1, "encoder_flops_per_example": 1, "flop_ratio": 1.0,
+        "ffn_neurons": ffn_neurons,
     }  # fmt: skip

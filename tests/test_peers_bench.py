@@ -9,7 +9,7 @@ import json
 
 import pytest
 import torch
-from conftest import bench_script
+from conftest import bench_script, family_report, one_target_report, pruned_section
 
 from compressor.pruning.units import masks_to_plan, pruned_units_copy
 from compressor.testing import randomize, tiny_batch, tiny_model
@@ -62,11 +62,19 @@ def test_per_layer_target_multiplies_back_to_the_exact_total():
     assert float(target) == pytest.approx(55 / 6)
 
 
+def _member(label: str, step: int, heads: int, model_dir: str, speedup: float | None = 2.0) -> dict:
+    budget = {"target": 2.0, "flop_ratio": 1.0, "measured_speedup": speedup}
+    return {"target": 2.0, "label": label, "step": step, "pruned": pruned_section(heads, 3072, model_dir),
+            "budget": budget}  # fmt: skip
+
+
 def test_members_are_read_from_a_family_report(tmp_path):
+    """Label, measured speed-up, units, steps, the step log's prune and recovery seconds, and the member's model
+    found inside the run directory though the report names it where the run was made."""
     steps = [{"seconds": 10.0, "finetune": {"seconds": 6.0}}, {"seconds": 12.0, "finetune": {"seconds": 7.0}}]
-    member = {"label": "2x", "step": 2, "budget": {"measured_speedup": 2.01},
-              "pruned": {"heads_left": 50, "ffn_neurons": 3072, "model_dir": "runs/x/members/2x/model"}}  # fmt: skip
-    (tmp_path / "report.json").write_text(json.dumps({"steps": steps, "family": {"members": [member]}}))
+    member = _member("2x", 2, 50, "runs/x/members/2x/model", speedup=2.01)
+    (tmp_path / "members" / "2x" / "model").mkdir(parents=True)
+    (tmp_path / "report.json").write_text(json.dumps(family_report([], steps, members=[member])))
     (target,) = peers.targets_from_run(tmp_path)
     assert (target.label, target.speedup, target.heads, target.ffn, target.steps) == ("2x", 2.01, 50, 3072, 2)
     assert target.prune_seconds == 9.0 and target.recovery_seconds == 13.0
@@ -78,9 +86,10 @@ def test_members_are_read_from_a_family_report(tmp_path):
 def test_a_one_target_run_is_one_member(tmp_path):
     """A one-target run's model is read as one member, "pruned", from where that run saves it."""
     steps = [{"seconds": 10.0, "finetune": {"seconds": 6.0}}, {"seconds": 12.0, "finetune": {"seconds": 7.0}}]
-    pruned = {"heads_left": 80, "ffn_neurons": 20000, "model_dir": "elsewhere/model"}
-    report = {"steps": steps, "pruned": pruned, "budget": {"measured_speedup": 1.98}}
-    (tmp_path / "report.json").write_text(json.dumps(report))
+    pruned = pruned_section(80, 20000, "elsewhere/model")
+    budget = {"target": 2.0, "flop_ratio": 1.9, "measured_speedup": 1.98}
+    (tmp_path / "model").mkdir()
+    (tmp_path / "report.json").write_text(json.dumps(one_target_report(steps, pruned, budget)))
     (target,) = peers.targets_from_run(tmp_path)
     assert (target.label, target.speedup, target.heads, target.ffn, target.steps) == ("pruned", 1.98, 80, 20000, 2)
     assert target.model_dir == str(tmp_path / "model") and target.recovery_seconds == 13.0
@@ -88,10 +97,8 @@ def test_a_one_target_run_is_one_member(tmp_path):
 
 def test_members_option_keeps_only_the_named_members(tmp_path):
     steps = [{"seconds": 10.0}, {"seconds": 12.0}]
-    members = [{"label": label, "step": i + 1, "budget": {"measured_speedup": 1.5 + i},
-                "pruned": {"heads_left": 60 - i, "ffn_neurons": 3000, "model_dir": "m"}}
-               for i, label in enumerate(("1.5x", "2x"))]  # fmt: skip
-    (tmp_path / "report.json").write_text(json.dumps({"steps": steps, "family": {"members": members}}))
+    members = [_member(label, i + 1, 60 - i, "m", 1.5 + i) for i, label in enumerate(("1.5x", "2x"))]
+    (tmp_path / "report.json").write_text(json.dumps(family_report([], steps, members=members)))
     ours = ["--models", "minilm", "--ours", f"minilm={tmp_path}"]
     assert [t.label for t in peers.targets_for(peers.parse_args([*ours, "--members", "2x"]))["minilm"]] == ["2x"]
     assert [t.label for t in peers.targets_for(peers.parse_args(ours))["minilm"]] == ["1.5x", "2x"]
@@ -99,15 +106,24 @@ def test_members_option_keeps_only_the_named_members(tmp_path):
 
 def test_member_speedup_falls_back_to_the_frontier(tmp_path):
     """A FLOP or head budget has no speed-up check: the member's PyTorch row of the frontier gives its speed-up."""
-    member = {"label": "50pct", "step": 1, "pruned": {"heads_left": 36, "ffn_neurons": 4608, "model_dir": "m"}}
-    frontier = [{"name": "50pct/onnx-int8", "speedup": 3.9}, {"name": "50pct/pytorch", "speedup": 1.7}]
-    report = {"steps": [{"seconds": 5.0}], "family": {"members": [member], "frontier": frontier}}
+    member = _member("50pct", 1, 36, "m", speedup=None)
+    rows = [{"name": f"50pct/{runtime}", "model": "50pct", "role": "member", "runtime": runtime, "speedup": speedup}
+            for runtime, speedup in (("onnx-int8", 3.9), ("pytorch", 1.7))]  # fmt: skip
+    report = family_report(rows, [{"seconds": 5.0}], members=[member])
     (tmp_path / "report.json").write_text(json.dumps(report))
     (target,) = peers.targets_from_run(tmp_path)
     assert target.speedup == 1.7 and target.recovery_seconds == 0.0
-    report["family"]["frontier"] = frontier[:1]
+    report["family"]["frontier"] = rows[:1]
     (tmp_path / "report.json").write_text(json.dumps(report))
     with pytest.raises(SystemExit, match="member 50pct has no measured PyTorch speed-up"):
+        peers.targets_from_run(tmp_path)
+
+
+def test_a_member_without_an_ffn_count_is_refused(tmp_path):
+    member = _member("2x", 1, 50, "m")
+    member["pruned"]["ffn_neurons"] = None
+    (tmp_path / "report.json").write_text(json.dumps(family_report([], [{"seconds": 1.0}], members=[member])))
+    with pytest.raises(SystemExit, match="member 2x has no FFN neuron count"):
         peers.targets_from_run(tmp_path)
 
 

@@ -4,13 +4,14 @@ file that is not a report (bad JSON, a newer schema, a missing or mistyped key) 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
 from compressor.cli import app
 from compressor.core.errors import UserError
-from compressor.report.schema import SCHEMA_VERSION, MemberSection, RunReport
+from compressor.report.schema import SCHEMA_VERSION, MemberSection, RunReport, member_models
 
 SCORE = {"accuracy": 0.8, "loss": 0.4, "n": 10}
 PRUNED = {
@@ -105,6 +106,25 @@ def test_pick_reads_through_the_schema(tmp_path) -> None:
     result = CliRunner().invoke(app, ["pick", str(tmp_path), "--max-drop", "1", "--json"])
     assert result.exit_code == 0, result.output
     assert json.loads(result.output)["name"] == "2x/pytorch"
+
+
+def test_a_one_target_run_is_a_family_of_one(tmp_path) -> None:
+    """`members()` gives a one-target run's model as its one member "pruned" (its sections from the top), a family
+    its members; `member_models` finds each model in a run directory moved since the run."""
+    typed = RunReport.of(one_target())
+    (member,) = typed.members()
+    assert (member.label, member.target, member.step, member.pruned) == ("pruned", 0.25, 1, typed.pruned)
+    assert member.budget == typed.budget and member.export == typed.export
+    assert [m.label for m in RunReport.of(family()).members()] == ["2x"]
+    moved = tmp_path / "moved"
+    report = family()
+    report["family"]["members"][0]["pruned"] = PRUNED | {"model_dir": "/gone/run/members/2x/model"}
+    _write(tmp_path, report)
+    (tmp_path / "members" / "2x" / "model").mkdir(parents=True)
+    assert [(m.label, d) for m, d in member_models(tmp_path)] == [("2x", tmp_path / "members" / "2x" / "model")]
+    moved.mkdir()
+    _write(moved, one_target())
+    assert member_models(moved)[0][1] == Path("model")  # nowhere to be found: as the report names it
 
 
 def test_a_member_section_round_trips(tmp_path) -> None:

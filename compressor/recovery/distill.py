@@ -88,7 +88,7 @@ def compute_logits(
     """Teacher logits for every example of `train_ds`, in order (sharded over processes, gathered on each)."""
     from compressor.recovery.evaluate import predict
 
-    logits, _ = predict(teacher, train_ds, tokenizer, accelerator, batch_size=batch_size)
+    logits, _ = predict(teacher, train_ds, tokenizer, accelerator, batch_size=batch_size, desc="teacher targets")
     return logits
 
 

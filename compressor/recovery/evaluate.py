@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from accelerate import Accelerator
 from torch import nn
+from tqdm.auto import tqdm
 
 from compressor.pruning.masking import gated
 from compressor.pruning.units import Masks
@@ -28,11 +29,12 @@ def predict(
     gates: torch.Tensor | None = None,
     batch_size: int = 64,
     neurons: torch.Tensor | None = None,
+    desc: str = "predict",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(logits, labels) for the whole split, in its order; under several processes, gathered on every process.
 
-    The split is run sorted by length (so batches pad little) and the
-    results are put back in the split's order."""
+    The split is run sorted by length (so batches pad little) and the results are put back in the split's order.
+    A progress bar named `desc` counts the batches (a base-size model's pass over a train split takes minutes)."""
     model.eval()
     order = np.argsort(lengths(eval_ds), kind="stable")
     dl = loader(eval_ds.select(order), tokenizer, batch_size)
@@ -41,7 +43,7 @@ def predict(
     device = next(model.parameters()).device
     logits, labels = [], []
     with gated(model, gates, neurons):
-        for batch in dl:
+        for batch in tqdm(dl, desc=desc, leave=False):
             batch = to_device(batch, device)
             out = model(**model_inputs(batch)).logits
             lab = batch["labels"]
@@ -64,7 +66,7 @@ def evaluate(
     """Accuracy and mean cross-entropy on a split (accuracy through the locally shipped `evaluate` module)."""
     from compressor.sources.metrics import load_metric
 
-    logits, labels = predict(model, eval_ds, tokenizer, accelerator, gates, neurons=neurons)
+    logits, labels = predict(model, eval_ds, tokenizer, accelerator, gates, neurons=neurons, desc="evaluate")
     preds = logits.argmax(-1)
     acc = load_metric("accuracy").compute(predictions=preds.tolist(), references=labels.tolist())["accuracy"]
     return {"accuracy": float(acc), "loss": float(F.cross_entropy(logits, labels)), "n": int(labels.numel())}

@@ -1,5 +1,5 @@
 """The run report as typed models: what `report.json` and a member's `member.json` hold, written and read through
-them (`RunReport.write` / `RunReport.read`, `MemberSection`).
+them (`RunReport.write` / `RunReport.read`, `MemberSection`); `member_models` finds a finished run's members.
 
 The pipeline assembles the report section by section as it runs; at the end `RunReport.of` checks the whole of it
 against these models (a missing or mistyped key fails the run before anything is written, not a user's script
@@ -20,7 +20,7 @@ from typing import Any, Literal, Self
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 from compressor.core import atomic
-from compressor.core.candidates import KINDS
+from compressor.core.candidates import KINDS, SINGLE
 from compressor.core.errors import UserError
 
 SCHEMA_VERSION = 1
@@ -185,6 +185,20 @@ class RunReport(Section):
             raise ValueError("a run report has either 'pruned' (one target) or 'family' (several), not both or none")
         return self
 
+    def members(self) -> list[MemberSection]:
+        """The run's members in the report's order: a family's, or a one-target run's model as its one member,
+        labelled `SINGLE` (a run is a family of one; the one-target report keeps its member's sections at the top)."""
+        if self.family is not None:
+            return list(self.family.members)
+        assert self.pruned is not None and self.budget is not None  # `_one_shape`; a one-target run checks its budget
+        return [
+            MemberSection(
+                target=self.budget.target, label=SINGLE, step=len(self.steps), member_finetune=self.member_finetune,
+                pruned=self.pruned, export=self.export, baseline=self.baseline, model_card=self.model_card,
+                budget=self.budget,
+            )
+        ]  # fmt: skip
+
     def frontier_rows(self) -> list[FrontierRow]:
         """The run's frontier: a family's, else a one-target run's (empty without a benchmark)."""
         rows = self.family.frontier if self.family is not None else self.frontier
@@ -195,6 +209,21 @@ class RunReport(Section):
         """A finished run's report; a file that is not one (bad JSON, a newer schema, a missing or mistyped key)
         is one line naming the file and what is wrong."""
         return _read(cls, path, "compressor run report")
+
+
+def member_models(run_dir: Path) -> list[tuple[MemberSection, Path]]:
+    """Each member of the finished run in `run_dir` with the directory its pruned model is in now. The report keeps
+    the directory as the run was given it (relative to where it ran, or absolute); one that is not there is looked
+    up inside `run_dir` by its trailing parts, so a run directory that was moved or copied still finds its models."""
+    return [(m, _inside(run_dir, Path(m.pruned.model_dir))) for m in RunReport.read(run_dir / "report.json").members()]
+
+
+def _inside(run_dir: Path, given: Path) -> Path:
+    """`given` where it exists, else the first of its trailing parts under `run_dir` that does (else `given`)."""
+    if given.exists():
+        return given
+    tails = (run_dir.joinpath(*given.parts[i:]) for i in range(len(given.parts)))
+    return next((path for path in tails if path.exists()), given)
 
 
 def _read(model: type[Section], path: Path, what: str) -> Any:
