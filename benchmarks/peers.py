@@ -12,8 +12,9 @@ recipe's `prune.finetune` once per step the member took, then the member's final
 `prune.member_finetune`, same seeds and distillation targets), so the comparison
 isolates the choice of units from the recovery. The peer's kept units come back as masks and are replayed with
 compressor's own slicing on the same base (logits checked against the peer's own pruned model); test accuracy comes
-from our evaluator, speed-ups from one interleaved bench per model (`compressor.bench.timing`: the original, our
-members and every peer point, paired with the same original in one process). Prune wall time of every point.
+from our evaluator (each recovered point against its member by exact McNemar on the same examples), speed-ups
+from one interleaved bench per model (`compressor.bench.timing`: the original, our members and every distinct peer
+model, paired with the same original in one process). Prune wall time of every point.
 
 Each point is cached under the work directory (default `$COMPRESSOR_CACHE/peers/work/<recipe name>`) with the
 settings it was made with: a rerun skips finished points and redoes those whose settings changed. A peer that fails
@@ -47,10 +48,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from accelerate import Accelerator  # noqa: E402
 
 from compressor.bench.candidates import as_sdpa, pytorch_candidate  # noqa: E402
+from compressor.bench.quality import mcnemar_exact  # noqa: E402
 from compressor.bench.timing import measure_throughput, paired_speedups  # noqa: E402
 from compressor.core.machine import cache_root, cpu_summary, machine_info  # noqa: E402
 from compressor.pipeline.runner import base_model  # noqa: E402
@@ -60,7 +63,7 @@ from compressor.pruning.units import masks_to_plan, pruned_units_copy  # noqa: E
 from compressor.recipe import load_recipe  # noqa: E402
 from compressor.recovery.distill import load_or_compute, step_examples  # noqa: E402
 from compressor.recovery.draws import member_examples, member_seed  # noqa: E402
-from compressor.recovery.evaluate import evaluate  # noqa: E402
+from compressor.recovery.evaluate import evaluate, predict  # noqa: E402
 from compressor.recovery.train import train  # noqa: E402
 from compressor.report.schema import MemberSection, RunReport, member_models  # noqa: E402
 from compressor.sources import load_task_data, load_tokenizer  # noqa: E402
@@ -384,14 +387,29 @@ def recovered(setup: Setup, point_dir: Path, steps: int, index: int = 0) -> dict
     return result
 
 
-def test_accuracy(setup: Setup, model_dir: Path, cache: Path) -> float:
-    """Test accuracy of a saved model with our evaluator (cached in `cache`)."""
-    if cache.exists():
-        return json.loads(cache.read_text())["accuracy"]
+def test_correct(setup: Setup, model_dir: Path, cache: Path) -> list[bool]:
+    """Whether a saved model is right on each test example, with our evaluator's predictions (cached in `cache`):
+    its accuracy, and the pairs McNemar's test compares."""
+    if cache.exists() and "correct" in (saved := json.loads(cache.read_text())):
+        return saved["correct"]
     model = load_pruned(model_dir, attn_implementation="eager")
-    accuracy = evaluate(model, setup.run.splits["test"], setup.run.tokenizer)["accuracy"]
-    cache.write_text(json.dumps({"accuracy": accuracy}))
-    return accuracy
+    logits, labels = predict(model, setup.run.splits["test"], setup.run.tokenizer, desc="test")
+    correct = (logits.argmax(-1) == labels).tolist()
+    cache.write_text(json.dumps({"accuracy": accuracy(correct), "correct": correct}))
+    return correct
+
+
+def accuracy(correct: list[bool]) -> float:
+    return sum(correct) / len(correct)
+
+
+def versus_member(setup: Setup, rows: list[dict], ours: dict[str, list[bool]]) -> None:
+    """Each recovered peer point against our member it is matched to, on the same test examples: exact McNemar
+    (`vs_member`: the examples only the peer gets right, only ours gets right, and p)."""
+    for row in (r for r in rows if "error" not in r and r["member"] in ours):
+        point = Path(row["dir"])
+        peer = test_correct(setup, point / "recovered", point / "recovered.test.json")
+        row["recovered"]["vs_member"] = mcnemar_exact(np.array(peer), np.array(ours[row["member"]]))
 
 
 # ------------------------------------------------------------------------------------------------------- one model
@@ -412,7 +430,7 @@ def model_points(setup: Setup, targets: list[Target], peers: list[str], args) ->
                     "heads_per_layer": point["heads_per_layer"], "ffn_per_layer": point["ffn_per_layer"],
                     "prune_seconds": round(point["prune_seconds"], 1), "versions": point["versions"],
                     "replay_max_abs_diff": point["replay_max_abs_diff"],
-                    "accuracy": test_accuracy(setup, point_dir / "model", point_dir / "model.test.json"),
+                    "accuracy": accuracy(test_correct(setup, point_dir / "model", point_dir / "model.test.json")),
                     "recovered": recovered(setup, point_dir, _recovery_steps(target, args), target.index),
                 })  # fmt: skip
     return rows
@@ -454,7 +472,9 @@ def bench(setup: Setup, targets: list[Target], rows: list[dict], args) -> dict:
 
 
 def _candidate_name(row: dict) -> str:
-    return f"{row['peer']}/{row['member']}/{row['match']}/{row['heads_left']}h{row['ffn_left']}f"
+    """A peer model's bench name: a speed-matched point that is its units point (already at the member's speed)
+    is the same model, timed once."""
+    return f"{row['peer']}/{row['member']}/{row['heads_left']}h{row['ffn_left']}f"
 
 
 def run_model(name: str, targets: list[Target], peers: list[str], args) -> dict:
@@ -471,7 +491,7 @@ def run_model(name: str, targets: list[Target], peers: list[str], args) -> dict:
     for row in (r for r in rows if "error" not in r):
         row["speedup"] = speed[_candidate_name(row)]["median"]
         row["speedup_iqr"] = [speed[_candidate_name(row)]["q1"], speed[_candidate_name(row)]["q3"]]
-    ours = []
+    ours, correct = [], {}
     for t in targets:
         entry = {"model": name, "peer": "compressor", "member": t.label, "match": "member", "heads_left": t.heads,
                  "ffn_left": t.ffn, "steps": t.steps, "run_speedup": t.speedup, "prune_seconds": t.prune_seconds,
@@ -479,9 +499,11 @@ def run_model(name: str, targets: list[Target], peers: list[str], args) -> dict:
                  "quick_speedup_here": t.aim}  # fmt: skip
         if t.model_dir:
             cache = setup.work / f"ours-{t.label}.test.json"
-            entry["accuracy"] = test_accuracy(setup, Path(t.model_dir), cache)
+            correct[t.label] = test_correct(setup, Path(t.model_dir), cache)
+            entry["accuracy"] = accuracy(correct[t.label])
             entry["speedup"] = speed[f"ours/{t.label}"]["median"]
         ours.append(entry)
+    versus_member(setup, rows, correct)
     return {
         "recipe": str(args.recipe.get(name, RECIPES[name])),
         "base_model_dir": "the recipe's cached base fine-tune ($COMPRESSOR_CACHE/finetuned/...)",
@@ -502,22 +524,23 @@ def table(section: dict) -> list[str]:
     lines = [
         f"original test accuracy {100 * base:.2f} ({section['test_examples']} examples)",
         "| pruner | member | matched on | heads | FFN | speed-up | test acc (no recovery) | test acc (our recovery) "
-        "| prune s | recovery s |",
-        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| p vs ours | prune s | recovery s |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for o in section["ours"]:
         acc = f"{100 * o['accuracy']:.2f}" if "accuracy" in o else "—"
         speed = f"{o['speedup']:.2f}×" if "speedup" in o else f"({o['run_speedup']:.2f}×)"
         lines.append(f"| compressor | {o['member']} | — | {o['heads_left']} | {o['ffn_left']} | {speed} | — | {acc} "
-                     f"| {o['prune_seconds']} | {o['recovery_seconds']} |")  # fmt: skip
+                     f"| — | {o['prune_seconds']} | {o['recovery_seconds']} |")  # fmt: skip
     for r in section["peers"]:
         if "error" in r:
-            lines.append(f"| {r['peer']} | {r['member']} | {r['match']} | failed: {r['error'][:80]} ||||||")
+            lines.append(f"| {r['peer']} | {r['member']} | {r['match']} | failed: {r['error'][:80]} |||||||")
             continue
         rec = r["recovered"]
+        p = f"{rec['vs_member']['p_value']:.2g}" if "vs_member" in rec else "—"
         lines.append(
             f"| {r['peer']} | {r['member']} | {r['match']} | {r['heads_left']} | {r['ffn_left']} | {r['speedup']:.2f}× "
-            f"| {100 * r['accuracy']:.2f} | {100 * rec['test']:.2f} | {r['prune_seconds']} | {rec['seconds']} |"
+            f"| {100 * r['accuracy']:.2f} | {100 * rec['test']:.2f} | {p} | {r['prune_seconds']} | {rec['seconds']} |"
         )
     return lines
 

@@ -167,3 +167,24 @@ def test_results_name_no_local_path(tmp_path):
     assert out["recipe"] == ["./recipes/minilm_rt_family.yaml", "my_recipe.yaml"]
     assert out["ours"] == ["minilm=runs/minilm_rt_family", "mpnet=mpnet_rt_family"]
     assert out["count"] == 3
+
+
+def test_recovered_points_are_compared_with_their_member(tmp_path):
+    """Each recovered peer point gets exact McNemar against the member it is matched to (from the cached per-example
+    correctness), and the table prints its p; a failed point is left alone."""
+    point = tmp_path / "point"
+    point.mkdir()
+    (point / "recovered.test.json").write_text(json.dumps({"accuracy": 0.5, "correct": [True, True, False, False]}))
+    row = {"peer": "textpruner", "member": "2x", "match": "units", "dir": str(point), "heads_left": 50,
+           "ffn_left": 9, "speedup": 2.1, "accuracy": 0.25, "prune_seconds": 3.0,
+           "recovered": {"test": 0.5, "seconds": 4.0}}  # fmt: skip
+    failed = {"peer": "torch-pruning", "member": "2x", "match": "units", "error": "no model"}
+    peers.versus_member(None, [row, failed], {"2x": [True, False, True, True]})
+    vs = row["recovered"]["vs_member"]
+    assert (vs["candidate_only_correct"], vs["reference_only_correct"], vs["p_value"]) == (1, 2, 1.0)
+    assert "vs_member" not in failed
+    ours = {"member": "2x", "heads_left": 50, "ffn_left": 9, "speedup": 2.0, "accuracy": 0.75, "prune_seconds": 1,
+            "recovery_seconds": 2}  # fmt: skip
+    section = {"original_test_accuracy": 0.8, "test_examples": 4, "ours": [ours], "peers": [row, failed]}
+    lines = peers.table(section)
+    assert lines[-2].split("|")[9].strip() == "1" and "failed: no model" in lines[-1]
