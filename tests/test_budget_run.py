@@ -204,6 +204,7 @@ def test_one_target_run_with_a_final_finetune_reports_it(tmp_path, tiny_model_di
     assert report["pruned"]["masked_vs_pruned_max_abs_diff"] <= 1e-4
     md = (tmp_path / "final" / "report.md").read_text()
     assert "Final fine-tune (`prune.member_finetune`), validation accuracy: " in md
+    assert "layer-drop baseline had the same" not in md  # `prune.baseline: null`: there is none
 
 
 @pytest.mark.parametrize("graphs", [["fp32", "optimized", "int8"], ["fp32", "int8"]], ids=["optimized", "fp32"])

@@ -116,6 +116,9 @@ def test_a_one_target_run_is_a_family_of_one(tmp_path) -> None:
     assert (member.label, member.target, member.step, member.pruned) == ("pruned", 0.25, 1, typed.pruned)
     assert member.budget == typed.budget and member.export == typed.export
     assert [m.label for m in RunReport.of(family()).members()] == ["2x"]
+    without = {k: v for k, v in one_target().items() if k != "budget"}
+    with pytest.raises(UserError, match="one-target run report without its 'budget' section"):
+        RunReport.of(without).members()
     moved = tmp_path / "moved"
     report = family()
     report["family"]["members"][0]["pruned"] = PRUNED | {"model_dir": "/gone/run/members/2x/model"}

@@ -41,9 +41,10 @@ def predict(
     if accelerator is not None:
         dl = accelerator.prepare_data_loader(dl)
     device = next(model.parameters()).device
+    main = accelerator is None or accelerator.is_local_main_process
     logits, labels = [], []
     with gated(model, gates, neurons):
-        for batch in tqdm(dl, desc=desc, leave=False):
+        for batch in tqdm(dl, desc=desc, leave=False, disable=not main):
             batch = to_device(batch, device)
             out = model(**model_inputs(batch)).logits
             lab = batch["labels"]

@@ -11,10 +11,10 @@ def references_lines(entries: list[dict]) -> list[str]:
     """Per reference point: the most accurate member at equal or higher measured speed, on any runtime and on the
     reference's own, and by how much it beats the reference (or falls short), with McNemar's p between the two."""
     lines = [
-        "Each reference is another model fine-tuned on the same split with the recipe's base fine-tune settings, "
-        "exported and benchmarked like a member. Per reference and runtime: the most accurate member at equal or "
-        "higher measured speed, Δ = member − reference in test accuracy points, McNemar's exact p between the two on "
-        "the same test examples.",
+        "Each reference is another model fine-tuned on the same split (with `bench.reference_finetune`, else the "
+        "recipe's base fine-tune settings), exported and benchmarked like a member. Per reference and runtime: the "
+        "most accurate member at equal or higher measured speed, Δ = member − reference in test accuracy points, "
+        "McNemar's exact p between the two on the same test examples.",
         "",
         "| reference | runtime | speed-up | test acc (%) | best member as fast (any runtime) | Δ (p) "
         "| best member as fast (same runtime) | Δ (p) |",

@@ -190,7 +190,8 @@ class RunReport(Section):
         labelled `SINGLE` (a run is a family of one; the one-target report keeps its member's sections at the top)."""
         if self.family is not None:
             return list(self.family.members)
-        assert self.pruned is not None and self.budget is not None  # `_one_shape`; a one-target run checks its budget
+        if self.pruned is None or self.budget is None:  # `_one_shape` guarantees `pruned`; a run writes `budget`
+            raise UserError("a one-target run report without its 'budget' section; expected one from `compressor run`")
         return [
             MemberSection(
                 target=self.budget.target, label=SINGLE, step=len(self.steps), member_finetune=self.member_finetune,

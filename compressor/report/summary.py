@@ -357,8 +357,9 @@ def render(report: RunReport) -> str:
     if report.recovery:
         lines += ["", *recovery_lines(report.recovery)]
     if report.member_finetune is not None:
+        baseline = "; the layer-drop baseline had the same" if report.baseline else ""
         lines += ["", f"Final fine-tune (`prune.member_finetune`), validation accuracy: "
-                  f"{final_finetune_text(report.member_finetune)}; the layer-drop baseline had the same."]  # fmt: skip
+                  f"{final_finetune_text(report.member_finetune)}{baseline}."]  # fmt: skip
     if report.export is not None:
         lines += ["", "## ONNX export", "", *_export_table(report.export)]
     if report.bench is not None:
