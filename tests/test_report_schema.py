@@ -168,3 +168,20 @@ def test_the_family_benchmark_reads_members_references_and_the_pick(tmp_path) ->
     assert m["member_minus_layer_drop_points"] == pytest.approx(10.0) and m["within_10pct"] is True
     assert figures["references"][0]["best"]["points"] == 1.0
     assert figures["pick_1pt"]["name"] == "2x/pytorch"
+
+
+def test_the_family_benchmark_reads_a_one_target_run_as_one_member() -> None:
+    """benchmarks/mpnet_family.py on a one-target run (recipes/mpnet_rt_7x_last.yaml): its model is the one member,
+    its reference comparison is read from the top of the report."""
+    from conftest import bench_script
+
+    script = bench_script("mpnet_family")
+    best = {"name": "pytorch-pruned", "speedup": 7.5, "accuracy": 0.81, "points": -0.2, "mcnemar_p": 0.9,
+            "beats": False}  # fmt: skip
+    versus = {"name": "reference/small/pytorch", "runtime": "pytorch", "speedup": 6.9, "accuracy": 0.82,
+              "best": best, "best_same_runtime": best}  # fmt: skip
+    report = RunReport.of(one_target() | {"versus_references": [versus]})
+    (row,) = script.member_rows(report)
+    assert (row["label"], row["target"], row["test_accuracy"]) == ("pruned", 0.25, 0.8)
+    assert row["layer_drop_accuracy"] is None
+    assert script.reference_rows(report) == [versus]
