@@ -39,7 +39,7 @@ from compressor.core.machine import cpu_summary  # noqa: E402
 from compressor.pruning.units import Masks  # noqa: E402
 from compressor.recipe import Recipe, parse_recipe  # noqa: E402
 from compressor.recovery.train import train, train_kept  # noqa: E402
-from compressor.report.schema import member_models  # noqa: E402
+from compressor.report.schema import RunReport  # noqa: E402
 from compressor.sources import load_model, load_task_data, load_tokenizer  # noqa: E402
 from compressor.sources.batches import tokenize  # noqa: E402
 from compressor.surgery.checkpoint import read_unit_plan  # noqa: E402
@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     model = load_model(recipe.model, task.label_names, attention="eager").eval()
     train_ds = tokenize(task.train, tokenizer, task.text_fields, recipe.data.max_length)
     rows = {}
-    for member, model_dir in member_models(args.run):
+    for member, model_dir in RunReport.read(args.run / "report.json").member_models(args.run):
         masks = masks_of(model, model_dir, recipe.prune.units)
         row = rows[member.label] = measure(recipe, model, tokenizer, train_ds, masks, args.repeats)
         seconds = row["seconds"]

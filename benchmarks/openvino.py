@@ -75,9 +75,11 @@ def load_run(recipe_path: Path, run_dir: Path | None, work: Path):
 
 def members_of(run_dir: Path | None) -> list[tuple[str, Path]]:
     """(label, model dir) of each member of a finished run (none without one)."""
-    from compressor.report.schema import member_models
+    from compressor.report.schema import RunReport
 
-    return [] if run_dir is None else [(m.label, model_dir) for m, model_dir in member_models(run_dir)]
+    if run_dir is None:
+        return []
+    return [(m.label, path) for m, path in RunReport.read(run_dir / "report.json").member_models(run_dir)]
 
 
 def exported(run, model_dir: Path, out: Path) -> dict:

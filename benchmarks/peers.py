@@ -65,7 +65,7 @@ from compressor.recovery.distill import load_or_compute, step_examples  # noqa: 
 from compressor.recovery.draws import member_examples, member_seed  # noqa: E402
 from compressor.recovery.evaluate import evaluate, predict  # noqa: E402
 from compressor.recovery.train import train  # noqa: E402
-from compressor.report.schema import MemberSection, RunReport, member_models  # noqa: E402
+from compressor.report.schema import MemberSection, RunReport  # noqa: E402
 from compressor.sources import load_task_data, load_tokenizer  # noqa: E402
 from compressor.sources.batches import model_inputs, sample_batches, tokenize  # noqa: E402
 from compressor.surgery.arch import num_layers, original_ffn_size, original_num_heads  # noqa: E402
@@ -203,7 +203,7 @@ def targets_from_run(run_dir: Path) -> list[Target]:
         raise SystemExit(f"peers: {run_dir / 'report.json'} not found; run the family recipe first or give --target")
     report = RunReport.read(run_dir / "report.json")
     out = []
-    for index, (m, model_dir) in enumerate(member_models(run_dir)):
+    for index, (m, model_dir) in enumerate(report.member_models(run_dir)):
         if m.pruned.ffn_neurons is None:
             raise SystemExit(f"peers: member {m.label} has no FFN neuron count; the peers prune heads and FFN neurons")
         done = report.steps[: m.step]
@@ -381,8 +381,8 @@ def recovered(setup: Setup, point_dir: Path, steps: int, index: int = 0) -> dict
     seconds = time.perf_counter() - started
     model = run.accelerator.unwrap_model(model).cpu().eval()
     save_pruned(model, point_dir / "recovered", run.tokenizer, metadata={"recovery_steps": steps})
-    result = {"test": evaluate(model, run.splits["test"], run.tokenizer)["accuracy"], "seconds": round(seconds, 1),
-              "settings": settings}  # fmt: skip
+    correct = _correct(setup, model, point_dir / "recovered.test.json")  # `versus_member` reads it back
+    result = {"test": accuracy(correct), "seconds": round(seconds, 1), "settings": settings}
     out.write_text(json.dumps(result))
     return result
 
@@ -392,7 +392,11 @@ def test_correct(setup: Setup, model_dir: Path, cache: Path) -> list[bool]:
     its accuracy, and the pairs McNemar's test compares."""
     if cache.exists() and "correct" in (saved := json.loads(cache.read_text())):
         return saved["correct"]
-    model = load_pruned(model_dir, attn_implementation="eager")
+    return _correct(setup, load_pruned(model_dir, attn_implementation="eager"), cache)
+
+
+def _correct(setup: Setup, model: torch.nn.Module, cache: Path) -> list[bool]:
+    """`model`'s per-example correctness on the test split, written to `cache`."""
     logits, labels = predict(model, setup.run.splits["test"], setup.run.tokenizer, desc="test")
     correct = (logits.argmax(-1) == labels).tolist()
     cache.write_text(json.dumps({"accuracy": accuracy(correct), "correct": correct}))

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from compressor.cli import app
 from compressor.core.errors import UserError
-from compressor.report.schema import SCHEMA_VERSION, MemberSection, RunReport, member_models
+from compressor.report.schema import SCHEMA_VERSION, MemberSection, RunReport
 
 SCORE = {"accuracy": 0.8, "loss": 0.4, "n": 10}
 PRUNED = {
@@ -124,10 +124,12 @@ def test_a_one_target_run_is_a_family_of_one(tmp_path) -> None:
     report["family"]["members"][0]["pruned"] = PRUNED | {"model_dir": "/gone/run/members/2x/model"}
     _write(tmp_path, report)
     (tmp_path / "members" / "2x" / "model").mkdir(parents=True)
-    assert [(m.label, d) for m, d in member_models(tmp_path)] == [("2x", tmp_path / "members" / "2x" / "model")]
+    models = RunReport.read(tmp_path / "report.json").member_models(tmp_path)
+    assert [(m.label, d) for m, d in models] == [("2x", tmp_path / "members" / "2x" / "model")]
     moved.mkdir()
     _write(moved, one_target())
-    assert member_models(moved)[0][1] == Path("model")  # nowhere to be found: as the report names it
+    ((_, found),) = RunReport.read(moved / "report.json").member_models(moved)
+    assert found == Path("model")  # nowhere to be found: as the report names it
 
 
 def test_a_member_section_round_trips(tmp_path) -> None:

@@ -1,5 +1,5 @@
 """The run report as typed models: what `report.json` and a member's `member.json` hold, written and read through
-them (`RunReport.write` / `RunReport.read`, `MemberSection`); `member_models` finds a finished run's members.
+them (`RunReport.write` / `RunReport.read`, `MemberSection`); `RunReport.member_models` finds a finished run's models.
 
 The pipeline assembles the report section by section as it runs; at the end `RunReport.of` checks the whole of it
 against these models (a missing or mistyped key fails the run before anything is written, not a user's script
@@ -200,6 +200,12 @@ class RunReport(Section):
             )
         ]  # fmt: skip
 
+    def member_models(self, run_dir: Path) -> list[tuple[MemberSection, Path]]:
+        """Each member with the directory its pruned model is in now, this report being `run_dir`'s. The report
+        keeps the directory as the run was given it (relative to where it ran, or absolute); one that is not there
+        is looked up inside `run_dir` by its trailing parts, so a run directory moved or copied finds its models."""
+        return [(m, _inside(run_dir, Path(m.pruned.model_dir))) for m in self.members()]
+
     def frontier_rows(self) -> list[FrontierRow]:
         """The run's frontier: a family's, else a one-target run's (empty without a benchmark)."""
         rows = self.family.frontier if self.family is not None else self.frontier
@@ -210,13 +216,6 @@ class RunReport(Section):
         """A finished run's report; a file that is not one (bad JSON, a newer schema, a missing or mistyped key)
         is one line naming the file and what is wrong."""
         return _read(cls, path, "compressor run report")
-
-
-def member_models(run_dir: Path) -> list[tuple[MemberSection, Path]]:
-    """Each member of the finished run in `run_dir` with the directory its pruned model is in now. The report keeps
-    the directory as the run was given it (relative to where it ran, or absolute); one that is not there is looked
-    up inside `run_dir` by its trailing parts, so a run directory that was moved or copied still finds its models."""
-    return [(m, _inside(run_dir, Path(m.pruned.model_dir))) for m in RunReport.read(run_dir / "report.json").members()]
 
 
 def _inside(run_dir: Path, given: Path) -> Path:

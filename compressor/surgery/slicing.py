@@ -268,6 +268,7 @@ def cut_positions(model: nn.Module, cut: Callable[[nn.Module], nn.Module]) -> Po
         start, source, numel = spans[bisect_right(starts, float(flat[0])) - 1]
         local = flat.long() - start
         selected = torch.equal(flat, flat.round()) and int(local.min()) >= 0 and int(local.max()) < numel
+        # a selection repeats no position; a tensor kept whole, the usual case, is told so without sorting it
         whole = selected and local.numel() == numel and torch.equal(local, torch.arange(numel))
         if not (whole or selected and local.unique().numel() == local.numel()):  # a selection repeats nothing
             raise RuntimeError(f"surgery made or mixed weights in {name}: its positions in the model are unknown")
