@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 import compressor
-from compressor.pruning.allocation import masked_loss, select_measured, thin_layers
+from compressor.pruning.allocation import kept_loss, masked_loss, select_measured, thin_layers
 from compressor.pruning.budget import plan_budget
 from compressor.pruning.masking import gated
 from compressor.pruning.units import apply_plan_to_masks, masks_to_plan, pruned_units_copy
@@ -91,6 +91,28 @@ def test_masked_loss_equals_the_physically_pruned_models_loss(task):
     assert masked_loss(model, batches, alive) == pytest.approx(expected, abs=1e-5)
     full = {k: torch.ones_like(v) for k, v in alive.items()}
     assert masked_loss(model, batches, full) != pytest.approx(expected, abs=1e-6)
+
+
+def test_kept_loss_runs_on_the_kept_units_and_equals_the_masked_originals_loss(task):
+    """The allocation's passes run on a pruned copy of the step's units: any narrower mask gives the masked
+    original's loss (a layer gated whole included), and a mask that revives a removed unit is refused."""
+    model, tok, train, _ = task
+    batches = sample_batches(train, tok, 32, 16, seed=0)
+    kept = Masks.full(model, ["heads", "neurons"])
+    kept.heads[0, :2] = False
+    kept.neurons[1, ::3] = False
+    loss = kept_loss(model, batches, kept)
+    narrower = kept.clone()
+    narrower.heads[1, 0] = False
+    narrower.neurons[0, :5] = False
+    whole_layer = kept.clone()
+    whole_layer.heads[1] = False
+    whole_layer.neurons[1] = False
+    for alive in (kept, narrower, whole_layer):
+        assert loss(alive) == pytest.approx(masked_loss(model, batches, alive), abs=1e-5)
+    assert loss(narrower) != pytest.approx(loss(kept), abs=1e-6)
+    with pytest.raises(ValueError, match="already removed"):
+        loss(Masks.full(model, ["heads", "neurons"]))
 
 
 def test_prune_logs_the_measured_slices_and_meets_the_flop_budget(task):

@@ -20,7 +20,8 @@ layer goes whole once it is mostly its fixed cost. When widths cannot reach a st
 any layer, least loss first. `min_heads_per_layer` holds for the layers that are kept.
 
 Cost: 1 + `parts` x kinds forward passes over the scoring batches per step (no backward), plus one per layer with
-`layers`; the step log records each slice's losses.
+`layers`; the step log records each slice's losses. The passes run on a pruned copy holding the step's units
+(`kept_loss`): every proposal only removes more, so a pass costs the width the model has now, not the original's.
 """
 
 from __future__ import annotations
@@ -54,6 +55,21 @@ def masked_loss(model: nn.Module, batches: list[dict], alive: Masks, accelerator
     if accelerator is not None and accelerator.num_processes > 1:
         total, count = accelerator.reduce(total, reduction="sum"), accelerator.reduce(count, reduction="sum")
     return float(total / count.clamp_min(1))
+
+
+def kept_loss(model: nn.Module, batches: list[dict], kept: Masks, accelerator=None) -> LossFn:
+    """The loss function of a step's measured allocation: `masked_loss` over a pruned copy of `model` that holds only
+    the `kept` units (gates are indexed by original ids, so the same masks apply). Why: a step's proposals only remove
+    more units, and a gated model still computes every gated unit; late in a run most of the width is gone, and the
+    masked original would make each pass cost the full model. A mask that revives a unit outside `kept` is refused."""
+    pruned = kept.pruned_copy(model).to(next(model.parameters()).device)
+
+    def loss(alive: Masks) -> float:
+        if any(bool((alive[kind] & ~kept[kind]).any()) for kind in kept):
+            raise ValueError("allocation: a proposal keeps a unit the step had already removed")
+        return masked_loss(pruned, batches, alive, accelerator)
+
+    return loss
 
 
 def _empty(plan: UnitPlan) -> bool:

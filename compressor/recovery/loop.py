@@ -33,7 +33,7 @@ from accelerate.utils import broadcast, broadcast_object_list, set_seed
 from torch import nn
 from tqdm.auto import tqdm
 
-from compressor.pruning.allocation import masked_loss, select_measured
+from compressor.pruning.allocation import kept_loss, select_measured
 from compressor.pruning.budget import TOP_UP_STEPS, Budget, max_steps, plan_budget
 from compressor.pruning.latency.check import measured_speedup
 from compressor.pruning.selection import mask_to_plan
@@ -292,11 +292,12 @@ def _select(
         bar = tqdm(total=passes, desc=f"step {step + 1}: allocation", leave=False,
                    disable=not loop.accelerator.is_local_main_process)  # fmt: skip
 
-        batches = _allocation_batches(loop)
+        acc = loop.accelerator
+        measure = kept_loss(acc.unwrap_model(loop.model), _allocation_batches(loop), masks, acc)
 
         def loss(alive: Masks) -> float:
             bar.update(1)
-            return masked_loss(loop.model, batches, alive, loop.accelerator)
+            return measure(alive)
 
         try:
             return select_measured(loop.budget, index, scores, masks, loss, p.allocation_parts, layers)
