@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import subprocess
@@ -219,6 +220,16 @@ def test_quality_statistics_match_hand_counts(batches):
     assert row["mcnemar"]["candidate_only_correct"] == ones
     assert row["mcnemar"]["reference_only_correct"] == n - ones
     assert row["accuracy_delta"] == pytest.approx((2 * ones - n) / n)
+
+
+def test_bench_phases_say_what_they_measure_in_the_log(batches, caplog):
+    """A family's bench spends minutes predicting and timing: each phase writes a line first (how many
+    candidates, examples, shapes, rounds), so a run's log never sits silent through it."""
+    with caplog.at_level(logging.INFO, logger="compressor"):
+        bench.measure_quality([fake("a"), fake("b")], batches, reference="a")
+        bench.measure_throughput([fake("a")], [1, 2], seq_lens=8, rounds=2, warmup=1, min_time_s=0.0, min_calls=1)
+    assert "bench: predictions of 2 candidates on 48 examples" in caplog.text
+    assert "bench: timing 1 candidates at 2 shapes, 2 rounds" in caplog.text
 
 
 def test_quality_without_labels_reports_agreement_only(batches):

@@ -3,17 +3,21 @@ comparison with the reference (exact McNemar test, interval for the accuracy dif
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 
 import datasets
 import numpy as np
 from scipy import stats
 from torch import nn
+from tqdm.auto import tqdm
 
 from compressor.bench.candidates import Batch, Candidate, check_names
 from compressor.core.errors import UserError
 from compressor.recovery.evaluate import predict
 from compressor.sources.batches import model_inputs
+
+log = logging.getLogger("compressor")
 
 
 def wilson_interval(correct: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
@@ -96,7 +100,12 @@ def measure_quality(
         raise UserError("bench: no evaluation batches (expected at least one tokenised batch)")
     has_labels = all("labels" in b for b in batches)
     labels = _labels(batches) if has_labels else None
-    logits = {c.name: collect_logits(c, _own_batches(c, batches, labels)) for c in candidates}
+    examples = sum(len(next(iter(b.values()))) for b in batches)
+    log.info("bench: predictions of %d candidates on %d examples", len(candidates), examples)  # minutes on a family
+    logits = {
+        c.name: collect_logits(c, _own_batches(c, batches, labels))
+        for c in tqdm(candidates, desc="bench predictions", leave=False)
+    }
     preds = {name: x.argmax(-1) for name, x in logits.items()}
     n = int(len(preds[reference]))
     metric = load_metric("accuracy")

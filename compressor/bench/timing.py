@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Callable, Sequence
 from functools import partial
@@ -13,6 +14,8 @@ import torch
 from compressor.bench.candidates import Batch, Candidate, check_names, lengths_of
 from compressor.core.errors import UserError
 from compressor.core.timing import ORT_DEFAULT_NOTE, ort_default_threads, set_threads, timed_rounds
+
+log = logging.getLogger("compressor")
 
 LAYOUT = "throughput[variant][seq_len][batch_size], speedups[variant][seq_len][batch_size]"
 
@@ -102,6 +105,7 @@ def measure_throughput(
 
     calls = {(c.name, shape): partial(c.predict, inputs[shape]) for shape in shapes for c in candidates}
     groups = [[(c.name, shape) for c in candidates] for shape in shapes]  # every shape's candidates, rotated
+    log.info("bench: timing %d candidates at %d shapes, %d rounds", len(candidates), len(shapes), rounds)
     secs = timed_rounds(calls, rounds, min_time_s, min_calls, warmup, groups, with_memory, desc="bench rounds")
     setup = {
         "batch_sizes": list(batch_sizes),

@@ -1,0 +1,134 @@
+"""What running the measured allocation's loss passes on the kept width saves (`pruning.allocation.kept_loss`).
+
+A step of `allocation: measured` runs about 25 loss passes over the scoring batches (one per slice and unit kind,
+one per layer with `layers`). They used to run on the masked original, so each cost the full model however much was
+gone; `kept_loss` builds one pruned copy of the step's units per step and gates that. For each member of a finished
+run, its units as masks over the run's model (pretrained weights, eager attention as the pruning loop uses: timing
+does not depend on the weights), this script times one pass both ways on the loop's scoring batches
+(`prune.score_examples`, `prune.score_batch_size`, length-grouped), alternated `--repeats` times after a warm-up,
+and the copy's build once per repeat; it checks that both ways give the same loss. Medians are printed per member
+with the per-step estimate (passes x pass, plus the build).
+
+Usage (machine to itself):
+    .venv/bin/python benchmarks/allocation_passes.py --run runs/mpnet_rt_family --else-running "nothing"
+  → prints a line per member and writes benchmarks/results/allocation_passes.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.append(str(Path(__file__).resolve().parent))  # its sibling scripts, after the packages
+
+from kept_training import masks_of  # noqa: E402
+
+from compressor.core.machine import cpu_summary  # noqa: E402
+from compressor.pruning.allocation import kept_loss, masked_loss  # noqa: E402
+from compressor.pruning.units import Masks  # noqa: E402
+from compressor.recipe import parse_recipe  # noqa: E402
+from compressor.report.schema import RunReport  # noqa: E402
+from compressor.sources import load_model, load_task_data, load_tokenizer  # noqa: E402
+from compressor.sources.batches import sample_batches, tokenize  # noqa: E402
+from compressor.surgery.arch import num_layers  # noqa: E402
+
+RESULTS = ROOT / "benchmarks" / "results" / "allocation_passes.json"
+
+
+def passes_per_step(units: list[str], layers: int, parts: int) -> int:
+    """The loss passes of one measured-allocation step, as `recovery.loop._select` counts them."""
+    kinds = len([u for u in units if u != "layers"])
+    with_layers = "layers" in units
+    return 1 + parts * (kinds + with_layers) + (layers if with_layers else 0)
+
+
+def measure(model: torch.nn.Module, batches: list[dict], masks: Masks, repeats: int) -> dict:
+    """Median seconds of one loss pass on the masked original and on the kept copy, and of building the copy."""
+    seconds: dict[str, list[float]] = {"masked original": [], "kept copy": [], "build copy": []}
+    losses = {}
+    for round_ in range(repeats + 1):
+        started = time.perf_counter()
+        losses["masked"] = masked_loss(model, batches, masks)
+        built = time.perf_counter()
+        loss = kept_loss(model, batches, masks)
+        passed = time.perf_counter()
+        losses["kept"] = loss(masks)
+        done = time.perf_counter()
+        if round_:  # the first round warms up
+            seconds["masked original"].append(built - started)
+            seconds["build copy"].append(passed - built)
+            seconds["kept copy"].append(done - passed)
+    if abs(losses["masked"] - losses["kept"]) > 1e-4:
+        raise RuntimeError(f"the kept copy's loss {losses['kept']} differs from the masked one {losses['masked']}")
+    medians = {way: statistics.median(values) for way, values in seconds.items()}
+    return {
+        "seconds": {way: round(value, 3) for way, value in medians.items()},
+        "rounds": {way: [round(v, 3) for v in values] for way, values in seconds.items()},
+        "pass_speedup": round(medians["masked original"] / medians["kept copy"], 2),
+        "heads_left": int(masks.heads.sum()),
+        "neurons_left": None if masks.neurons is None else int(masks.neurons.sum()),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--run", type=Path, required=True, help="a finished run directory")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--else-running", required=True, help="what else ran on the machine")
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args(argv)
+    recipe = parse_recipe(yaml.safe_load((args.run / "recipe.resolved.yaml").read_text()))
+    p = recipe.prune
+    task = load_task_data(recipe.data)
+    tokenizer = load_tokenizer(recipe.model)
+    model = load_model(recipe.model, task.label_names, attention="eager").eval()
+    train_ds = tokenize(task.train, tokenizer, task.text_fields, recipe.data.max_length)
+    batches = sample_batches(train_ds, tokenizer, p.scoring_examples, p.score_batch_size, recipe.seed, by_length=True)
+    if p.allocation_examples is not None:  # the loop's passes read only the first batches (`_allocation_batches`)
+        batches = batches[: max(1, -(-p.allocation_examples // p.score_batch_size))]
+    passes = passes_per_step(list(p.units), num_layers(model), p.allocation_parts)
+    rows = {}
+    for member, model_dir in RunReport.read(args.run / "report.json").member_models(args.run):
+        row = rows[member.label] = measure(model, batches, masks_of(model, model_dir, list(p.units)), args.repeats)
+        s = row["seconds"]
+        row["step_estimate_s"] = {
+            "masked original": round(passes * s["masked original"], 1),
+            "kept copy": round(passes * s["kept copy"] + s["build copy"], 1),
+        }
+        print(f"{member.label:>7}: heads {row['heads_left']}, neurons {row['neurons_left']}: one pass masked "
+              f"{s['masked original']} s, kept copy {s['kept copy']} s ({row['pass_speedup']}x; build "
+              f"{s['build copy']} s); a step's {passes} passes: {row['step_estimate_s']['masked original']} s vs "
+              f"{row['step_estimate_s']['kept copy']} s", flush=True)  # fmt: skip
+    out = {
+        "what": "one measured-allocation loss pass per member's units: masked original vs kept copy (kept_loss)",
+        "run": args.run.name,
+        "commit": subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
+        ).stdout.strip(),
+        "model": recipe.model.source,
+        "pass_examples": sum(len(b["labels"]) for b in batches),
+        "batch_size": p.score_batch_size,
+        "passes_per_step": passes,
+        "cpu": cpu_summary(),
+        "threads": torch.get_num_threads(),
+        "else_running": args.else_running,
+        "members": rows,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(out, indent=2) + "\n")
+    print(f"wrote {args.out.relative_to(ROOT) if args.out.is_relative_to(ROOT) else args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
