@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import subprocess
 import sys
 import time
@@ -31,7 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.append(str(Path(__file__).resolve().parent))  # its sibling scripts, after the packages
 
-from kept_training import masks_of  # noqa: E402
+from kept_training import masks_of, timing_row  # noqa: E402
 
 from compressor.core.machine import cpu_summary  # noqa: E402
 from compressor.pruning.allocation import kept_loss, masked_loss  # noqa: E402
@@ -70,14 +69,7 @@ def measure(model: torch.nn.Module, batches: list[dict], masks: Masks, repeats: 
             seconds["kept copy"].append(done - passed)
     if abs(losses["masked"] - losses["kept"]) > 1e-4:
         raise RuntimeError(f"the kept copy's loss {losses['kept']} differs from the masked one {losses['masked']}")
-    medians = {way: statistics.median(values) for way, values in seconds.items()}
-    return {
-        "seconds": {way: round(value, 3) for way, value in medians.items()},
-        "rounds": {way: [round(v, 3) for v in values] for way, values in seconds.items()},
-        "pass_speedup": round(medians["masked original"] / medians["kept copy"], 2),
-        "heads_left": int(masks.heads.sum()),
-        "neurons_left": None if masks.neurons is None else int(masks.neurons.sum()),
-    }
+    return timing_row(seconds, masks, "pass_speedup", ("masked original", "kept copy"), digits=3)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -50,7 +50,12 @@ RESULTS = ROOT / "benchmarks" / "results" / "kept_training.json"
 def masks_of(model: torch.nn.Module, model_dir: Path, units: list[str]) -> Masks:
     """The member's units as masks over the unpruned `model` (its removed layers: every head and neuron)."""
     plan = read_unit_plan(model_dir)
-    return Masks.full(model, units).without({kind: plan[kind] for kind in units if plan[kind]})
+    masks = Masks.full(model, units).without({k: plan[k] for k in ("heads", "neurons") if k in units and plan[k]})
+    for layer in plan["layers"]:  # a removed layer: none of its units is left
+        masks.heads[layer] = False
+        if masks.neurons is not None:
+            masks.neurons[layer] = False
+    return masks
 
 
 def timed(fn) -> float:
@@ -72,11 +77,19 @@ def measure(recipe: Recipe, model, tokenizer, train_ds, masks: Masks, repeats: i
             took = timed(lambda fn=fn: fn(copy.deepcopy(model)))
             if round_:  # the first round warms up
                 seconds[way].append(took)
-    medians = {way: statistics.median(s) for way, s in seconds.items()}
+    return timing_row(seconds, masks, "speedup", ("masked", "pruned copy"), digits=2)
+
+
+def timing_row(
+    seconds: dict[str, list[float]], masks: Masks, ratio_key: str, ratio: tuple[str, str], digits: int
+) -> dict:
+    """Medians of alternated timings per way, every round, the ratio of `ratio`'s two ways' medians (slower
+    first), and the units the masks keep."""
+    medians = {way: statistics.median(values) for way, values in seconds.items()}
     return {
-        "seconds": {way: round(s, 2) for way, s in medians.items()},
-        "rounds": {way: [round(s, 2) for s in values] for way, values in seconds.items()},
-        "speedup": round(medians["masked"] / medians["pruned copy"], 2),
+        "seconds": {way: round(value, digits) for way, value in medians.items()},
+        "rounds": {way: [round(v, digits) for v in values] for way, values in seconds.items()},
+        ratio_key: round(medians[ratio[0]] / medians[ratio[1]], 2),
         "heads_left": int(masks.heads.sum()),
         "neurons_left": None if masks.neurons is None else int(masks.neurons.sum()),
     }
