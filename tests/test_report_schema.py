@@ -187,3 +187,18 @@ def test_the_family_benchmark_reads_a_one_target_run_as_one_member() -> None:
     assert (row["label"], row["target"], row["test_accuracy"]) == ("pruned", 0.25, 0.8)
     assert row["layer_drop_accuracy"] is None
     assert script.reference_rows(report) == [versus]
+
+
+def test_family_final_finetune_sentence_names_baselines_only_where_the_members_have_them():
+    """A family run with `prune.baseline: null` does not say its (absent) layer-drop baselines had the same last
+    fine-tune; one with baselines does. The one-target report says it through the same sentence."""
+    from compressor.report.family import _finetune_lines
+
+    ft = {"val_before": {"accuracy": 0.8}, "val_after": {"accuracy": 0.85}, "seconds": 12.0}
+    members = [MemberSection(target=t, label=f"{t:g}x", step=i, member_finetune=ft, pruned=PRUNED)
+               for i, t in enumerate((2.0, 4.0), start=1)]  # fmt: skip
+    alone = " ".join(_finetune_lines(members))
+    assert "2x 80.00 → 85.00% (12 s); 4x 80.00 → 85.00% (12 s)" in alone
+    assert "baseline had the same" not in alone
+    with_baseline = [m.model_copy(update={"baseline": {"layers_dropped": 6}}) for m in members]
+    assert " ".join(_finetune_lines(with_baseline)).endswith("; the layer-drop baseline had the same.")

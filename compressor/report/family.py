@@ -10,7 +10,7 @@ from compressor.bench.frontier import not_a_member
 from compressor.bench.render import cpu_line, int8_mark
 from compressor.report.references import references_section
 from compressor.report.schema import MemberSection, RunReport
-from compressor.report.summary import _pct, _steps_table, _x, final_finetune_text, recovery_lines, time_lines
+from compressor.report.summary import _pct, _steps_table, _x, final_finetune_lines, recovery_lines, time_lines
 
 FRONTIER_PNG = "frontier.png"
 
@@ -80,13 +80,10 @@ def _members_table(members: list[MemberSection]) -> list[str]:
 
 
 def _finetune_lines(members: list[MemberSection]) -> list[str]:
-    """What each member's final fine-tune (`prune.member_finetune`) did to its validation accuracy; none without."""
+    """What each member's final fine-tune (`prune.member_finetune`) did to its validation accuracy; none without.
+    The baselines are said to have had the same only where the members have layer-drop baselines."""
     done = [m for m in members if m.member_finetune is not None]
-    if not done:
-        return []
-    parts = [f"{m.label} {final_finetune_text(m.member_finetune)}" for m in done]
-    return ["", "Final fine-tune of each member (`prune.member_finetune`), validation accuracy: " + "; ".join(parts)
-            + ". Its layer-drop baseline had the same."]  # fmt: skip
+    return final_finetune_lines([(m.label, m.member_finetune) for m in done], any(m.baseline for m in done))
 
 
 def render_family(report: RunReport) -> str:

@@ -357,9 +357,7 @@ def render(report: RunReport) -> str:
     if report.recovery:
         lines += ["", *recovery_lines(report.recovery)]
     if report.member_finetune is not None:
-        baseline = "; the layer-drop baseline had the same" if report.baseline else ""
-        lines += ["", f"Final fine-tune (`prune.member_finetune`), validation accuracy: "
-                  f"{final_finetune_text(report.member_finetune)}{baseline}."]  # fmt: skip
+        lines += final_finetune_lines([(None, report.member_finetune)], baseline=bool(report.baseline))
     if report.export is not None:
         lines += ["", "## ONNX export", "", *_export_table(report.export)]
     if report.bench is not None:
@@ -379,6 +377,18 @@ def render(report: RunReport) -> str:
         lines += ["", "## Head roles of kept vs removed heads", "", *_roles_table(report.analysis)]
         lines += ["", "Details and figures: [analysis/analysis.md](analysis/analysis.md)."]
     return "\n".join(lines + ["", *time_lines(report)])
+
+
+def final_finetune_lines(done: list[tuple[str | None, dict]], baseline: bool) -> list[str]:
+    """The report's sentence on the final fine-tune (`prune.member_finetune`) of each (label, fine-tune) in `done`
+    (label None: a one-target run's one model), and that the layer-drop baseline had the same where the run has one
+    (`baseline`); none when nothing was fine-tuned. One-target and family reports both say it through here."""
+    if not done:
+        return []
+    parts = [final_finetune_text(ft) if label is None else f"{label} {final_finetune_text(ft)}" for label, ft in done]
+    heading = "Final fine-tune" if len(done) == 1 and done[0][0] is None else "Final fine-tune of each member"
+    same = "; the layer-drop baseline had the same" if baseline else ""
+    return ["", f"{heading} (`prune.member_finetune`), validation accuracy: {'; '.join(parts)}{same}."]
 
 
 def final_finetune_text(ft: dict) -> str:
