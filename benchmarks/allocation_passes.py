@@ -17,7 +17,6 @@ Usage (machine to itself):
 from __future__ import annotations
 
 import argparse
-import json
 import subprocess
 import sys
 import time
@@ -30,6 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.append(str(Path(__file__).resolve().parent))  # its sibling scripts, after the packages
 
+from family import write_result  # noqa: E402
 from kept_training import masks_of, timing_row  # noqa: E402
 
 from compressor.core.machine import cpu_summary  # noqa: E402
@@ -116,9 +116,7 @@ def main(argv: list[str] | None = None) -> int:
         "else_running": args.else_running,
         "members": rows,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(out, indent=2) + "\n")
-    print(f"wrote {args.out.relative_to(ROOT) if args.out.is_relative_to(ROOT) else args.out}")
+    write_result(out, args.out)
     return 0
 
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import statistics
 import subprocess
 import sys
@@ -34,6 +33,9 @@ from accelerate import Accelerator
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.append(str(Path(__file__).resolve().parent))  # its sibling scripts, after the packages
+
+from family import write_result  # noqa: E402
 
 from compressor.core.machine import cpu_summary  # noqa: E402
 from compressor.pruning.units import Masks  # noqa: E402
@@ -132,9 +134,7 @@ def main(argv: list[str] | None = None) -> int:
         "else_running": args.else_running,
         "members": rows,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(out, indent=2) + "\n")
-    print(f"wrote {args.out.relative_to(ROOT) if args.out.is_relative_to(ROOT) else args.out}")
+    write_result(out, args.out)
     return 0
 
 
