@@ -48,3 +48,51 @@ def test_bf16_run_matches_fp32(tmp_path, tiny_model_dir, tiny_csv):
     weights = load_file(Path(bf16["pruned"]["model_dir"]) / "model.safetensors")
     assert {t.dtype for t in weights.values()} == {torch.float32}
     assert (tmp_path / "bf16" / "onnx" / "fp32" / "model.onnx").exists()
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_auto_takes_bf16_only_where_the_cpu_multiplies_it_natively(native, monkeypatch, caplog):
+    """`mixed_precision: auto` on a CPU: bf16 with AMX-BF16 / AVX512-BF16 flags, fp32 without (emulated bf16 is slower
+    than fp32); the choice and its reason are logged."""
+    from compressor.pipeline import runner
+
+    monkeypatch.setattr(runner.torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(runner, "cpu_has_bf16", lambda: native)
+    assert runner.native_precision()[0] == ("bf16" if native else "no")
+    from accelerate.state import AcceleratorState
+
+    AcceleratorState._reset_state(reset_partial_state=True)  # the precision is one per process: set it anew here
+    try:
+        with caplog.at_level("INFO", logger="compressor"):
+            accelerator = runner.make_accelerator("auto")
+        assert accelerator.mixed_precision == ("bf16" if native else "no")
+    finally:
+        AcceleratorState._reset_state(reset_partial_state=True)  # and leave the next test a fresh one
+    assert f"mixed_precision auto -> {'bf16' if native else 'fp32'}" in caplog.text
+
+
+def test_cpu_bf16_flags_are_read_from_cpuinfo(tmp_path):
+    from compressor.core.machine import cpu_has_bf16
+
+    for flags, expected in (("sse2 avx2 avx512f amx_bf16", True), ("sse2 avx2 avx512_bf16", True),
+                            ("sse2 avx2 avx512f avx512_vnni", False)):  # fmt: skip
+        info = tmp_path / "cpuinfo"
+        info.write_text(f"model name\t: Some CPU\nflags\t\t: {flags}\n")
+        assert cpu_has_bf16(info) is expected
+    (tmp_path / "arm").write_text("Features\t: fp asimd\n")
+    assert cpu_has_bf16(tmp_path / "arm") is None
+
+
+def test_a_bf16_fine_tune_is_cached_apart_from_the_fp32_one():
+    """The fine-tune cache keys the precision it was trained at (a bf16 model is another model); fp32 keys are the
+    ones made before precisions were keyed."""
+    from compressor.pipeline.finetune import finetune_key
+    from compressor.recipe import parse_recipe
+
+    recipe = parse_recipe({"model": {"source": "builtin:minilm-l6"}, "data": {"source": "builtin:rotten_tomatoes"}})
+    fp32 = finetune_key(recipe, recipe.model, ["neg", "pos"])
+    assert finetune_key(recipe, recipe.model, ["neg", "pos"], precision="no") == fp32
+    assert finetune_key(recipe, recipe.model, ["neg", "pos"], precision="bf16") != fp32
+    auto = parse_recipe({"model": {"source": "builtin:minilm-l6"}, "data": {"source": "builtin:rotten_tomatoes"},
+                         "accelerate": {"mixed_precision": "auto"}})  # fmt: skip
+    assert auto.accelerate.mixed_precision == "auto"

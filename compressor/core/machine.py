@@ -12,6 +12,11 @@ CPUINFO = Path("/proc/cpuinfo")
 VNNI_FLAGS = ("avx512_vnni", "avx_vnni", "amx_int8")
 
 
+# Flags of the x86 extensions that multiply bf16 natively (AMX tiles, AVX512-BF16 dot products): where autocast in
+# bf16 is faster than fp32; without them bf16 is converted in software and is slower.
+BF16_FLAGS = ("amx_bf16", "avx512_bf16")
+
+
 def cpu_model() -> str:
     """The CPU model name (/proc/cpuinfo on Linux), else what `platform` knows."""
     try:
@@ -52,6 +57,12 @@ def cpu_has_vnni(cpuinfo: Path = CPUINFO) -> bool | None:
     None when it cannot tell: no readable `/proc/cpuinfo` (not Linux) or no x86 `flags` line in it (ARM, ...).
     """
     return _vnni(cpu_flags(cpuinfo))
+
+
+def cpu_has_bf16(cpuinfo: Path = CPUINFO) -> bool | None:
+    """Whether this CPU multiplies bf16 natively (AMX-BF16 or AVX512-BF16); None when its flags are unknown."""
+    flags = cpu_flags(cpuinfo)
+    return None if flags is None else any(flag in flags for flag in BF16_FLAGS)
 
 
 def _vnni(flags: set[str] | None) -> bool | None:

@@ -34,9 +34,12 @@ if TYPE_CHECKING:
 log = logging.getLogger("compressor")
 
 
-def finetune_key(recipe: Recipe, spec: ModelSpec, labels: list[str], settings: TrainSpec | None = None) -> str:
+def finetune_key(
+    recipe: Recipe, spec: ModelSpec, labels: list[str], settings: TrainSpec | None = None, precision: str = "no"
+) -> str:
     """The cache key of `spec`'s fine-tune under `recipe` for the label set `labels`, with `settings` (default: the
-    recipe's `base_finetune`)."""
+    recipe's `base_finetune`), trained at `precision` (the Accelerator's mixed precision as run: a bf16 fine-tune is
+    another model than the fp32 one; fp32 keys stay as they were before precisions were keyed)."""
     payload = {
         "model": source_fingerprint(spec.source, {k: "+".join(b.packages) for k, b in BUILTINS.items()}),
         "revision": spec.revision,
@@ -47,6 +50,8 @@ def finetune_key(recipe: Recipe, spec: ModelSpec, labels: list[str], settings: T
         "labels": labels,
         "format": 2,
     }
+    if precision != "no":
+        payload["precision"] = precision
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -64,7 +69,8 @@ def cached_finetune(
     Every process trains; the main one writes the cache. `what` names it in the log."""
     r = run.recipe
     ft = settings or r.base_finetune
-    cached = cache_root() / "finetuned" / finetune_key(r, spec, run.data.label_names, ft)
+    precision = str(run.accelerator.mixed_precision)
+    cached = cache_root() / "finetuned" / finetune_key(r, spec, run.data.label_names, ft, precision)
     if (cached / "model.safetensors").exists():
         log.info("%s: cached at %s", what, cached)
         return load_pruned(cached, attn_implementation="eager"), {"cached": str(cached)}

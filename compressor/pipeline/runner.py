@@ -25,6 +25,7 @@ from accelerate.utils import InitProcessGroupKwargs
 from compressor.core import outdir
 from compressor.core.candidates import SINGLE
 from compressor.core.errors import UserError
+from compressor.core.machine import cpu_has_bf16
 from compressor.pipeline.finetune import cached_finetune
 from compressor.pipeline.references import check_references, prepare_references
 from compressor.pipeline.stages import RunState
@@ -51,12 +52,29 @@ log = logging.getLogger("compressor")
 DONE_FILE = outdir.DONE_FILE  # written last and atomically: its presence means the run finished
 
 
+def native_precision() -> tuple[str, str]:
+    """What `mixed_precision: auto` resolves to here, and why: bf16 on a CUDA GPU that supports it or on a CPU that
+    multiplies bf16 natively (AMX-BF16, AVX512-BF16), else "no" (fp32): emulated bf16 is slower than fp32."""
+    if torch.cuda.is_available():
+        if torch.cuda.is_bf16_supported():
+            return "bf16", "this GPU supports bf16"
+        return "no", "this GPU has no bf16"
+    if cpu_has_bf16():
+        return "bf16", "this CPU multiplies bf16 natively (AMX-BF16 or AVX512-BF16)"
+    return "no", "this CPU has neither AMX-BF16 nor AVX512-BF16 (bf16 would be emulated, slower than fp32)"
+
+
 def make_accelerator(mixed_precision: str = "no") -> Accelerator:
     """The run's Accelerator. Under several processes the others wait at a barrier while the main process exports,
     benchmarks and analyses alone; gloo's default 30-minute timeout would kill a long run there, so allow 12 h.
 
     `mixed_precision` is the recipe's `accelerate.mixed_precision`; "no" leaves Accelerate's own choice (fp32, or
-    what `accelerate launch --mixed_precision` set). A precision this machine cannot run is one line (exit 2)."""
+    what `accelerate launch --mixed_precision` set); "auto" takes `native_precision()`, logged. A precision this
+    machine cannot run is one line (exit 2)."""
+    if mixed_precision == "auto":
+        mixed_precision, why = native_precision()
+        log.info("accelerate: mixed_precision auto -> %s (%s)", "fp32" if mixed_precision == "no" else mixed_precision,
+                 why)  # fmt: skip
     handlers = [InitProcessGroupKwargs(timeout=timedelta(hours=12))]
     try:
         return Accelerator(
@@ -341,6 +359,7 @@ def _report_head(run: RunState, base_info: dict, original: dict) -> dict:
         "data_source": recipe.data.source,
         "labels": run.data.label_names,
         "base_finetune": base_info,
+        "mixed_precision": str(run.accelerator.mixed_precision),  # what the fine-tunes ran in ("no": fp32)
         "original": original,
         "steps": run.result.steps,
         "recovery": recovery_summary(recipe.prune, run.result.steps),

@@ -47,6 +47,10 @@ SPEEDUP_SLACK = 0.02
 # each landing short by more than the slack costs a whole top-up step. Aiming past by the slack turns small shortfalls
 # into met targets; a larger error still takes a top-up (measured landings: docs/lab/history.md, SPEEDUP_AIM).
 SPEEDUP_AIM = SPEEDUP_SLACK
+# A family member's step measured this far past its target gives units of its own step back before its recovery
+# (`Budget.give_back`): a step that drops whole layers lands in coarse jumps, and a member past its target has lost
+# accuracy it did not need to (measured landings: docs/lab/history.md, "give back").
+OVERSHOOT = 0.05
 FLOOR_SHARE = 0.1  # a unit saves at least this share of its FLOP-proportional milliseconds (flat grid cells)
 
 
@@ -197,6 +201,25 @@ class Budget:
         if self.kind != "speedup" or not spec.calibrate or self.members.get(index) is None:
             return False
         return not self._meets(self.reached(alive), self.goal(index))
+
+    def overshoots(self, index: int, measured: float) -> bool:
+        """Whether a self-measuring speed-up budget's step at goal `index`, a family member's target, measured more
+        than `OVERSHOOT` past it: what a step gives back before its recovery (`give_back`)."""
+        spec = self.spec.resolved_budget
+        if self.kind != "speedup" or not spec.calibrate or self.members.get(index) is None:
+            return False
+        return measured > self.goal(index) * (1 + OVERSHOOT)
+
+    def give_back(self, index: int, scores: dict[str, torch.Tensor], before: Masks, alive: Masks) -> UnitPlan:
+        """Units the step removed (alive in `before`, not in `alive`) to put back, most important per millisecond
+        added first, while the table, corrected by the step's latest measurement, still predicts `aim(index)`
+        (`restore_by_latency`). Empty under other budgets and with equal FFN widths (`uniform_ffn`)."""
+        if self.kind != "speedup" or self.table is None or self.spec.uniform_ffn:
+            return {kind: {} for kind in alive}
+        removed = {kind: before[kind] & ~alive[kind] for kind in alive}
+        goal = self.aim(index) / self.calibration  # the table's own scale
+        return restore_by_latency({k: v for k, v in scores.items() if k in alive}, alive, removed, self.table, goal,
+                                  self.costs)  # fmt: skip
 
     def describe(self, target: float) -> str:
         """A target in words: '2.0x', or '50%' of heads / FLOPs."""
@@ -409,4 +432,67 @@ def select_by_latency(
         for layer, unit in best.members:
             alive[best.kind][layer, unit] = False
             plan[best.kind].setdefault(layer, []).append(unit)
+    return {kind: {k: sorted(v) for k, v in sorted(layers.items())} for kind, layers in plan.items()}
+
+
+def _highest(scores: torch.Tensor, among: torch.Tensor, count: int) -> list[int]:
+    """Original ids of the `count` highest-scored units of one layer's `among` mask (ties by id)."""
+    ids = among.nonzero().flatten()
+    order = torch.argsort(-scores[ids].float(), stable=True)[:count]
+    return sorted(int(i) for i in ids[order])
+
+
+def _restore_moves(scores: dict, alive: dict, removed: dict, table: LatencyTable, costs: UnitCosts) -> list[_Move]:
+    """Each unit of `removed` that may come back, in a layer that still has units (a layer the step dropped whole
+    stays dropped: one unit back would not meet `min_heads_per_layer`): every head, and the layer's best-scored block
+    of neurons, each with its importance per millisecond added."""
+    widths, moves = widths_of(alive, table.dims), []
+    for layer in range(table.dims.layers):
+        if not any(bool(mask[layer].any()) for mask in alive.values()):
+            continue
+        h, n = widths.heads[layer], widths.neurons[layer]
+        if "heads" in removed and bool(removed["heads"][layer].any()):
+            ms = max(table.layer_ms(h + 1, n) - table.layer_ms(h, n), _floor_ms(table, costs, "heads", 1))
+            for head in removed["heads"][layer].nonzero().flatten().tolist():
+                moves.append(_Move(float(scores["heads"][layer, head]) / ms, "heads", ((layer, head),)))
+        if "neurons" in removed and bool(removed["neurons"][layer].any()):
+            ids = _highest(scores["neurons"][layer], removed["neurons"][layer], NEURON_BLOCK)
+            added = table.layer_ms(h, n + len(ids)) - table.layer_ms(h, n)
+            ms = max(added, _floor_ms(table, costs, "neurons", len(ids)))
+            importance = float(scores["neurons"][layer, ids].sum())
+            moves.append(_Move(importance / ms, "neurons", tuple((layer, i) for i in ids)))
+    return moves
+
+
+def restore_by_latency(
+    scores: dict[str, torch.Tensor],
+    alive: Masks,
+    removed: dict[str, torch.Tensor],
+    table: LatencyTable,
+    goal: float,
+    costs: UnitCosts,
+) -> UnitPlan:
+    """The mirror of `select_by_latency` for a step that went past its goal: units of `removed` to put back into
+    `alive`, the highest importance per predicted millisecond added first, one head or block at a time, as long as
+    `table` still predicts a speed-up of at least `goal`. Returns the unit plan of the units to restore (possibly
+    empty: nothing fits, or the table already predicts less than `goal`)."""
+    alive = {kind: mask.clone() for kind, mask in alive.items()}
+    removed = {kind: mask.clone() for kind, mask in removed.items()}
+    plan: UnitPlan = {kind: {} for kind in alive}
+    full = table.dims.full()
+    while True:
+        moves = _restore_moves(scores, alive, removed, table, costs)
+        moves.sort(key=lambda m: (-m.ratio, m.kind, m.members))
+        for move in moves:
+            trial = {kind: mask.clone() for kind, mask in alive.items()}
+            for layer, unit in move.members:
+                trial[move.kind][layer, unit] = True
+            if table.speedup(full, widths_of(trial, table.dims)) >= goal:
+                break
+        else:
+            break
+        alive = trial
+        for layer, unit in move.members:
+            removed[move.kind][layer, unit] = False
+            plan[move.kind].setdefault(layer, []).append(unit)
     return {kind: {k: sorted(v) for k, v in sorted(layers.items())} for kind, layers in plan.items()}

@@ -86,10 +86,17 @@ class Masks(Mapping[str, torch.Tensor]):
 
     def without(self, plan: UnitPlan) -> Masks:
         """These masks with every unit of `plan` switched off (new tensors)."""
+        return self._switched(plan, False)
+
+    def with_units(self, plan: UnitPlan) -> Masks:
+        """These masks with every unit of `plan` switched back on (new tensors): what a step gives back."""
+        return self._switched(plan, True)
+
+    def _switched(self, plan: UnitPlan, alive: bool) -> Masks:
         out = self.clone()
         for kind, layers in plan.items():
             for layer, ids in layers.items():
-                out[kind][layer, ids] = False
+                out[kind][layer, ids] = alive
         return out
 
     def removed_since(self, earlier: Mapping[str, torch.Tensor]) -> UnitPlan:

@@ -290,13 +290,16 @@ class AccelerateSpec(Strict):
     """Accelerate's settings for the run's fine-tunes (the base fine-tune and every recovery fine-tune).
 
     `mixed_precision` runs their forward passes under autocast: `bf16` on CPUs and GPUs that support it, `fp16` on
-    CUDA GPUs (with loss scaling). Scoring, evaluation, surgery, export and benchmarks stay fp32, and the saved
-    weights are fp32. `accelerate launch --mixed_precision bf16` sets the same thing for a launched run (the recipe
-    wins where it says other than `no`).
+    CUDA GPUs (with loss scaling); `auto` picks bf16 where the hardware multiplies it natively and fp32 elsewhere (on
+    a CPU without AMX-BF16 or AVX512-BF16, bf16 is emulated and slower than fp32). Scoring, evaluation, surgery,
+    export and benchmarks stay fp32, and the saved weights are fp32. `accelerate launch --mixed_precision bf16` sets
+    the same thing for a launched run (the recipe wins where it says other than `no`).
     """
 
-    mixed_precision: Literal["no", "bf16", "fp16"] = Field(
-        "no", description="fine-tune forward passes in bf16 or fp16 (autocast); no = fp32"
+    mixed_precision: Literal["no", "auto", "bf16", "fp16"] = Field(
+        "no",
+        description="fine-tune forward passes in bf16 or fp16 (autocast); auto = bf16 where the hardware runs "
+        "it natively (a CUDA GPU with bf16, a CPU with AMX-BF16 or AVX512-BF16), else fp32; no = fp32",
     )
 
 

@@ -315,21 +315,37 @@ def _allocation_batches(loop: _Loop) -> list[dict]:
     return loop.score_batches[: max(1, -(-wanted // loop.config.score_batch_size))]
 
 
-def _settle(loop: _Loop, index: int, scores: dict, masks: Masks, step: int) -> tuple[Masks, dict, list[dict]]:
-    """Under a speed-up budget that measures itself: time the masked model, and while a member's target is
-    measured short, select more units from this step's scores (its table corrected by the measurement) before any
-    recovery runs. A shortfall costs a selection and a timing here, where a top-up step would score, repair and
-    fine-tune again. Returns the masks, the last measurement and the allocation slices of the extra selections."""
-    measured, slices = _calibrate(loop, masks), []
-    for _ in range(TOP_UP_STEPS):
-        if not measured or not loop.budget.short_of(index, masks):
+def _settle(
+    loop: _Loop, index: int, scores: dict, before: Masks, masks: Masks, step: int
+) -> tuple[Masks, dict, list[dict]]:
+    """Under a speed-up budget that measures itself: time the masked model, and before any recovery runs, while a
+    member's target is measured short, select more units from this step's scores (its table corrected by the
+    measurement); once, when it is measured more than `OVERSHOOT` past, give back the units of this step (from
+    `before`) that matter most per millisecond, down to the target (`Budget.give_back`). A shortfall costs a
+    selection and a timing here, where a top-up step would score, repair and fine-tune again; an overshoot costs
+    accuracy the member did not need to lose. Returns the masks, the last measurement and the allocation slices."""
+    measured, slices, gave_back, selections = _calibrate(loop, masks), [], False, 0
+    while measured:
+        speed, goal = measured["measured_speedup"], loop.budget.goal(index)
+        short = loop.budget.short_of(index, masks)
+        if short and selections < TOP_UP_STEPS:
+            selections += 1
+            log.info("budget: step %d measured %.2fx, short of %.2fx; selecting more from its scores", step + 1,
+                     speed, goal)  # fmt: skip
+            more, extra = _select(loop, index, scores, masks, step)
+            masks_after = masks.without(more)
+        elif not short and not gave_back and loop.budget.overshoots(index, speed):
+            gave_back, more = True, loop.budget.give_back(index, scores, before, masks)
+            count = sum(len(ids) for layers in more.values() for ids in layers.values())
+            log.info("budget: step %d measured %.2fx, past %.2fx; giving back %d of its units", step + 1, speed, goal,
+                     count)  # fmt: skip
+            extra = [{"kind": "given back", "units": count, "measured_before": round(speed, 4)}]
+            masks_after = masks.with_units(more)
+        else:
             break
-        log.info("budget: step %d measured %.2fx, short of %.2fx; selecting more from its scores", step + 1,
-                 measured["measured_speedup"], loop.budget.goal(index))  # fmt: skip
-        more, extra = _select(loop, index, scores, masks, step)
         if not any(layers for layers in more.values()):
             break
-        masks, slices = masks.without(more), slices + extra
+        masks, slices = masks_after, slices + extra
         measured = _calibrate(loop, masks)
     return masks, measured, slices
 
@@ -355,7 +371,7 @@ def _step(loop: _Loop, masks: Masks, step: int, index: int) -> StepRecord:
     plan, slices = _select(loop, index, scores, masks, step)
     before, masks, measured = masks, masks.without(plan), {}
     if p.resolved_budget.kind == "speedup":
-        masks, measured, extra = _settle(loop, index, scores, masks, step)
+        masks, measured, extra = _settle(loop, index, scores, before, masks, step)
         plan, slices = masks.removed_since(before), slices + extra
     entry = {
         "step": step + 1,
