@@ -73,6 +73,17 @@ def reference_rows(report: RunReport) -> list[dict]:
     return rows
 
 
+def step_rows(report: RunReport) -> list[dict]:
+    """Per pruning step: its measured speed-up, the members it closed, what it gave back (a landing past a member's
+    target) and its seconds."""
+    rows = []
+    for step in report.steps or []:
+        given = [a for a in step.get("allocation", []) if a.get("kind") == "given back"]
+        row = {k: step.get(k) for k in ("step", "measured_speedup", "members", "seconds")}
+        rows.append(row | {"given_back": given})
+    return rows
+
+
 def commit() -> str | None:
     done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
     return done.stdout.strip() or None
@@ -100,7 +111,12 @@ def show(figures: dict) -> str:
         lines.append(
             f"wall time {wall / 60:.1f} min (goal ≤ {GOALS['wall_min']:.0f} min: {met}), peak RSS {rss:.0f} MB"
         )
-    lines.append(f"original test accuracy {100 * figures['original_accuracy']:.2f}")
+    lines.append(f"fine-tunes in {figures['mixed_precision']}; original test accuracy "
+                 f"{100 * figures['original_accuracy']:.2f}")  # fmt: skip
+    for step in figures["steps"]:
+        for given in step["given_back"]:
+            lines.append(f"  step {step['step']} measured {given['measured_before']:.2f}x, gave back {given['units']} "
+                         f"units, then {step['measured_speedup']:.2f}x")  # fmt: skip
     for m in figures["members"]:
         base, diff = m["layer_drop_accuracy"], m["member_minus_layer_drop_points"]
         vs = "–" if base is None else f"{100 * base:.2f} ({diff:+.2f}, p {_p(m['layer_drop_mcnemar_p'])})"
@@ -135,7 +151,9 @@ def main(argv: list[str] | None = None) -> int:
         "else_running": args.else_running,
         "goals": GOALS,
         "wall": time_log(args.time_log),
+        "mixed_precision": report.mixed_precision or "no",  # what the fine-tunes ran in
         "timings": report.timings,
+        "steps": step_rows(report),
         "original_accuracy": report.original.test.accuracy,
         "members": member_rows(report),
         "references": reference_rows(report),

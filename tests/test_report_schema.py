@@ -151,6 +151,13 @@ def test_the_family_benchmark_reads_members_references_and_the_pick(tmp_path) ->
     reference = ROW | {"name": "reference/small/pytorch", "model": "small", "role": "reference", "speedup": 2.0,
                        "accuracy": 0.79, "path": None}  # fmt: skip
     report["family"]["frontier"] = [ROW, reference]
+    report["mixed_precision"] = "bf16"
+    report["steps"][0] |= {
+        "step": 1,
+        "measured_speedup": 2.1,
+        "members": [2.0],
+        "allocation": [{"kind": "heads"}, {"kind": "given back", "units": 3, "measured_before": 2.5}],
+    }
     best = {"name": "2x/pytorch", "speedup": 2.1, "accuracy": 0.8, "points": 1.0, "mcnemar_p": 0.5, "beats": True}
     report["family"]["versus_references"] = [
         {k: reference[k] for k in ("name", "model", "runtime", "speedup", "accuracy", "rejected")}
@@ -170,6 +177,26 @@ def test_the_family_benchmark_reads_members_references_and_the_pick(tmp_path) ->
     assert m["member_minus_layer_drop_points"] == pytest.approx(10.0) and m["within_10pct"] is True
     assert figures["references"][0]["best"]["points"] == 1.0
     assert figures["pick_1pt"]["name"] == "2x/pytorch"
+    assert figures["mixed_precision"] == "bf16"
+    assert figures["steps"] == [
+        {
+            "step": 1,
+            "measured_speedup": 2.1,
+            "members": [2.0],
+            "seconds": 1.5,
+            "given_back": [{"kind": "given back", "units": 3, "measured_before": 2.5}],
+        }
+    ]
+
+
+@pytest.mark.parametrize("precision", [None, "no", "bf16"])
+def test_the_report_says_what_precision_the_fine_tunes_ran_in(precision) -> None:
+    from compressor.report.summary import time_lines
+
+    report = one_target() | ({} if precision is None else {"mixed_precision": precision})
+    first = time_lines(RunReport.of(report))[0]
+    assert first.endswith(" Fine-tunes ran in bf16 autocast.") is (precision == "bf16")
+    assert "autocast" not in first or precision == "bf16"
 
 
 def test_the_family_benchmark_reads_a_one_target_run_as_one_member() -> None:

@@ -64,17 +64,21 @@ def native_precision() -> tuple[str, str]:
     return "no", "this CPU has neither AMX-BF16 nor AVX512-BF16 (bf16 would be emulated, slower than fp32)"
 
 
+def precision_words(asked: str, running: str) -> str:
+    """The fine-tunes' precision in the run's log: what runs, and for `auto` why."""
+    words = "fp32" if running == "no" else f"{running} autocast"
+    return f"{words} (mixed_precision auto: {native_precision()[1]})" if asked == "auto" else words
+
+
 def make_accelerator(mixed_precision: str = "no") -> Accelerator:
     """The run's Accelerator. Under several processes the others wait at a barrier while the main process exports,
     benchmarks and analyses alone; gloo's default 30-minute timeout would kill a long run there, so allow 12 h.
 
     `mixed_precision` is the recipe's `accelerate.mixed_precision`; "no" leaves Accelerate's own choice (fp32, or
-    what `accelerate launch --mixed_precision` set); "auto" takes `native_precision()`, logged. A precision this
-    machine cannot run is one line (exit 2)."""
+    what `accelerate launch --mixed_precision` set); "auto" takes `native_precision()`. A precision this machine
+    cannot run is one line (exit 2)."""
     if mixed_precision == "auto":
-        mixed_precision, why = native_precision()
-        log.info("accelerate: mixed_precision auto -> %s (%s)", "fp32" if mixed_precision == "no" else mixed_precision,
-                 why)  # fmt: skip
+        mixed_precision = native_precision()[0]
     handlers = [InitProcessGroupKwargs(timeout=timedelta(hours=12))]
     try:
         return Accelerator(
@@ -149,6 +153,7 @@ def prepare(recipe: Recipe, accelerator: Accelerator | None = None, force: bool 
     _setup_logging(out, accelerator.is_main_process)
     run = RunState(recipe, out, accelerator, data, tokenizer)
     run.splits.update(tokenize_splits(data, tokenizer, recipe.data.max_length))
+    log.info("fine-tunes in %s", precision_words(recipe.accelerate.mixed_precision, accelerator.mixed_precision))
     log.info(
         "data: %s train / %s validation / %s test, labels %s",
         len(data.train),
