@@ -11,7 +11,7 @@ import compressor
 from compressor.core.errors import UserError
 from compressor.pruning import budget as budget_mod
 from compressor.pruning.latency import DEFAULT_FRACTIONS, Dims, LatencyTable
-from compressor.pruning.latency.probe import grid_counts
+from compressor.pruning.latency.probe import NEURON_BLOCK, grid_counts
 from compressor.pruning.latency.table import grid_axes
 from compressor.pruning.masking import gated
 from compressor.pruning.units import apply_plan_to_masks
@@ -114,7 +114,7 @@ def _undos(widths, dims: Dims) -> list[tuple[list[int], list[int]]]:
         heads, neurons = list(widths.heads), list(widths.neurons)
         heads[layer] = min(heads[layer] + 1, dims.heads)
         out.append((heads, list(widths.neurons)))
-        neurons[layer] = min(neurons[layer] + budget_mod.NEURON_BLOCK, dims.intermediate)
+        neurons[layer] = min(neurons[layer] + NEURON_BLOCK, dims.intermediate)
         out.append((list(widths.heads), neurons))
     return out
 
@@ -551,7 +551,7 @@ def test_a_blocks_fixed_cost_is_saved_only_with_its_last_unit_so_equal_layers_ar
         return list(after.neurons)
 
     even = select(_block_costs_table(dims, *grid_axes(dims, DEFAULT_FRACTIONS)))
-    assert min(even) > 0 and max(even) - min(even) <= budget_mod.NEURON_BLOCK
+    assert min(even) > 0 and max(even) - min(even) <= NEURON_BLOCK
     fractions = [grid_counts(12, DEFAULT_FRACTIONS), grid_counts(768, DEFAULT_FRACTIONS)]
     spread = select(_block_costs_table(dims, *fractions))
     assert min(spread) == 0 and max(spread) > 768 // 4

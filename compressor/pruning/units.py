@@ -140,6 +140,11 @@ def apply_plan_to_masks(plan: UnitPlan, alive: Mapping[str, torch.Tensor]) -> Ma
     return Masks.of(alive).without(plan)
 
 
+def plan_size(plan: UnitPlan) -> int:
+    """How many units `plan` names, of every kind."""
+    return sum(len(ids) for layers in plan.values() for ids in layers.values())
+
+
 def masks_to_plan(alive: Mapping[str, torch.Tensor]) -> UnitPlan:
     """The cumulative unit plan (original ids) of every dead unit."""
     return {

@@ -37,7 +37,7 @@ from compressor.pruning.allocation import kept_loss, select_measured
 from compressor.pruning.budget import TOP_UP_STEPS, Budget, max_steps, plan_budget
 from compressor.pruning.latency.check import measured_speedup
 from compressor.pruning.selection import mask_to_plan
-from compressor.pruning.units import Masks, UnitPlan, score_all
+from compressor.pruning.units import Masks, UnitPlan, plan_size, score_all
 from compressor.recipe import PruneSpec
 from compressor.recovery.distill import TeacherTargets, teacher_targets
 from compressor.recovery.evaluate import evaluate_kept
@@ -318,35 +318,29 @@ def _allocation_batches(loop: _Loop) -> list[dict]:
 def _settle(
     loop: _Loop, index: int, scores: dict, before: Masks, masks: Masks, step: int
 ) -> tuple[Masks, dict, list[dict]]:
-    """Under a speed-up budget that measures itself: time the masked model, and before any recovery runs, while a
-    member's target is measured short, select more units from this step's scores (its table corrected by the
-    measurement); once, when it is measured more than `OVERSHOOT` past, give back the units of this step (from
-    `before`) that matter most per millisecond, down to the target (`Budget.give_back`). A shortfall costs a
-    selection and a timing here, where a top-up step would score, repair and fine-tune again; an overshoot costs
-    accuracy the member did not need to lose. Returns the masks, the last measurement and the allocation slices."""
+    """Under a speed-up budget that measures itself, before any recovery: time the masked model; while a member's
+    target is measured short, select more from this step's scores (the table corrected by the timing); once, if more
+    than `OVERSHOOT` past, give back this step's units (`before`) down to it. Returns masks, last timing, slices."""
     measured, slices, gave_back, selections = _calibrate(loop, masks), [], False, 0
     while measured:
         speed, goal = measured["measured_speedup"], loop.budget.goal(index)
-        short = loop.budget.short_of(index, masks)
-        if short and selections < TOP_UP_STEPS:
+        if (short := loop.budget.short_of(index, masks)) and selections < TOP_UP_STEPS:
             selections += 1
             log.info("budget: step %d measured %.2fx, short of %.2fx; selecting more from its scores", step + 1,
                      speed, goal)  # fmt: skip
             more, extra = _select(loop, index, scores, masks, step)
-            masks_after = masks.without(more)
+            after = masks.without(more)
         elif not short and not gave_back and loop.budget.overshoots(index, speed):
             gave_back, more = True, loop.budget.give_back(index, scores, before, masks)
-            count = sum(len(ids) for layers in more.values() for ids in layers.values())
+            extra = [{"kind": "given back", "units": plan_size(more), "measured_before": round(speed, 4)}]
             log.info("budget: step %d measured %.2fx, past %.2fx; giving back %d of its units", step + 1, speed, goal,
-                     count)  # fmt: skip
-            extra = [{"kind": "given back", "units": count, "measured_before": round(speed, 4)}]
-            masks_after = masks.with_units(more)
+                     extra[0]["units"])  # fmt: skip
+            after = masks.with_units(more)
         else:
             break
         if not any(layers for layers in more.values()):
             break
-        masks, slices = masks_after, slices + extra
-        measured = _calibrate(loop, masks)
+        masks, slices, measured = after, slices + extra, _calibrate(loop, after)
     return masks, measured, slices
 
 
