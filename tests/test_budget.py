@@ -259,8 +259,8 @@ def test_a_step_measured_past_its_target_gives_units_back_before_its_recovery(ta
 
 @pytest.mark.parametrize("seed", range(4))
 def test_give_back_restores_only_the_steps_units_in_kept_layers_best_first(task, seed):
-    """`restore_by_latency`: what comes back was removed by the step, never into a layer the step emptied, the
-    table still predicts the goal, and one unit more (the best-scored one left) would fall below it."""
+    """`restore_by_latency`: what comes back was removed by the step, never into a layer or an attention the step
+    emptied, the table still predicts the goal, and one unit more (the best-scored head left) would fall below it."""
     model = task[0]
     dims = Dims.from_config(model.config)
     table, costs = _linear_table(dims), unit_costs(model, 64)
@@ -268,7 +268,8 @@ def test_give_back_restores_only_the_steps_units_in_kept_layers_best_first(task,
     after = before.clone()
     after.heads[:, dims.heads // 2 :] = False  # the step took half of every layer's heads and neurons ...
     after.neurons[:, dims.intermediate // 2 :] = False
-    after.heads[0], after.neurons[0] = False, False  # ... and layer 0 whole
+    after.heads[0], after.neurons[0] = False, False  # ... and layer 0 whole, and layer 1's attention
+    after.heads[1] = False
     gen = torch.Generator().manual_seed(seed)
     scores = {
         "heads": torch.rand(dims.layers, dims.heads, generator=gen),
@@ -282,15 +283,16 @@ def test_give_back_restores_only_the_steps_units_in_kept_layers_best_first(task,
     back = after.with_units(plan)
     assert table.speedup(full, budget_mod.widths_of(back.alive(), dims)) >= goal
     assert not back.heads[0].any() and not back.neurons[0].any()  # the emptied layer stays dropped
+    assert not back.heads[1].any()  # and the emptied attention empty (one head back: below min_heads_per_layer)
     for kind in back:
         assert not (back[kind] & ~before[kind]).any()  # nothing the step had not removed
         assert bool((back[kind] & ~after[kind]).any())  # both kinds came back here
-    left = {kind: removed[kind] & ~back[kind] for kind in back}
-    left["heads"][0], left["neurons"][0] = False, False
-    best = max(((layer, head) for layer, head in left["heads"].nonzero().tolist()), key=lambda u: scores["heads"][u])
-    one_more = back.clone()
-    one_more.heads[best] = True
-    assert table.speedup(full, budget_mod.widths_of(one_more.alive(), dims)) < goal or not left["neurons"].any()
+    left = removed["heads"] & ~back.heads
+    left[:2] = False  # the heads that could have come back and did not: none of them fits any more
+    for layer, head in left.nonzero().tolist():
+        one_more = back.clone()
+        one_more.heads[layer, head] = True
+        assert table.speedup(full, budget_mod.widths_of(one_more.alive(), dims)) < goal
     assert budget_mod.restore_by_latency(scores, after, removed, table, reached * 2, costs) == {
         "heads": {},
         "neurons": {},

@@ -63,11 +63,11 @@ def test_auto_takes_bf16_only_where_the_cpu_multiplies_it_natively(native, monke
 
     AcceleratorState._reset_state(reset_partial_state=True)  # the precision is one per process: set it anew here
     try:
-        accelerator = runner.make_accelerator("auto")
-        assert accelerator.mixed_precision == ("bf16" if native else "no")
+        running = runner.make_accelerator("auto").mixed_precision
     finally:
         AcceleratorState._reset_state(reset_partial_state=True)  # and leave the next test a fresh one
-    words = runner.precision_words("auto", accelerator.mixed_precision)
+    assert running == ("bf16" if native else "no")
+    words = runner.precision_words("auto", running)
     assert words.startswith("bf16 autocast (mixed_precision auto: " if native else "fp32 (mixed_precision auto: ")
     assert ("natively" in words) is native
     assert runner.precision_words("no", "no") == "fp32"

@@ -4,8 +4,9 @@ A budget (`recipe.BudgetSpec`) is a fraction of heads, a fraction of encoder FLO
 runtime. `plan_budget` turns it into per-step goals (cumulative): heads removed, FLOPs removed (evenly spread), or
 predicted speed-up (spread geometrically, so every step asks the same relative gain). `Budget.select` picks the
 units of one step on a common scale: heads by count, importance per FLOP (`selection.select_units`), or importance
-per millisecond saved as the latency table predicts it (`select_by_latency`; a flat grid cell's 0 ms is floored to
-a share of the unit's FLOP-proportional time, so no unit looks free).
+per millisecond saved as the latency table predicts it (`by_latency.select_by_latency`; a flat grid cell's 0 ms is
+floored to a share of the unit's FLOP-proportional time, so no unit looks free); a member's step measured well past
+its target gives units back (`Budget.give_back`, `by_latency.restore_by_latency`).
 
 Several targets (`values`, a model family) share the steps (`selection.family_amounts`): each target is one step's
 goal exactly. After every step `Budget.closing` says which targets it closes (their members are taken from it) and
@@ -49,7 +50,7 @@ SPEEDUP_SLACK = 0.02
 SPEEDUP_AIM = SPEEDUP_SLACK
 # A family member's step measured this far past its target gives units of its own step back before its recovery
 # (`Budget.give_back`): a step that drops whole layers lands in coarse jumps, and a member past its target has lost
-# accuracy it did not need to (measured landings: docs/lab/history.md, "give back").
+# accuracy it did not need to (measured landings: docs/lab/history.md, "Give-back").
 OVERSHOOT = 0.05
 
 

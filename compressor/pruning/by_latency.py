@@ -124,18 +124,18 @@ def _highest(scores: torch.Tensor, among: torch.Tensor, count: int) -> list[int]
 
 def _restore_moves(scores: dict, alive: dict, removed: dict, table: LatencyTable, costs: UnitCosts) -> list[_Move]:
     """Each unit of `removed` that may come back, in a layer that still has units (a layer the step dropped whole
-    stays dropped: one unit back would not meet `min_heads_per_layer`): every head, and the layer's best-scored block
-    of neurons, each with its importance per millisecond added."""
+    stays dropped, and an attention left with no head stays so: one head back would not meet `min_heads_per_layer`):
+    every head, and the layer's best-scored block of neurons, each with its importance per millisecond added."""
     widths, moves = widths_of(alive, table.dims), []
     for layer in range(table.dims.layers):
         if not any(bool(mask[layer].any()) for mask in alive.values()):
             continue
         h, n = widths.heads[layer], widths.neurons[layer]
-        if "heads" in removed and bool(removed["heads"][layer].any()):
+        if "heads" in scores and h > 0 and bool(removed["heads"][layer].any()):  # an emptied attention stays empty
             ms = max(table.layer_ms(h + 1, n) - table.layer_ms(h, n), _floor_ms(table, costs, "heads", 1))
             for head in removed["heads"][layer].nonzero().flatten().tolist():
                 moves.append(_Move(float(scores["heads"][layer, head]) / ms, "heads", ((layer, head),)))
-        if "neurons" in removed and bool(removed["neurons"][layer].any()):
+        if "neurons" in scores and bool(removed["neurons"][layer].any()):
             ids = _highest(scores["neurons"][layer], removed["neurons"][layer], NEURON_BLOCK)
             added = table.layer_ms(h, n + len(ids)) - table.layer_ms(h, n)
             ms = max(added, _floor_ms(table, costs, "neurons", len(ids)))

@@ -159,9 +159,7 @@ class RunReport(Section):
     data_source: str
     labels: list[str]
     base_finetune: dict[str, Any] | None = None
-    mixed_precision: str | None = (
-        None  # what the fine-tunes ran in: "no" (fp32), "bf16", "fp16"; None before it was kept
-    )
+    mixed_precision: str | None = None  # the fine-tunes': "no" (fp32), "bf16", "fp16"; None in older reports
     original: Original
     steps: list[dict[str, Any]]
     recovery: dict[str, Any] | None = None

@@ -399,9 +399,8 @@ def final_finetune_text(ft: dict) -> str:
 
 def time_lines(report: RunReport) -> list[str]:
     """The run's total time and, when the phases were timed, where it went."""
-    precision = (
-        "" if report.mixed_precision in (None, "no") else f" Fine-tunes ran in {report.mixed_precision} autocast."
-    )
+    mixed = report.mixed_precision
+    precision = "" if mixed in (None, "no") else f" Fine-tunes ran in {mixed} autocast."
     lines = [f"Total time: {report.seconds or 0:.0f} s.{precision}", ""]
     if report.timings:
         lines += ["## Where the time went", "", *_timings_table(report.timings, report.seconds), ""]
