@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import copy
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -29,6 +28,7 @@ import torch  # noqa: E402
 from accelerate import Accelerator  # noqa: E402
 from accelerate.state import AcceleratorState  # noqa: E402
 from family import write_result  # noqa: E402
+from mpnet_family import commit  # noqa: E402
 
 from compressor.core.machine import cpu_has_bf16, cpu_identity, cpu_summary  # noqa: E402
 from compressor.pipeline.runner import native_precision  # noqa: E402
@@ -93,11 +93,10 @@ def main() -> None:
     parser.add_argument("--else-running", default="", help="what else ran on the machine while measuring")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
-    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
     rows = [measure(source, args.examples, args.repeats) for source in args.models.split(",")]
     result = {
         "figure": "a fine-tune's wall time in fp32 and in bf16 autocast, paired, with compressor's own train()",
-        "commit": head.stdout.strip() or None,
+        "commit": commit(),
         "cpu": cpu_summary(),
         "cpu_identity": cpu_identity(),
         "cpu_has_bf16": cpu_has_bf16(),
