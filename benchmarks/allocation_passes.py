@@ -17,7 +17,6 @@ Usage (machine to itself):
 from __future__ import annotations
 
 import argparse
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -31,6 +30,7 @@ sys.path.append(str(Path(__file__).resolve().parent))  # its sibling scripts, af
 
 from family import write_result  # noqa: E402
 from kept_training import masks_of, timing_row  # noqa: E402
+from mpnet_family import commit  # noqa: E402
 
 from compressor.core.machine import cpu_summary  # noqa: E402
 from compressor.pruning.allocation import kept_loss, masked_loss  # noqa: E402
@@ -104,9 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     out = {
         "what": "one measured-allocation loss pass per member's units: masked original vs kept copy (kept_loss)",
         "run": args.run.name,
-        "commit": subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
-        ).stdout.strip(),
+        "commit": commit(),
         "model": recipe.model.source,
         "pass_examples": sum(len(b["labels"]) for b in batches),
         "batch_size": p.score_batch_size,

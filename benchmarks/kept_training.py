@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import copy
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -36,6 +35,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.append(str(Path(__file__).resolve().parent))  # its sibling scripts, after the packages
 
 from family import write_result  # noqa: E402
+from mpnet_family import commit  # noqa: E402
 
 from compressor.core.machine import cpu_summary  # noqa: E402
 from compressor.pruning.units import Masks  # noqa: E402
@@ -122,9 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     out = {
         "what": "one recovery fine-tune of each member's units: masked at full width vs its pruned copy",
         "run": args.run.name if args.run.is_absolute() else str(args.run),
-        "commit": subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
-        ).stdout.strip(),
+        "commit": commit(),
         "model": recipe.model.source,
         "examples": args.examples,
         "batch_size": recipe.prune.finetune.batch_size,
