@@ -203,3 +203,20 @@ def test_layer_units_need_heads_neurons_and_measured_allocation(overrides, words
     base = {"units": ["heads", "neurons", "layers"]}
     with pytest.raises(ValueError, match=words):
         _spec(**(base | overrides))
+
+
+def test_masked_loss_runs_under_the_accelerators_autocast(task):
+    """The allocation's loss passes run in the run's precision (`accelerator.autocast()`): with bf16 autocast the
+    loss moves off the fp32 one by bf16's rounding only, and without an accelerator it is the fp32 loss."""
+    from accelerate import Accelerator
+
+    model, tok, train, _ = task
+    batches = sample_batches(train, tok, 32, 16, seed=0)
+    alive = Masks.full(model, ["heads", "neurons"]).alive()
+    alive["heads"][0, :2] = False
+    acc = Accelerator(cpu=True)
+    exact = masked_loss(model, batches, alive, acc)
+    assert exact == pytest.approx(masked_loss(model, batches, alive), abs=1e-6)
+    acc.autocast = lambda: torch.autocast("cpu", dtype=torch.bfloat16)
+    cast = masked_loss(model, batches, alive, acc)
+    assert cast == pytest.approx(exact, rel=0.05) and cast != exact

@@ -108,3 +108,15 @@ def test_baseline_computes_only_the_examples_the_steps_did_not_draw(task, monkey
     eager = layer_drop_baseline(model, flops, 16, train, tok, FINETUNE, SPEC.steps, acc, teacher=everything)
     weights = eager.model.state_dict()
     assert all(torch.equal(v, weights[k]) for k, v in lazy.model.state_dict().items())
+
+
+def test_teacher_targets_are_computed_under_the_runs_autocast(task) -> None:
+    """The one-off teacher pass runs in the fine-tunes' precision (`accelerator.autocast()`) and stores fp32: with
+    bf16 autocast its logits move off the fp32 ones by bf16's rounding only."""
+    model, tok, train, _ = task
+    acc = Accelerator(cpu=True)
+    exact = distill.compute_logits(model, train, tok, acc, 16)
+    acc.autocast = lambda: torch.autocast("cpu", dtype=torch.bfloat16)
+    cast = distill.compute_logits(model, train, tok, acc, 16)
+    assert cast.dtype == torch.float32 and cast.shape == exact.shape
+    assert torch.allclose(cast, exact, atol=0.1) and not torch.equal(cast, exact)

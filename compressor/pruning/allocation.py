@@ -27,6 +27,7 @@ Cost: 1 + `parts` x kinds forward passes over the scoring batches per step (no b
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import nullcontext
 
 import torch
 import torch.nn.functional as F
@@ -41,12 +42,15 @@ LossFn = Callable[[Masks], float]
 
 def masked_loss(model: nn.Module, batches: list[dict], alive: Masks, accelerator=None) -> float:
     """Mean cross-entropy of `model` over `batches` with only the units in `alive` kept (masked, not removed),
-    averaged over every process's batches so all processes choose alike."""
+    averaged over every process's batches so all processes choose alike. Under the `accelerator`'s autocast (the
+    run's `mixed_precision`): these passes only rank proposals against each other, all in the same precision, and
+    are most of a step's forward work."""
     model.eval()
     heads = alive["heads"].float().to(next(model.parameters()).device)
     neurons = alive["neurons"].float().to(heads.device) if "neurons" in alive else None
     total, count = torch.zeros((), device=heads.device), torch.zeros((), device=heads.device)
-    with torch.no_grad(), gated(model, heads, neurons):
+    cast = accelerator.autocast() if accelerator is not None else nullcontext()
+    with torch.no_grad(), gated(model, heads, neurons), cast:
         for batch in batches:
             batch = {k: v.to(heads.device) for k, v in batch.items()}
             labels = batch.pop("labels")

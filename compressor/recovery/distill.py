@@ -16,6 +16,7 @@ import copy
 import json
 import logging
 from collections.abc import Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -85,10 +86,13 @@ def step_examples(n: int, finetune: TrainSpec | None, seed: int, steps: int) -> 
 def compute_logits(
     teacher: nn.Module, train_ds: datasets.Dataset, tokenizer, accelerator: Accelerator | None, batch_size: int
 ) -> torch.Tensor:
-    """Teacher logits for every example of `train_ds`, in order (sharded over processes, gathered on each)."""
+    """Teacher logits for every example of `train_ds`, in order (sharded over processes, gathered on each), under
+    the run's autocast (`accelerator.mixed_precision`): they are soft training targets, read at temperature `T`
+    beside a student that trains in that precision, so the pass runs at the fine-tunes' speed (stored in fp32)."""
     from compressor.recovery.evaluate import predict
 
-    logits, _ = predict(teacher, train_ds, tokenizer, accelerator, batch_size=batch_size, desc="teacher targets")
+    with accelerator.autocast() if accelerator is not None else nullcontext():
+        logits, _ = predict(teacher, train_ds, tokenizer, accelerator, batch_size=batch_size, desc="teacher targets")
     return logits
 
 
