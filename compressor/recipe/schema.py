@@ -291,9 +291,11 @@ class AccelerateSpec(Strict):
 
     `mixed_precision` runs their forward passes under autocast: `bf16` on CPUs and GPUs that support it, `fp16` on
     CUDA GPUs (with loss scaling); `auto` picks bf16 where the hardware multiplies it natively and fp32 elsewhere (on
-    a CPU without AMX-BF16 or AVX512-BF16, bf16 is emulated and slower than fp32). Scoring, evaluation, surgery,
-    export and benchmarks stay fp32, and the saved weights are fp32. `accelerate launch --mixed_precision bf16` sets
-    the same thing for a launched run (the recipe wins where it says other than `no`).
+    a CPU without AMX-BF16 or AVX512-BF16, bf16 is emulated and slower than fp32). Two forward-only passes that
+    feed training or only rank take it too: the teacher's targets and the measured allocation's loss passes.
+    Scoring, evaluation, gates, surgery, export and benchmarks stay fp32, and the saved weights are fp32.
+    `accelerate launch --mixed_precision bf16` sets the same thing for a launched run (the recipe wins where it says
+    other than `no`).
     """
 
     mixed_precision: Literal["no", "auto", "bf16", "fp16"] = Field(
