@@ -220,3 +220,37 @@ def test_masked_loss_runs_under_the_accelerators_autocast(task):
     acc.autocast = lambda: torch.autocast("cpu", dtype=torch.bfloat16)
     cast = masked_loss(model, batches, alive, acc)
     assert cast == pytest.approx(exact, rel=0.05) and cast != exact
+
+
+def test_layer_drops_are_measured_only_for_the_layers_a_step_offers(task, monkeypatch):
+    """With `layers`, a step measures a layer's drop only when that layer is offered (thin) or the finish needs
+    every layer: at full width no layer-drop pass runs, with one thin layer only its own; the values are those of
+    measuring every layer on the step's units (`layer_drop_increases`), so the plan is the same."""
+    from compressor.pruning import allocation
+
+    model = task[0]
+    spec = _spec(units=["heads", "neurons", "layers"], min_heads_per_layer=2, budget={"kind": "flops", "value": 0.3})
+    budget = plan_budget(model, spec)
+    full = Masks.full(model, ["heads", "neurons"])
+    thinned = full.clone()
+    thinned["heads"][1, 2:] = False
+    thinned["neurons"][1, thinned["neurons"].shape[1] // 4 :] = False
+    scores = {kind: torch.rand(mask.shape, generator=torch.Generator().manual_seed(0)) for kind, mask in full.items()}
+
+    def loss(a) -> float:  # a removal in a lower layer costs less
+        return sum(float(((~a[kind]).float().sum(1) * torch.arange(1.0, 4.0)).sum()) for kind in a)
+
+    measured: list[int] = []
+    real = allocation.layer_drop_increases
+    spy = lambda a, f, b, layers=None: measured.extend(layers) or real(a, f, b, layers)  # noqa: E731
+    monkeypatch.setattr(allocation, "layer_drop_increases", spy)
+    select_measured(budget, 0, scores, full, loss, parts=2, layers=True)
+    assert measured == []
+    lazy = select_measured(budget, 0, scores, thinned, loss, parts=2, layers=True)[0]
+    assert measured == [1]
+    eager_of = allocation.LayerDrops.of
+    monkeypatch.setattr(
+        allocation.LayerDrops, "of", lambda self, layers: (eager_of(self, range(3)), eager_of(self, layers))[1]
+    )
+    assert select_measured(budget, 0, scores, thinned, loss, parts=2, layers=True)[0] == lazy
+    assert allocation.LayerDrops(thinned, loss, loss(thinned)).all() == real(thinned, loss, loss(thinned))

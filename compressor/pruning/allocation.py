@@ -19,14 +19,15 @@ but cost points that recovery did not give back (docs/lab/history.md, the MPNet 
 layer goes whole once it is mostly its fixed cost. When widths cannot reach a step's goal, the finish may still drop
 any layer, least loss first. `min_heads_per_layer` holds for the layers that are kept.
 
-Cost: 1 + `parts` x kinds forward passes over the scoring batches per step (no backward), plus one per layer with
-`layers`; the step log records each slice's losses. The passes run on a pruned copy holding the step's units
+Cost: 1 + `parts` x kinds forward passes over the scoring batches per step (no backward), plus with `layers` one
+per layer offered (thin, or every layer when the finish needs them; `LayerDrops`); the step log records each
+slice's losses. The passes run on a pruned copy holding the step's units
 (`kept_loss`): every proposal only removes more, so a pass costs the width the model has now, not the original's.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from contextlib import nullcontext
 
 import torch
@@ -127,15 +128,35 @@ def thin_layers(alive: Masks, min_heads: int = 0) -> set[int]:
     return {int(layer) for layer in (left & has_units).nonzero().flatten()}
 
 
-def layer_drop_increases(alive: Masks, loss: LossFn, base: float) -> dict[int, float]:
-    """Each layer that still has units: the measured loss increase over `base` when it is dropped whole (one pass
-    over the scoring batches per layer). What ranks whole layers as units (`units: [.., layers]`)."""
-    layers = range(next(iter(alive.values())).shape[0])
+def layer_drop_increases(alive: Masks, loss: LossFn, base: float, layers: Iterable[int] | None = None) -> dict:
+    """Each layer of `layers` (default: all) that still has units: the measured loss increase over `base` when it
+    is dropped whole (one pass over the scoring batches per layer). What ranks whole layers as units."""
+    every = range(next(iter(alive.values())).shape[0])
     return {
         layer: loss(_without(alive, [layer])) - base
-        for layer in layers
+        for layer in (every if layers is None else layers)
         if any(bool(mask[layer].any()) for mask in alive.values())
     }
+
+
+class LayerDrops:
+    """The step's layer-drop increases (`layer_drop_increases` on the step's starting units), each measured the
+    first time it is asked for: a slice offers only thin layers, and early in a run none is thin, so measuring
+    every layer up front spent a pass per layer per step for nothing. The same values as measuring them all."""
+
+    def __init__(self, alive: Masks, loss: LossFn, base: float) -> None:
+        self.alive, self.loss, self.base = alive, loss, base
+        self.known: dict[int, float] = {}
+
+    def of(self, layers: Iterable[int]) -> dict[int, float]:
+        """The increases of `layers` that still had units at the step's start, measuring those not yet known."""
+        todo = [layer for layer in sorted(layers) if layer not in self.known]
+        self.known |= layer_drop_increases(self.alive, self.loss, self.base, todo)
+        return {layer: self.known[layer] for layer in sorted(layers) if layer in self.known}
+
+    def all(self) -> dict[int, float]:
+        """Every layer's increase (what the step's finish ranks, when widths fell short)."""
+        return self.of(range(next(iter(self.alive.values())).shape[0]))
 
 
 def _propose(budget: Budget, kind: str, goal: float, scores: dict, alive: Masks, layers: dict | None) -> UnitPlan:
@@ -181,12 +202,11 @@ def select_measured(
     current = {kind: mask.clone() for kind, mask in alive.items()}
     plan: UnitPlan = {kind: {} for kind in scores}
     base, log = loss(current), []
-    drops = layer_drop_increases(current, loss, base) if layers else None
+    drops = LayerDrops({kind: mask.clone() for kind, mask in current.items()}, loss, base) if layers else None
     for goal in budget.intermediate_goals(step, current, parts):
         offered = None
         if drops is not None:  # whole layers compete once thin, as the slices so far left them
-            thin = thin_layers(current, budget.spec.min_heads_per_layer)
-            offered = {layer: v for layer, v in drops.items() if layer in thin}
+            offered = drops.of(thin_layers(current, budget.spec.min_heads_per_layer))
         best = _best_slice(budget, goal, scores, current, loss, base, offered)
         if best is None:
             continue
@@ -195,7 +215,7 @@ def select_measured(
         current, base = best["alive"], best["loss"]
     rest = budget.select_to(budget.aim(step), scores, current)  # a kind ran out: finish on the common scale
     if drops is not None and budget.reached(after := apply_plan_to_masks(rest, current)) < budget.aim(step):
-        _merge(rest, select_layers(budget, budget.aim(step), drops, after))  # then whole layers, least loss first
+        _merge(rest, select_layers(budget, budget.aim(step), drops.all(), after))  # then whole layers, least first
     if not _empty(rest):
         _merge(plan, rest)
         log.append({"kind": "rest", "loss_before": round(base, 5), "loss_after": None})

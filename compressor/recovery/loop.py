@@ -288,7 +288,7 @@ def _select(
     if p.allocation == "measured" and len(scores) > 1 and p.resolved_budget.kind != "heads":
         layers = "layers" in p.units
         passes = 1 + p.allocation_parts * (len(scores) + layers) + (masks.heads.shape[0] if layers else 0)
-        log.info("step %d: measured allocation, about %d loss passes over the scoring batches", step + 1, passes)
+        log.info("step %d: measured allocation, at most %d loss passes over the scoring batches", step + 1, passes)
         bar = tqdm(total=passes, desc=f"step {step + 1}: allocation", leave=False,
                    disable=not loop.accelerator.is_local_main_process)  # fmt: skip
 
