@@ -4,6 +4,7 @@ way (masked == saved == reloaded == ONNX), the frontier and `compressor pick`, a
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -136,20 +137,21 @@ def test_member_finetune_trains_each_member_and_its_baseline_once_more(tmp_path,
     """`prune.member_finetune`: each member gets a last fine-tune on its own copy (distilled, on examples the steps
     never drew: the teacher pass covered them), so its saved model differs from its step's masked model yet still
     equals its ONNX export; its validation before (the step's) and after are reported, and its baseline got the
-    same fine-tune."""
+    same fine-tune; `member_epochs` gives the deeper member (and its baseline) a longer one."""
     budget = {"kind": "flops", "values": [0.2, 0.4], "seq_len": 16}
     finetune = {**FINETUNE, "distill": {"alpha": 0.5, "temperature": 2.0}}
     member_ft = {"epochs": 1, "lr": 5e-4, "batch_size": 16, "max_examples": 128}
-    prune = {**UNITS, "steps": 2, "budget": budget, "finetune": finetune, "member_finetune": member_ft}
+    prune = {**UNITS, "steps": 2, "budget": budget, "finetune": finetune, "member_finetune": member_ft,
+             "member_epochs": [1, 2]}  # fmt: skip
     recipe = parse_recipe(tiny_recipe(tiny_model_dir, tiny_csv, tmp_path / "ft", prune=prune,
                                       export={"variants": ["fp32"]}, bench={**BENCH, "max_drop": None}))  # fmt: skip
     report = run_recipe(recipe)
     out, members = tmp_path / "ft", report["family"]["members"]
-    for member in members:
+    for member, epochs in zip(members, (1, 2), strict=True):
         ft, step = member["member_finetune"], report["steps"][member["step"] - 1]
-        assert ft["steps"] == 8 and ft["distill"]["alpha"] == 0.5  # 128 examples / 16, distilled
+        assert ft["steps"] == 8 * epochs and ft["distill"]["alpha"] == 0.5  # 128 examples / 16 per epoch, distilled
         assert ft["val_before"] == step["val_after_finetune"] and 0 <= ft["val_after"]["accuracy"] <= 1
-        assert member["baseline"]["member_finetune"]["steps"] == 8
+        assert member["baseline"]["member_finetune"]["steps"] == 8 * epochs
         assert member["pruned"]["masked_vs_pruned_max_abs_diff"] <= 1e-4
     with pytest.raises(AssertionError):  # trained on after its step: no longer the step's masked model
         _check_member_parity(out, recipe, members[0])
@@ -162,6 +164,19 @@ def test_member_finetune_is_refused_in_post_training_modes(recovery):
     with pytest.raises(RecipeError, match=f"member_finetune: recovery '{recovery}' trains nothing") as err:
         parse_recipe({"model": {"task_tuned": True}, "prune": {**UNITS, "budget": {"kind": "flops", "value": 0.3},
                       "recovery": recovery, "member_finetune": {"epochs": 1}}})  # fmt: skip
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("epochs", "finetune", "message"),
+    [([1, 2, 3], {"epochs": 1}, "member_epochs: expected 2 positive epoch counts, one per target [0.2, 0.4], got"),
+     ([1, 0], {"epochs": 1}, "member_epochs: expected 2 positive epoch counts"),
+     ([1, 2], None, "member_epochs: needs member_finetune settings")],
+)  # fmt: skip
+def test_member_epochs_is_one_positive_count_per_target(epochs, finetune, message):
+    with pytest.raises(RecipeError, match=re.escape(message)) as err:
+        parse_recipe({"prune": {**UNITS, "budget": {"kind": "flops", "values": [0.2, 0.4]},
+                      "member_finetune": finetune, "member_epochs": epochs}})  # fmt: skip
     assert "\n" not in str(err.value)
 
 

@@ -323,7 +323,7 @@ def _baseline(
     if recipe.prune.member_finetune is not None:  # the member's final fine-tune too; the next baseline goes on from
         model = baseline.model.to(run.accelerator.device)  # it, which if anything favours the baseline
         baseline.info["member_finetune"] = train(
-            model, run.splits["train"], run.tokenizer, recipe.prune.member_finetune, run.accelerator,
+            model, run.splits["train"], run.tokenizer, recipe.prune.member_spec(index), run.accelerator,
             seed=member_seed(recipe.seed, index), desc="baseline: final fine-tune", teacher=teacher,
         )  # fmt: skip
         baseline.model = run.accelerator.unwrap_model(model).cpu().eval()
@@ -335,7 +335,7 @@ def _member_finetune(state: RunState, teacher: TeacherTargets | None, index: int
     model (a copy of its step's weights; the last member's is the loop's final model, whose steps are over), its
     kept units trained as the pruned copy they make (`train_kept`), distilled as the steps were; with the member's
     validation accuracy before it (its step's) and after it, so the report shows what the longer schedule bought."""
-    result, spec, accelerator = state.result, state.recipe.prune.member_finetune, state.accelerator
+    result, spec, accelerator = state.result, state.recipe.prune.member_spec(index), state.accelerator
     masks = result.masks
     log.info("member: final fine-tune (%s epochs, %s examples per epoch)", spec.epochs, spec.max_examples or "all")
     info = train_kept(

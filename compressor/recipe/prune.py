@@ -218,9 +218,21 @@ class PruneSpec(Strict):
         "too. Applied by `compressor run` as it saves members; `compressor.prune` returns the steps' models, before "
         "it (null: none)",
     )
+    member_epochs: list[float] | None = Field(
+        None,
+        description="epochs of each member's final fine-tune, one per target in ascending order, instead of "
+        "member_finetune.epochs (a deeper member may need a longer schedule; its layer-drop baseline gets the "
+        "same). null: member_finetune.epochs for every member",
+    )
     baseline: Literal["layer_drop"] | None = Field(
         "layer_drop", description="compare with dropping top layers to the pruned FLOPs, fine-tuned alike (null: off)"
     )
+
+    def member_spec(self, index: int) -> TrainSpec | None:
+        """Member `index`'s final fine-tune (targets ascending): `member_finetune` with its `member_epochs` entry."""
+        if self.member_finetune is None or self.member_epochs is None:
+            return self.member_finetune
+        return self.member_finetune.model_copy(update={"epochs": self.member_epochs[index]})
 
     def _layers_fit(self) -> None:
         """Whole layers compete as units only beside heads and neurons, by measured loss, under a FLOP or speed-up
@@ -278,7 +290,19 @@ class PruneSpec(Strict):
                 f"member_finetune: recovery '{self.recovery}' trains nothing and reads only sample_size examples; "
                 "expected member_finetune: null (or recovery finetune / rescale_finetune)"
             )
+        if self.member_epochs is not None:
+            self._member_epochs_fit()
         return self
+
+    def _member_epochs_fit(self) -> None:
+        targets = self.resolved_budget.targets
+        if self.member_finetune is None:
+            raise ValueError("member_epochs: needs member_finetune settings; got member_finetune: null")
+        if len(self.member_epochs) != len(targets) or min(self.member_epochs) <= 0:
+            raise ValueError(
+                f"member_epochs: expected {len(targets)} positive epoch counts, one per target {targets}, "
+                f"got {self.member_epochs}"
+            )
 
     @model_validator(mode="after")
     def _units_fit(self) -> PruneSpec:
