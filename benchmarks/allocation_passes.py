@@ -2,9 +2,9 @@
 
 A step of `allocation: measured` runs up to 25 loss passes over the scoring batches (one per slice and unit kind,
 one per layer offered with `layers`). They used to run on the masked original, so each cost the full model however
-much was gone; `kept_loss` builds one pruned copy of the step's units per step and gates that. For each member of a finished
-run, its units as masks over the run's model (pretrained weights, eager attention as the pruning loop uses: timing
-does not depend on the weights), this script times one pass both ways on the loop's scoring batches
+much was gone; `kept_loss` builds one pruned copy of the step's units per step and gates that. For each member of a
+finished run, its units as masks over the run's model (pretrained weights, eager attention as the pruning loop
+uses: timing does not depend on the weights), this script times one pass both ways on the loop's scoring batches
 (`prune.score_examples`, `prune.score_batch_size`, length-grouped), alternated `--repeats` times after a warm-up,
 and the copy's build once per repeat; it checks that both ways give the same loss. Medians are printed per member
 with the per-step estimate (passes x pass, plus the build).
