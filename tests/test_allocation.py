@@ -140,6 +140,15 @@ def test_allocation_examples_limits_the_loss_passes_to_the_first_scoring_batches
     assert expected[0] != pytest.approx(expected[1], abs=1e-4)
 
 
+def _full_and_thin_layer_1(model) -> tuple[Masks, Masks]:
+    """Every unit of `model`, and the same with layer 1 thin (2 heads, a quarter of its FFN neurons left)."""
+    full = Masks.full(model, ["heads", "neurons"])
+    thinned = full.clone()
+    thinned["heads"][1, 2:] = False
+    thinned["neurons"][1, thinned["neurons"].shape[1] // 4 :] = False
+    return full, thinned
+
+
 def test_whole_layers_compete_as_a_kind_by_the_measured_loss_of_dropping_each(task):
     """With `layers`, a thin layer (a quarter of its neurons, its minimum of heads) whose removal costs no loss
     goes whole (its last heads too, though kept layers hold `min_heads_per_layer`); the other kinds are untouched
@@ -148,10 +157,7 @@ def test_whole_layers_compete_as_a_kind_by_the_measured_loss_of_dropping_each(ta
     model = task[0]
     spec = _spec(units=["heads", "neurons", "layers"], min_heads_per_layer=2, budget={"kind": "flops", "value": 0.5})
     budget = plan_budget(model, spec)
-    full = Masks.full(model, ["heads", "neurons"])
-    thinned = full.clone()
-    thinned["heads"][1, 2:] = False
-    thinned["neurons"][1, thinned["neurons"].shape[1] // 4 :] = False
+    full, thinned = _full_and_thin_layer_1(model)
     assert thin_layers(thinned, 2) == {1} and thin_layers(full, 2) == set()
     scores = {kind: torch.rand(mask.shape, generator=torch.Generator().manual_seed(0)) for kind, mask in full.items()}
 
@@ -231,10 +237,7 @@ def test_layer_drops_are_measured_only_for_the_layers_a_step_offers(task, monkey
     model = task[0]
     spec = _spec(units=["heads", "neurons", "layers"], min_heads_per_layer=2, budget={"kind": "flops", "value": 0.3})
     budget = plan_budget(model, spec)
-    full = Masks.full(model, ["heads", "neurons"])
-    thinned = full.clone()
-    thinned["heads"][1, 2:] = False
-    thinned["neurons"][1, thinned["neurons"].shape[1] // 4 :] = False
+    full, thinned = _full_and_thin_layer_1(model)
     scores = {kind: torch.rand(mask.shape, generator=torch.Generator().manual_seed(0)) for kind, mask in full.items()}
 
     def loss(a) -> float:  # a removal in a lower layer costs less

@@ -169,8 +169,9 @@ def test_member_finetune_is_refused_in_post_training_modes(recovery):
 
 @pytest.mark.parametrize(
     ("epochs", "finetune", "message"),
-    [([1, 2, 3], {"epochs": 1}, "member_epochs: expected 2 positive epoch counts, one per target [0.2, 0.4], got"),
-     ([1, 0], {"epochs": 1}, "member_epochs: expected 2 positive epoch counts"),
+    [([1, 2, 3], {"epochs": 1}, "member_epochs: expected 2 epoch counts in (0, 1000], one per target [0.2, 0.4], got"),
+     ([1, 0], {"epochs": 1}, "member_epochs: expected 2 epoch counts in (0, 1000]"),
+     ([1, 1e4], {"epochs": 1}, "member_epochs: expected 2 epoch counts in (0, 1000]"),
      ([1, 2], None, "member_epochs: needs member_finetune settings")],
 )  # fmt: skip
 def test_member_epochs_is_one_positive_count_per_target(epochs, finetune, message):

@@ -298,9 +298,9 @@ class PruneSpec(Strict):
         targets = self.resolved_budget.targets
         if self.member_finetune is None:
             raise ValueError("member_epochs: needs member_finetune settings; got member_finetune: null")
-        if len(self.member_epochs) != len(targets) or min(self.member_epochs) <= 0:
+        if len(self.member_epochs) != len(targets) or not all(0 < e <= 1000 for e in self.member_epochs):
             raise ValueError(
-                f"member_epochs: expected {len(targets)} positive epoch counts, one per target {targets}, "
+                f"member_epochs: expected {len(targets)} epoch counts in (0, 1000], one per target {targets}, "
                 f"got {self.member_epochs}"
             )
 
