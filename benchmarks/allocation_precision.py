@@ -105,8 +105,8 @@ def main(argv: list[str] | None = None) -> int:
     for step in args.steps:
         step_dir = args.run / "state" / f"step_{step:03d}"
         model.load_state_dict(load_file(str(step_dir / "model.safetensors")))
-        kept = step_masks(step_dir, model, list(p.units))
-        proposal = step_masks(args.run / "state" / f"step_{step + 1:03d}", model, list(p.units))
+        kept = step_masks(step_dir)
+        proposal = step_masks(args.run / "state" / f"step_{step + 1:03d}")
         row = rows[f"after step {step + 1}"] = step_row(model, batches, kept, proposal)
         print(f"after step {step + 1}: max |bf16 - fp32| loss {row['max_abs_loss_diff']:.5f}, next step's gap "
               f"{row['next_step_gap_fp32']:.4f}, smallest layer-drop gap {row['smallest_drop_gap_fp32']}, tau "

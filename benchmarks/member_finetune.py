@@ -60,7 +60,7 @@ def parse_variant(text: str) -> dict:
     return out
 
 
-def step_masks(step_dir: Path, model: torch.nn.Module, units: list[str]) -> Masks:
+def step_masks(step_dir: Path) -> Masks:
     """The masks the checkpointed step left (heads from its records, neurons when the run prunes them)."""
     records = load_file(str(step_dir / "records.safetensors"))
     neurons = records["neurons"][-1] if "neurons" in records else None
@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     step_dir = args.run / "state" / f"step_{args.step:03d}"
     model = load_model(recipe.model, task.label_names, attention="eager")
     model.load_state_dict(load_file(str(step_dir / "model.safetensors")))
-    masks = step_masks(step_dir, model, p.units)
+    masks = step_masks(step_dir)
     ref_dir = next((args.run / "references").iterdir()) / "model"
     ref_tokenizer = AutoTokenizer.from_pretrained(ref_dir)  # a reference is tokenised on its own
     ref_test = tokenize_splits(task, ref_tokenizer, recipe.data.max_length)["test"]
