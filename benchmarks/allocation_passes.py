@@ -35,7 +35,7 @@ from mpnet_family import commit  # noqa: E402
 from compressor.core.machine import cpu_summary  # noqa: E402
 from compressor.pruning.allocation import kept_loss, masked_loss  # noqa: E402
 from compressor.pruning.units import Masks  # noqa: E402
-from compressor.recipe import parse_recipe  # noqa: E402
+from compressor.recipe import Recipe, parse_recipe  # noqa: E402
 from compressor.report.schema import RunReport  # noqa: E402
 from compressor.sources import load_model, load_task_data, load_tokenizer  # noqa: E402
 from compressor.sources.batches import sample_batches, tokenize  # noqa: E402
@@ -72,6 +72,21 @@ def measure(model: torch.nn.Module, batches: list[dict], masks: Masks, repeats: 
     return timing_row(seconds, masks, "pass_speedup", ("masked original", "kept copy"), digits=3)
 
 
+def allocation_setup(run: Path) -> tuple[Recipe, torch.nn.Module, list[dict]]:
+    """A finished run's recipe, its model (pretrained weights, eager attention as the pruning loop uses) and the
+    batches the loop's allocation passes read: its scoring batches, the first `allocation_examples` worth
+    (`recovery.loop._allocation_batches`)."""
+    recipe = parse_recipe(yaml.safe_load((run / "recipe.resolved.yaml").read_text()))
+    p = recipe.prune
+    task, tokenizer = load_task_data(recipe.data), load_tokenizer(recipe.model)
+    model = load_model(recipe.model, task.label_names, attention="eager").eval()
+    train_ds = tokenize(task.train, tokenizer, task.text_fields, recipe.data.max_length)
+    batches = sample_batches(train_ds, tokenizer, p.scoring_examples, p.score_batch_size, recipe.seed, by_length=True)
+    if p.allocation_examples is not None:
+        batches = batches[: max(1, -(-p.allocation_examples // p.score_batch_size))]
+    return recipe, model, batches
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--run", type=Path, required=True, help="a finished run directory")
@@ -79,15 +94,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--else-running", required=True, help="what else ran on the machine")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
-    recipe = parse_recipe(yaml.safe_load((args.run / "recipe.resolved.yaml").read_text()))
+    recipe, model, batches = allocation_setup(args.run)
     p = recipe.prune
-    task = load_task_data(recipe.data)
-    tokenizer = load_tokenizer(recipe.model)
-    model = load_model(recipe.model, task.label_names, attention="eager").eval()
-    train_ds = tokenize(task.train, tokenizer, task.text_fields, recipe.data.max_length)
-    batches = sample_batches(train_ds, tokenizer, p.scoring_examples, p.score_batch_size, recipe.seed, by_length=True)
-    if p.allocation_examples is not None:  # the loop's passes read only the first batches (`_allocation_batches`)
-        batches = batches[: max(1, -(-p.allocation_examples // p.score_batch_size))]
     passes = passes_per_step(list(p.units), num_layers(model), p.allocation_parts)
     rows = {}
     for member, model_dir in RunReport.read(args.run / "report.json").member_models(args.run):

@@ -24,7 +24,6 @@ import time
 from pathlib import Path
 
 import torch
-import yaml
 from accelerate import Accelerator
 from safetensors.torch import load_file
 from scipy.stats import kendalltau
@@ -33,15 +32,13 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.append(str(Path(__file__).resolve().parent))  # its sibling scripts, after the packages
 
+from allocation_passes import allocation_setup  # noqa: E402
 from family import write_result  # noqa: E402
 from member_finetune import step_masks  # noqa: E402
 from mpnet_family import commit  # noqa: E402
 
 from compressor.core.machine import cpu_summary  # noqa: E402
 from compressor.pruning.allocation import _without, kept_loss  # noqa: E402
-from compressor.recipe import parse_recipe  # noqa: E402
-from compressor.sources import load_model, load_task_data, load_tokenizer  # noqa: E402
-from compressor.sources.batches import sample_batches, tokenize  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results" / "allocation_precision.json"
 
@@ -93,14 +90,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--else-running", required=True, help="what else ran on the machine")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
-    recipe = parse_recipe(yaml.safe_load((args.run / "recipe.resolved.yaml").read_text()))
+    recipe, model, batches = allocation_setup(args.run)
     p = recipe.prune
-    task, tokenizer = load_task_data(recipe.data), load_tokenizer(recipe.model)
-    model = load_model(recipe.model, task.label_names, attention="eager").eval()
-    train_ds = tokenize(task.train, tokenizer, task.text_fields, recipe.data.max_length)
-    batches = sample_batches(train_ds, tokenizer, p.scoring_examples, p.score_batch_size, recipe.seed, by_length=True)
-    if p.allocation_examples is not None:  # the loop's passes read only the first batches
-        batches = batches[: max(1, -(-p.allocation_examples // p.score_batch_size))]
     rows = {}
     for step in args.steps:
         step_dir = args.run / "state" / f"step_{step:03d}"
