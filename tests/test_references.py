@@ -17,10 +17,12 @@ from compressor.bench import measure_quality, pytorch_candidate
 from compressor.bench.frontier import pick, versus_references
 from compressor.cli import app
 from compressor.core.errors import UserError
+from compressor.pipeline.finetune import finetune_key
 from compressor.pipeline.references import prepare_reference, references
 from compressor.pipeline.runner import prepare, run_recipe
-from compressor.recipe import parse_recipe
+from compressor.recipe import ModelSpec, parse_recipe
 from compressor.report.family import render_family
+from compressor.report.references import references_lines
 from compressor.report.schema import RunReport
 from compressor.sources.models import foreign_head
 from compressor.testing import tiny_config, tiny_model
@@ -111,23 +113,69 @@ def test_a_reference_that_cannot_load_is_named(tmp_path, tiny_model_dir, tiny_cs
     [
         ({"bench": {"references": ["builtin:minilm-l6", "builtin:minilm-l6"]}}, "expected distinct references"),
         ({"bench": {"enabled": False, "references": ["builtin:minilm-l6"]}}, "expected bench.enabled: true"),
-    ],
+        (
+            {"bench": {"references": ["builtin:minilm-l6"], "reference_distill": True}},
+            "_distill: a reference learns from the run's teacher targets; expected prune.finetune.distill",
+        ),
+        (
+            {
+                "bench": {"references": ["builtin:minilm-l6"], "reference_distill": True},
+                "prune": {"recovery": "rescale", "finetune": {"distill": {"alpha": 0.5}}},
+                "model": {"task_tuned": True},
+            },
+            "_distill: .*expected prune.finetune.distill",
+        ),  # a recovery that trains nothing has no teacher
+    ],  # fmt: skip
 )
 def test_references_are_checked_with_the_recipe(recipe, message):
-    with pytest.raises(UserError, match=f"bench.references: .*{message}"):
+    with pytest.raises(UserError, match=f"bench.reference.*{message}") as err:
         parse_recipe(recipe)
+    assert "\n" not in str(err.value)
 
 
-def _family(tmp_path, model_dir, data, reference, name):
+def test_a_distilled_reference_has_its_own_cache_key():
+    """Distillation is part of what a fine-tune is: keyed apart from the plain fine-tune of the same settings, by
+    teacher and settings; a plain key is the one it always was."""
+    recipe = parse_recipe({})
+    spec = ModelSpec(source="builtin:minilm-l6")
+    plain = finetune_key(recipe, spec, LABELS, recipe.base_finetune, "bf16")
+    assert plain == finetune_key(recipe, spec, LABELS, recipe.base_finetune, "bf16", None)
+    taught = {"teacher": "abc", "alpha": 0.7, "temperature": 2.0}
+    keys = {plain, finetune_key(recipe, spec, LABELS, recipe.base_finetune, "bf16", taught),
+            finetune_key(recipe, spec, LABELS, recipe.base_finetune, "bf16", {**taught, "teacher": "abd"}),
+            finetune_key(recipe, spec, LABELS, recipe.base_finetune, "bf16", {**taught, "alpha": 0.5})}  # fmt: skip
+    assert len(keys) == 4
+
+
+def _family(tmp_path, model_dir, data, reference, name, distill=False):
+    finetune = {**FINETUNE, "distill": {"alpha": 0.7, "temperature": 2.0}} if distill else FINETUNE
     prune = {"criterion": {"name": "taylor"}, "budget": {"kind": "heads", "values": [0.25, 0.5], "seq_len": 32},
-             "steps": 2, "score_examples": 64, "finetune": FINETUNE, "baseline": None}  # fmt: skip
+             "steps": 2, "score_examples": 64, "finetune": finetune, "baseline": None}  # fmt: skip
     overrides = {
         "prune": prune,
         "export": {"variants": ["fp32", "int8"], "int8": {"max_drop": None, "min_agreement": None}},
-        "bench": {**BENCH, "max_drop": None, "references": [str(reference)],
+        "bench": {**BENCH, "max_drop": None, "references": [str(reference)], "reference_distill": distill,
                   "reference_finetune": {"epochs": 8, "lr": 3e-3, "batch_size": 16}},  # its own, not the base's
     }  # fmt: skip
     return parse_recipe(tiny_recipe(model_dir, data, tmp_path / name, **overrides))
+
+
+def test_a_distilled_reference_learns_from_the_run_teacher(tmp_path, tiny_model_dir, tiny_csv, cache_dir,
+                                                           mpnet_reference):  # fmt: skip
+    """With `bench.reference_distill` the reference (another tokenizer) trains on the run's teacher targets, which
+    cover every example it draws, and is cached under its own key beside the base's; the report says so."""
+    report = run_recipe(_family(tmp_path, tiny_model_dir, tiny_csv, mpnet_reference, "taught", distill=True))
+    (ref,) = report["references"]
+    assert ref["distilled"] is True
+    assert {k: ref["finetune"]["distill"][k] for k in ("alpha", "temperature")} == {"alpha": 0.7, "temperature": 2.0}
+    log = (tmp_path / "taught" / "run.log").read_text()
+    assert f"reference {mpnet_reference.name}: fine-tune: 8.0 epochs of" in log
+    assert "distilled from the run's teacher targets" in log
+    run = prepare(_family(tmp_path, tiny_model_dir, tiny_csv, mpnet_reference, "plain"))
+    plain = finetune_key(run.recipe, references(run.recipe)[0].spec, LABELS, run.recipe.bench.reference_finetune,
+                         str(run.accelerator.mixed_precision))  # fmt: skip
+    cached = {p.name for p in (cache_dir / "finetuned").iterdir()}
+    assert len(cached) == 2 and plain not in cached  # the base's and the distilled reference's
 
 
 def test_a_reference_joins_the_frontier_on_its_own_tokenizer_and_is_cached(
@@ -210,8 +258,22 @@ def test_versus_references_names_the_best_member_as_fast_or_none():
     assert int8["best"]["name"] == "2x/onnx-int8" and int8["best"]["beats"]
     assert int8["best"]["points"] == pytest.approx(3.2) and int8["best"]["mcnemar_p"] == 0.01
     assert int8["best_same_runtime"]["name"] == "2x/onnx-int8"
+    assert int8["nearest_same_runtime"] is None  # a member is as fast there
     fast = by_name["reference/minilm-l6/pytorch"]
     assert fast["best"] is None and fast["best_same_runtime"] is None  # 4x/onnx-int8 is faster but rejected
+    near = fast["nearest_same_runtime"]  # the fastest PyTorch member, short of the reference's speed
+    assert near["name"] == "4x/pytorch" and near["speed_ratio"] == pytest.approx(4.1 / 6.9)
+    assert near["points"] == pytest.approx(2.0) and near["mcnemar_p"] is None and near["beats"]
+
+
+def test_report_says_how_far_short_the_nearest_member_falls():
+    """Where no member is as fast on a reference's runtime, the report's same-runtime cells name the fastest
+    member there, its fraction of the reference's speed and its accuracy difference; elsewhere "none as fast"."""
+    lines = references_lines(versus_references(ROWS, PAIRS))
+    (row,) = [line for line in lines if line.startswith("| minilm-l6 | pytorch |")]
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[4:6] == ["none as fast", "–"]
+    assert cells[6:] == ["none as fast; nearest `4x/pytorch` at 0.59× its speed", "+2.00 (–)"]
 
 
 def test_pick_returns_a_reference_when_it_wins_and_says_so(tmp_path):

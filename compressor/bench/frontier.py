@@ -123,18 +123,25 @@ def versus_references(rows: list[dict], pairs: list[dict]) -> list[dict]:
     """Per reference point of the frontier `rows`: the most accurate shippable member at equal or higher measured
     speed (on any runtime, and on the reference's own runtime), with the accuracy difference in points and McNemar's
     exact p between the two on the same test examples (`pairs`: the bench's member-vs-reference comparisons), and
-    whether it beats the reference (is more accurate). `best` is None when no member is as fast."""
+    whether it beats the reference (is more accurate). `best` is None when no member is as fast. When none is as
+    fast on the reference's own runtime, `nearest_same_runtime` is the fastest member there (how far short of the
+    reference's speed it falls, `speed_ratio` < 1, and its accuracy against it), so "none as fast" says by how much.
+    """
     paired = {(p["candidate"], p["versus"]): p for p in pairs}
     members = [r for r in rows if r["role"] == "member" and not r["rejected"] and r["accuracy"] is not None]
+    members = [m for m in members if m["speedup"] is not None]
     out = []
     for ref in rows:
         if ref["role"] != "reference" or ref["speedup"] is None or ref["accuracy"] is None:
             continue
-        fast = [m for m in members if m["speedup"] is not None and m["speedup"] >= ref["speedup"]]
-        same = [m for m in fast if m["runtime"] == ref["runtime"]]
+        fast = [m for m in members if m["speedup"] >= ref["speedup"]]
+        own = [m for m in members if m["runtime"] == ref["runtime"]]
+        same = [m for m in own if m in fast]
         entry = {k: ref[k] for k in ("name", "model", "runtime", "speedup", "accuracy", "rejected")}
         entry["best"] = _best_against(ref, fast, paired)
         entry["best_same_runtime"] = _best_against(ref, same, paired)
+        nearest = max(own, key=lambda m: m["speedup"]) if own and not same else None
+        entry["nearest_same_runtime"] = None if nearest is None else _against(ref, nearest, paired)
         out.append(entry)
     return out
 
@@ -143,17 +150,23 @@ def _best_against(ref: dict, members: list[dict], paired: dict) -> dict | None:
     """The most accurate of `members` (ties: the fastest) against the reference row `ref`."""
     if not members:
         return None
-    best = max(members, key=lambda m: (m["accuracy"], m["speedup"]))
-    pair = paired.get((best["name"], ref["name"]), {})
+    return _against(ref, max(members, key=lambda m: (m["accuracy"], m["speedup"])), paired)
+
+
+def _against(ref: dict, member: dict, paired: dict) -> dict:
+    """The member row `member` against the reference row `ref`: its speed relative to the reference's, the accuracy
+    difference in points and McNemar's p of the pair (None when the bench did not pair them)."""
+    pair = paired.get((member["name"], ref["name"]), {})
     return {
-        "name": best["name"],
-        "model": best["model"],
-        "runtime": best["runtime"],
-        "speedup": best["speedup"],
-        "accuracy": best["accuracy"],
-        "points": 100 * (best["accuracy"] - ref["accuracy"]),
+        "name": member["name"],
+        "model": member["model"],
+        "runtime": member["runtime"],
+        "speedup": member["speedup"],
+        "speed_ratio": member["speedup"] / ref["speedup"],
+        "accuracy": member["accuracy"],
+        "points": 100 * (member["accuracy"] - ref["accuracy"]),
         "mcnemar_p": pair.get("mcnemar", {}).get("p_value"),
-        "beats": best["accuracy"] > ref["accuracy"],
+        "beats": member["accuracy"] > ref["accuracy"],
     }
 
 

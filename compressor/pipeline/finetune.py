@@ -30,16 +30,23 @@ if TYPE_CHECKING:
     import datasets
 
     from compressor.pipeline.stages import RunState
+    from compressor.recovery.distill import TeacherTargets
 
 log = logging.getLogger("compressor")
 
 
 def finetune_key(
-    recipe: Recipe, spec: ModelSpec, labels: list[str], settings: TrainSpec | None = None, precision: str = "no"
+    recipe: Recipe,
+    spec: ModelSpec,
+    labels: list[str],
+    settings: TrainSpec | None = None,
+    precision: str = "no",
+    distill: dict | None = None,
 ) -> str:
     """The cache key of `spec`'s fine-tune under `recipe` for the label set `labels`, with `settings` (default: the
     recipe's `base_finetune`), trained at `precision` (the Accelerator's mixed precision as run: a bf16 fine-tune is
-    another model than the fp32 one; fp32 keys stay as they were before precisions were keyed)."""
+    another model than the fp32 one; fp32 keys stay as they were before precisions were keyed), and, for a
+    distilled fine-tune, `distill` (which teacher and how; undistilled keys stay as they were)."""
     payload = {
         "model": source_fingerprint(spec.source, {k: "+".join(b.packages) for k, b in BUILTINS.items()}),
         "revision": spec.revision,
@@ -52,6 +59,8 @@ def finetune_key(
     }
     if precision != "no":
         payload["precision"] = precision
+    if distill is not None:
+        payload["distill"] = distill
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -62,24 +71,32 @@ def cached_finetune(
     train_split: datasets.Dataset,
     what: str = "base fine-tune",
     settings: TrainSpec | None = None,
+    teacher: TeacherTargets | None = None,
 ) -> tuple[torch.nn.Module, dict]:
     """`spec`'s model with a fresh classifier for the run's labels, fine-tuned on `train_split` (tokenised by
     `tokenizer`) with `settings` (default: the recipe's `base_finetune`; a reference's: `bench.reference_finetune`),
-    or the cached result of that same fine-tune; eager attention.
+    or the cached result of that same fine-tune; eager attention. With `teacher` (the run's teacher targets, one
+    row per train example, so any tokenisation of the same split reads them) the loss mixes in distillation, and
+    the cache key names the teacher (the run's base model and fine-tune) and the distillation settings.
     Every process trains; the main one writes the cache. `what` names it in the log."""
     r = run.recipe
     ft = settings or r.base_finetune
     precision = str(run.accelerator.mixed_precision)
-    cached = cache_root() / "finetuned" / finetune_key(r, spec, run.data.label_names, ft, precision)
+    labels = run.data.label_names
+    distill = None
+    if teacher is not None:
+        distill = {"teacher": finetune_key(r, r.model, labels, None, precision), **teacher.spec.model_dump(mode="json")}
+    cached = cache_root() / "finetuned" / finetune_key(r, spec, labels, ft, precision, distill)
     if (cached / "model.safetensors").exists():
         log.info("%s: cached at %s", what, cached)
         return load_pruned(cached, attn_implementation="eager"), {"cached": str(cached)}
     set_seed(r.seed)
-    model = load_model(spec, run.data.label_names, attention="eager")
+    model = load_model(spec, labels, attention="eager")
     per_epoch = min(len(train_split), ft.max_examples or len(train_split))
-    log.info("%s: %s epochs of %d examples (of %d)", what, ft.epochs, per_epoch, len(train_split))
+    taught = "" if teacher is None else ", distilled from the run's teacher targets"
+    log.info("%s: %s epochs of %d examples (of %d)%s", what, ft.epochs, per_epoch, len(train_split), taught)
     desc = "base" if what == "base fine-tune" else what
-    stats = train(model, train_split, tokenizer, ft, run.accelerator, seed=r.seed, desc=desc)
+    stats = train(model, train_split, tokenizer, ft, run.accelerator, seed=r.seed, desc=desc, teacher=teacher)
     if run.main:
         save_pruned(model, cached, tokenizer, metadata={"base_finetune": stats})
     run.accelerator.wait_for_everyone()

@@ -7,8 +7,10 @@ a hub id, a local directory), and it is
 - checked when the run starts, from its config alone (a supported architecture, position embeddings for the run's
   lengths, a tokenizer, and no task head or label set other than the task's), in one line naming it
   (`check_references`), before anything long runs;
-- fine-tuned on the run's training split, tokenised by its own tokenizer, with the recipe's `base_finetune`, and
-  cached exactly as the base model is (`finetune.cached_finetune`: a base run of the same model shares the entry);
+- fine-tuned on the run's training split, tokenised by its own tokenizer, with `bench.reference_finetune` (else the
+  recipe's `base_finetune`), and cached exactly as the base model is (`finetune.cached_finetune`: a base run of the
+  same model shares the entry); with `bench.reference_distill`, distilled from the run's teacher targets as the
+  members are (the alternative of distilling the original into the small model), cached under its own key;
 - saved under `<output_dir>/references/<label>/` and exported by the member export stage (ONNX variants, the int8
   gate);
 - benchmarked beside the members and the original, on its own tokenisation of the same test examples
@@ -33,6 +35,7 @@ from compressor.pipeline.finetune import cached_finetune
 from compressor.pipeline.stages import STAGES, RunState, run_stages
 from compressor.pruning.selection import check_positions
 from compressor.recipe import ModelSpec, Recipe
+from compressor.recovery.distill import TeacherTargets
 from compressor.recovery.evaluate import evaluate
 from compressor.sources import load_tokenizer
 from compressor.sources.batches import tokenize_splits
@@ -91,10 +94,10 @@ def check_references(recipe: Recipe, label_names: list[str]) -> None:
             )
 
 
-def prepare_references(run: RunState) -> list[dict]:
-    """Every reference fine-tuned (cached), saved and exported; their report sections (empty on the processes
-    that only train)."""
-    sections = [prepare_reference(run, ref) for ref in references(run.recipe)]
+def prepare_references(run: RunState, teacher: TeacherTargets | None = None) -> list[dict]:
+    """Every reference fine-tuned (cached; distilled from `teacher` when given), saved and exported; their report
+    sections (empty on the processes that only train)."""
+    sections = [prepare_reference(run, ref, teacher) for ref in references(run.recipe)]
     return sections if run.main else []
 
 
@@ -104,10 +107,10 @@ def completed(ref_dir: Path) -> dict | None:
     return json.loads(path.read_text()) if path.exists() else None
 
 
-def prepare_reference(run: RunState, ref: Reference) -> dict:
-    """Fine-tune `ref` on the run's split with its own tokenizer (or reuse the cached fine-tune), then, on the main
-    process, evaluate it on test, save it under `references/<label>/model` and export it as a member is exported.
-    Returns its report section; `reference.json` is written last."""
+def prepare_reference(run: RunState, ref: Reference, teacher: TeacherTargets | None = None) -> dict:
+    """Fine-tune `ref` on the run's split with its own tokenizer (distilled from `teacher` when given), or reuse the
+    cached fine-tune, then, on the main process, evaluate it on test, save it under `references/<label>/model` and
+    export it as a member is exported. Returns its report section; `reference.json` is written last."""
     out = run.out / REFERENCES_DIR / ref.label
     if (done := completed(out)) is not None:
         log.info("reference %s: kept from an earlier try (%s)", ref.label, out)
@@ -116,7 +119,7 @@ def prepare_reference(run: RunState, ref: Reference) -> dict:
     splits = tokenize_splits(run.data, tokenizer, run.recipe.data.max_length)
     with run.timed(f"reference {ref.label}: fine-tune"):
         what, settings = f"reference {ref.label}: fine-tune", run.recipe.bench.reference_finetune
-        model, info = cached_finetune(run, ref.spec, tokenizer, splits["train"], what, settings)
+        model, info = cached_finetune(run, ref.spec, tokenizer, splits["train"], what, settings, teacher)
     if not run.main:
         return {}
     model = model.cpu().eval()
@@ -134,6 +137,7 @@ def prepare_reference(run: RunState, ref: Reference) -> dict:
         "label": ref.label,
         "source": ref.spec.source,
         "finetune": info,
+        "distilled": teacher is not None,
         "test": test,
         "model_dir": str(model_dir),
         "parameters": sum(p.numel() for p in model.parameters()),

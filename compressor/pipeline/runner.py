@@ -35,7 +35,7 @@ from compressor.recipe import Recipe, RecipeError, dump_recipe, parse_recipe
 from compressor.recovery.baseline import LayerDropBaseline, baseline_examples, layer_drop_baseline
 from compressor.recovery.checkpoints import StepCheckpoints
 from compressor.recovery.distill import TeacherTargets, load_or_compute, step_examples
-from compressor.recovery.draws import member_examples, member_seed
+from compressor.recovery.draws import drawn_examples, member_examples, member_seed
 from compressor.recovery.evaluate import evaluate, evaluate_kept
 from compressor.recovery.loop import prune
 from compressor.recovery.rescale import post_training_sample, recovery_summary
@@ -231,7 +231,8 @@ def _finish(
 
     run.report = _report_head(run, base_info, original)
     sections = _make_members(run, start, teacher)
-    references = prepare_references(run)  # every process fine-tunes; the main one saves and exports
+    taught = teacher if run.recipe.bench.reference_distill else None
+    references = prepare_references(run, taught)  # every process fine-tunes; the main one saves and exports
     if not run.main:
         run.accelerator.wait_for_everyone()
         return {}
@@ -294,6 +295,9 @@ def _teacher(run: RunState, model: torch.nn.Module) -> TeacherTargets | None:
     if p.member_finetune is not None:  # and the members' final fine-tunes (their baselines draw the same)
         members = len(p.resolved_budget.targets)
         draws.append(member_examples(len(train_ds), p.member_finetune.max_examples, seed, members))
+    if run.recipe.bench.reference_distill:  # a distilled reference draws as a base fine-tune does
+        reference = run.recipe.bench.reference_finetune or run.recipe.base_finetune
+        draws.append(drawn_examples(len(train_ds), reference.max_examples, seed))
     examples = None if None in draws else sorted(set().union(*draws))
     return load_or_compute(
         run.out / "state" / "teacher", model, train_ds, run.tokenizer, run.accelerator, finetune.distill, examples

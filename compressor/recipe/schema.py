@@ -214,6 +214,11 @@ class BenchSpec(Strict):
         description="the fine-tune each reference gets (null: the recipe's base_finetune). A smaller model often "
         "wants its own settings (a higher learning rate, more examples) to be a fair alternative",
     )
+    reference_distill: bool = Field(
+        False,
+        description="each reference learns from the run's teacher targets as the members do (prune.finetune.distill): "
+        "the alternative of distilling the original into the small model, not only fine-tuning it",
+    )
 
     @field_validator("quantize_only")
     @classmethod
@@ -354,6 +359,12 @@ class Recipe(Strict):
         """A reference is fine-tuned on the training labels only to be benchmarked beside the members."""
         if self.bench.references and not self.bench.enabled:
             raise ValueError("bench.references: references are compared in the bench; expected bench.enabled: true")
+        finetune = self.prune.recovery_finetune
+        if self.bench.reference_distill and (finetune is None or finetune.distill is None):
+            raise ValueError(
+                "bench.reference_distill: a reference learns from the run's teacher targets; expected "
+                "prune.finetune.distill"
+            )
         if self.bench.references and not self.data.train_labels:
             raise ValueError(
                 "bench.references: a reference is fine-tuned on the training split's labels; expected "

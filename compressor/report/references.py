@@ -9,12 +9,14 @@ from compressor.bench.frontier import versus_references
 
 def references_lines(entries: list[dict]) -> list[str]:
     """Per reference point: the most accurate member at equal or higher measured speed, on any runtime and on the
-    reference's own, and by how much it beats the reference (or falls short), with McNemar's p between the two."""
+    reference's own, and by how much it beats the reference (or falls short), with McNemar's p between the two;
+    when none is as fast on its own runtime, the fastest member there and how far short of its speed it falls."""
     lines = [
         "Each reference is another model fine-tuned on the same split (with `bench.reference_finetune`, else the "
         "recipe's base fine-tune settings), exported and benchmarked like a member. Per reference and runtime: the "
         "most accurate member at equal or higher measured speed, Δ = member − reference in test accuracy points, "
-        "McNemar's exact p between the two on the same test examples.",
+        "McNemar's exact p between the two on the same test examples. Where no member is as fast on the reference's "
+        "runtime, the nearest is the fastest member there, at its fraction of the reference's speed.",
         "",
         "| reference | runtime | speed-up | test acc (%) | best member as fast (any runtime) | Δ (p) "
         "| best member as fast (same runtime) | Δ (p) |",
@@ -27,8 +29,10 @@ def references_lines(entries: list[dict]) -> list[str]:
                 cells += ["none as fast", "–"]
                 continue
             verdict = "beats it" if best["beats"] else "does not beat it"
-            p = "–" if best["mcnemar_p"] is None else f"{best['mcnemar_p']:.3g}"
-            cells += [f"`{best['name']}` ({best['speedup']:.2f}×, {verdict})", f"{best['points']:+.2f} ({p})"]
+            cells += [f"`{best['name']}` ({best['speedup']:.2f}×, {verdict})", _delta(best)]
+        if (near := e.get("nearest_same_runtime")) is not None:  # reports from before it have no such key
+            nearest = f"none as fast; nearest `{near['name']}` at {near['speed_ratio']:.2f}× its speed"
+            cells[-2:] = [nearest, _delta(near)]
         rejected = " (int8 gate failed)" if e["rejected"] else ""
         lines.append(
             f"| {e['model']} | {e['runtime']}{rejected} | {e['speedup']:.2f}× | {100 * e['accuracy']:.2f} | "
@@ -36,6 +40,12 @@ def references_lines(entries: list[dict]) -> list[str]:
             + " |"
         )
     return lines
+
+
+def _delta(member: dict) -> str:
+    """A member's accuracy difference to a reference in points, with McNemar's p ("–" when not paired)."""
+    p = "–" if member["mcnemar_p"] is None else f"{member['mcnemar_p']:.3g}"
+    return f"{member['points']:+.2f} ({p})"
 
 
 def references_section(entries: list[dict] | None) -> list[str]:
