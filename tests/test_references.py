@@ -171,6 +171,8 @@ def test_a_distilled_reference_learns_from_the_run_teacher(tmp_path, tiny_model_
     log = (tmp_path / "taught" / "run.log").read_text()
     assert f"reference {mpnet_reference.name}: fine-tune: 8.0 epochs of" in log
     assert "distilled from the run's teacher targets" in log
+    md = (tmp_path / "taught" / "report.md").read_text()
+    assert f"as the members are (`bench.reference_distill`): {mpnet_reference.name}." in md
     run = prepare(_family(tmp_path, tiny_model_dir, tiny_csv, mpnet_reference, "plain"))
     plain = finetune_key(run.recipe, references(run.recipe)[0].spec, LABELS, run.recipe.bench.reference_finetune,
                          str(run.accelerator.mixed_precision))  # fmt: skip
@@ -211,6 +213,7 @@ def test_a_reference_joins_the_frontier_on_its_own_tokenizer_and_is_cached(
                 assert best["mcnemar_p"] is not None and best["beats"] == (best["points"] > 0)
     md = (out / "report.md").read_text()
     assert f"| reference {label} | pytorch |" in md and "## Against the references" in md
+    assert "bench.reference_distill" not in md and ref["distilled"] is False  # fine-tuned only
     assert f"| {label} |" not in md.split("## Members")[1]  # the members table lists members only
     assert f"reference {label}: fine-tune: 8.0 epochs of" in (out / "run.log").read_text()  # reference_finetune
     cached = sorted(p.name for p in (cache_dir / "finetuned").iterdir())

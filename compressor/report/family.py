@@ -121,7 +121,7 @@ def render_family(report: RunReport) -> str:
             "Full benchmark (all batch sizes, spread, memory): [bench/report.md](bench/report.md).",
         ]
     if section.versus_references:
-        lines += references_section(section.versus_references)
+        lines += references_section(section.versus_references, report.references)
         lines += ["", "Each reference's fine-tuned model and ONNX variants are under `references/<reference>/`."]
     lines += ["", "## Members", "", *_members_table(section.members), *_finetune_lines(section.members)]
     lines += [

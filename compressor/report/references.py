@@ -48,9 +48,15 @@ def _delta(member: dict) -> str:
     return f"{member['points']:+.2f} ({p})"
 
 
-def references_section(entries: list[dict] | None) -> list[str]:
-    """The report's "Against the references" section (empty without references)."""
-    return ["", "## Against the references", "", *references_lines(entries)] if entries else []
+def references_section(entries: list[dict] | None, sections: list[dict] | None = None) -> list[str]:
+    """The report's "Against the references" section (empty without references); `sections` (the report's
+    `references`) say which references were distilled from the run's teacher rather than only fine-tuned."""
+    if not entries:
+        return []
+    taught = [r["label"] for r in sections or [] if r.get("distilled")]
+    names = ", ".join(taught)
+    how = f"Distilled from the run's teacher targets as the members are (`bench.reference_distill`): {names}."
+    return ["", "## Against the references", "", *references_lines(entries), *(["", how] if taught else [])]
 
 
 def reference_comparison(rows: list[dict], bench: dict) -> dict:

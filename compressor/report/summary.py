@@ -371,7 +371,7 @@ def render(report: RunReport) -> str:
             "",
             "Full tables and plots (all sequence lengths and batch sizes, spread, memory): "
             "[bench/report.md](bench/report.md).",
-            *references_section(report.versus_references),
+            *references_section(report.versus_references, report.references),
         ]
     if report.analysis is not None:
         lines += ["", "## Head roles of kept vs removed heads", "", *_roles_table(report.analysis)]
