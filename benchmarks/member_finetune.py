@@ -129,20 +129,31 @@ def reference_rows(args, recipe, task, accelerator, reference, teacher) -> tuple
     return rows, hits
 
 
-def spread(member_hits: list, reference_hits: list) -> dict:
-    """Each side's mean and standard deviation of test accuracy (points) over its rows, and every member/reference
-    pair's gap (points, McNemar p): what one draw of each is worth against the other."""
-    side = {name: [100 * float(h.mean()) for h in hits] for name, hits in (("member", member_hits),
-                                                                            ("reference", reference_hits))}  # fmt: skip
+def setting(change: dict) -> str:
+    """A variant's settings without its seed: the rows one mean and spread are taken over."""
+    return ",".join(f"{k}={v:g}" for k, v in sorted(change.items()) if k != "seed") or "base"
+
+
+def spread(rows: list[dict], member_hits: list, ref_rows: list[dict], reference_hits: list) -> dict:
+    """Per setting of each side (its variants' settings without the seed): the mean and standard deviation of
+    validation and test accuracy (points) over its seeds; and every member/reference pair's test gap (points,
+    McNemar p): what one draw of each is worth against the other."""
+    groups: dict[str, list[dict]] = {}
+    for side, side_rows in (("member", rows), ("reference", ref_rows)):
+        for row in side_rows:
+            groups.setdefault(f"{side} {setting(row['change'])}", []).append(row)
+    out: dict = {"settings": {}}
+    for name, group in groups.items():
+        stats = {"seeds": len(group)}
+        for split in ("val", "test"):
+            values = [100 * r[f"{split}_accuracy"] for r in group]
+            stats[f"{split}_mean"] = round(float(np.mean(values)), 2)
+            stats[f"{split}_sd"] = round(float(np.std(values, ddof=1)), 2) if len(values) > 1 else 0.0
+        out["settings"][name] = stats
     pairs = [{"member": i, "reference": j, "gap_points": round(100 * float(m.mean() - r.mean()), 2),
               "p": mcnemar_exact(m, r)["p_value"]}
              for i, m in enumerate(member_hits) for j, r in enumerate(reference_hits)]  # fmt: skip
-    gaps = [p["gap_points"] for p in pairs]
-    out = {f"{k}_{stat}": round(float(f(v)), 2) for k, v in side.items() if v
-           for stat, f in (("mean", np.mean), ("sd", lambda x: np.std(x, ddof=1) if len(x) > 1 else 0.0))}  # fmt: skip
-    if gaps:
-        out |= {"pairs": pairs, "gap_mean": round(float(np.mean(gaps)), 2), "gap_min": min(gaps), "gap_max": max(gaps)}
-    return out
+    return out | ({"pairs": pairs} if pairs else {})
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -204,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
         "reference_test_accuracy": float(reference.mean()), "heads_left": int(masks.heads.sum()),
         "neurons_left": None if masks.neurons is None else int(masks.neurons.sum()),
         "cpu": cpu_summary(), "threads": torch.get_num_threads(), "else_running": args.else_running,
-        "rows": rows, "reference_rows": ref_rows, "spread": spread(member_hits, ref_hits),
+        "rows": rows, "reference_rows": ref_rows, "spread": spread(rows, member_hits, ref_rows, ref_hits),
     }  # fmt: skip
     write_result(out, args.out)
     return 0
