@@ -1,19 +1,21 @@
 """Would pruning the hidden size buy the deepest member speed, and at what accuracy? A probe, not a product mode.
 
-The members keep the base model's residual width (768 for MPNet-base) while MiniLM-L6 runs at 384: past ~5× the
-pruned layers' fixed parts (LayerNorms, residual adds, the embeddings, every Q/K/V/FFN input row) are all at full
-width. This script takes the step that closes a family's deepest member (`state/step_NNN`: its weights and masks
-before its last fine-tune), removes its dead units (`Masks.pruned_copy`), and then cuts the residual stream to each
-width of `--widths`, keeping the dimensions with the largest mean |activation| after the model's LayerNorms on
-training examples (one index set for every layer: the residual stream is shared). Cut: every Embedding and
-LayerNorm of the hidden width, every Linear's input columns that read the stream, and the rows of the Linears that
-write it (each layer's attention output and FFN output projections, from the architecture's declaration). The
-LayerNorms then normalise over fewer dimensions, so the model is retrained: the member's own last fine-tune
-(`prune.member_spec`, the run's teacher targets and precision).
+The members keep the base model's residual width (768 for MPNet-base) while MiniLM-L6 runs at 384: however few
+heads and neurons a deep member keeps, its fixed parts (LayerNorms, residual adds, the embeddings, every Q/K/V/FFN
+input row) stay at full width. This script takes a family run's step checkpoint (`state/step_NNN`: weights and
+masks after that step; the step that closes a member holds it before its last fine-tune), removes its dead units
+(`Masks.pruned_copy`), and then cuts the residual stream to each width of `--widths`, keeping the dimensions with
+the largest mean |activation| after the model's LayerNorms on training examples (one index set for every layer:
+the residual stream is shared). Cut: every Embedding and LayerNorm of the hidden width, every Linear's input
+columns that read the stream, and the rows of the Linears that write it (each layer's attention output and FFN
+output projections, from the architecture's declaration). The LayerNorms then normalise over fewer dimensions, so
+the model is retrained: the member's own last fine-tune (`prune.member_spec`, the run's teacher targets and
+precision).
 
 It reports (1) paired PyTorch speed-ups against the original at the bench's shape, for the member at full width,
-each cut width and the run's reference, in one interleaved timing; (2) for `--train-widths`, validation and test
-accuracy after the fine-tune, with McNemar's p against the run's saved reference.
+each cut width, `--also-step`'s pruned model and the run's reference, in one interleaved timing; (2) for
+`--train-widths` (with `--as-fast`, also the widest cut timed at least as fast as the reference), validation and
+test accuracy after the fine-tune, with McNemar's p against the run's saved reference.
 
 Usage (machine to itself):
     .venv/bin/python benchmarks/hidden_width.py --run runs/mpnet_rt_family --step 7 --widths 768 576 512 384 \
