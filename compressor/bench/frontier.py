@@ -128,18 +128,18 @@ def versus_references(rows: list[dict], pairs: list[dict]) -> list[dict]:
     reference's speed it falls, `speed_ratio` < 1, and its accuracy against it), so "none as fast" says by how much.
     """
     paired = {(p["candidate"], p["versus"]): p for p in pairs}
-    members = [r for r in rows if r["role"] == "member" and not r["rejected"] and r["accuracy"] is not None]
-    members = [m for m in members if m["speedup"] is not None]
+    shippable = [r for r in rows if r["role"] == "member" and not r["rejected"]]
+    members = [m for m in shippable if m["accuracy"] is not None and m["speedup"] is not None]
     out = []
     for ref in rows:
         if ref["role"] != "reference" or ref["speedup"] is None or ref["accuracy"] is None:
             continue
         fast = [m for m in members if m["speedup"] >= ref["speedup"]]
-        own = [m for m in members if m["runtime"] == ref["runtime"]]
-        same = [m for m in own if m in fast]
+        same = [m for m in fast if m["runtime"] == ref["runtime"]]
         entry = {k: ref[k] for k in ("name", "model", "runtime", "speedup", "accuracy", "rejected")}
         entry["best"] = _best_against(ref, fast, paired)
         entry["best_same_runtime"] = _best_against(ref, same, paired)
+        own = [m for m in members if m["runtime"] == ref["runtime"]]
         nearest = max(own, key=lambda m: m["speedup"]) if own and not same else None
         entry["nearest_same_runtime"] = None if nearest is None else _against(ref, nearest, paired)
         out.append(entry)
