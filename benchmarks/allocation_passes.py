@@ -22,7 +22,6 @@ import time
 from pathlib import Path
 
 import torch
-import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -33,9 +32,10 @@ from kept_training import masks_of, timing_row  # noqa: E402
 from mpnet_family import commit  # noqa: E402
 
 from compressor.core.machine import cpu_summary  # noqa: E402
+from compressor.core.outdir import RESOLVED_FILE  # noqa: E402
 from compressor.pruning.allocation import kept_loss, masked_loss  # noqa: E402
 from compressor.pruning.units import Masks  # noqa: E402
-from compressor.recipe import Recipe, parse_recipe  # noqa: E402
+from compressor.recipe import Recipe, load_recipe  # noqa: E402
 from compressor.report.schema import RunReport  # noqa: E402
 from compressor.sources import load_model, load_task_data, load_tokenizer  # noqa: E402
 from compressor.sources.batches import sample_batches, tokenize  # noqa: E402
@@ -76,7 +76,7 @@ def allocation_setup(run: Path) -> tuple[Recipe, torch.nn.Module, list[dict]]:
     """A finished run's recipe, its model (pretrained weights, eager attention as the pruning loop uses) and the
     batches the loop's allocation passes read: its scoring batches, the first `allocation_examples` worth
     (`recovery.loop._allocation_batches`)."""
-    recipe = parse_recipe(yaml.safe_load((run / "recipe.resolved.yaml").read_text()))
+    recipe = load_recipe(run / RESOLVED_FILE)
     p = recipe.prune
     task, tokenizer = load_task_data(recipe.data), load_tokenizer(recipe.model)
     model = load_model(recipe.model, task.label_names, attention="eager").eval()

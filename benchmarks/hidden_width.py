@@ -27,14 +27,11 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import sys
 import time
 from pathlib import Path
 
 import torch
-import yaml
-from safetensors.torch import load_file
 from torch import nn
 from transformers import AutoTokenizer
 
@@ -43,14 +40,14 @@ sys.path.insert(0, str(ROOT))
 sys.path.append(str(Path(__file__).resolve().parent))  # its sibling scripts, after the packages
 
 from family import write_result  # noqa: E402
-from member_finetune import correct, step_masks  # noqa: E402
+from member_finetune import correct, scored, step_model  # noqa: E402
 from mpnet_family import commit  # noqa: E402
 
 from compressor import bench  # noqa: E402
-from compressor.bench.quality import mcnemar_exact  # noqa: E402
 from compressor.core.machine import cpu_summary  # noqa: E402
+from compressor.core.outdir import RESOLVED_FILE  # noqa: E402
 from compressor.pipeline.runner import make_accelerator, native_precision  # noqa: E402
-from compressor.recipe import parse_recipe  # noqa: E402
+from compressor.recipe import load_recipe  # noqa: E402
 from compressor.recovery.distill import load_or_compute  # noqa: E402
 from compressor.recovery.draws import member_seed  # noqa: E402
 from compressor.recovery.train import train  # noqa: E402
@@ -154,21 +151,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--else-running", required=True, help="what else ran on the machine")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
-    recipe = parse_recipe(yaml.safe_load((args.run / "recipe.resolved.yaml").read_text()))
+    recipe = load_recipe(args.run / RESOLVED_FILE)
     index = len(recipe.prune.resolved_budget.targets) - 1
     task, tokenizer = load_task_data(recipe.data), load_tokenizer(recipe.model)
     splits = tokenize_splits(task, tokenizer, recipe.data.max_length)
-    step_dir = args.run / "state" / f"step_{args.step:03d}"
-    model = load_model(recipe.model, task.label_names, attention="eager")
-    model.load_state_dict(load_file(str(step_dir / "model.safetensors")))
-    masks = step_masks(step_dir)
+    model, masks = step_model(recipe, task.label_names, args.run / "state" / f"step_{args.step:03d}")
     member = masks.pruned_copy(model)
     also = {}
     if args.also_step is not None:  # e.g. the deepest member's own step, to compare at equal speed
-        other_dir = args.run / "state" / f"step_{args.also_step:03d}"
-        other = load_model(recipe.model, task.label_names, attention="eager")
-        other.load_state_dict(load_file(str(other_dir / "model.safetensors")))
-        also[f"step{args.also_step}@full"] = step_masks(other_dir).pruned_copy(other)
+        other, other_masks = step_model(recipe, task.label_names, args.run / "state" / f"step_{args.also_step:03d}")
+        also[f"step{args.also_step}@full"] = other_masks.pruned_copy(other)
     order = torch.argsort(stream_importance(member, splits["train"], tokenizer), descending=True)
     cuts = {w: cut_hidden(member, order[:w].sort().values) for w in args.widths}
     ref_dir = next((args.run / "references").iterdir()) / "model"
@@ -199,13 +191,9 @@ def main(argv: list[str] | None = None) -> int:
                      desc=f"fine-tune at width {width}", teacher=teacher)  # fmt: skip
         student = accelerator.unwrap_model(student).cpu().eval()
         val, test = (correct(student, splits[name], tokenizer) for name in ("validation", "test"))
-        row = {"width": width, "seconds": round(time.perf_counter() - started, 1), "train_loss": info["train_loss"],
-               "val_accuracy": float(val.mean()), "test_accuracy": float(test.mean()),
-               "test_minus_reference_points": round(100 * float(test.mean() - reference.mean()), 2),
-               "p_vs_reference": mcnemar_exact(test, reference)["p_value"],
-               "speedup": speed[f"member@{width}"]["median"]}  # fmt: skip
-        rows.append(row)
-        print(json.dumps(row), flush=True)
+        seconds = time.perf_counter() - started
+        row = scored(f"width={width}", {}, info, seconds, val, test, reference)
+        rows.append({"width": width, **row, "speedup": speed[f"member@{width}"]["median"]})
     out = {
         "what": "the deepest member's residual width cut before its last fine-tune: speed and accuracy",
         "run": str(args.run), "step": args.step, "commit": commit(), "batch": batch, "seq_len": seq_len,

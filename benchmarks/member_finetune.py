@@ -9,9 +9,9 @@ its saved model). Choose on validation; test is reported, not chosen on.
 One run moves a member by a few test examples (bf16 fine-tunes are not bit-reproducible, and the seed decides the
 order and dropout), so `seed=K` in a variant shifts the member's seed by K, and `--reference-variants` fine-tunes the
 run's reference itself afresh (its `bench.reference_finetune` settings, changed by the same `key=value` syntax over
-lr, epochs, seed, and distill=1: learn from the run's teacher targets as the members do). The summary gives each
-side's mean and spread over its rows and every member/reference pair's test gap, so a claim of "ahead by a point"
-can be read against the spread of the two fine-tunes.
+lr, epochs, seed, and distill=1: learn from the run's teacher targets as the members do). The summary gives, per
+setting of each side, the mean and spread over its seeds, and every member/reference pair's test gap, so a claim of
+"ahead by a point" can be read against the spread of the two fine-tunes.
 
 Usage (machine to itself):
     .venv/bin/python benchmarks/member_finetune.py --run runs/mpnet_rt_family --step 7 \
@@ -32,7 +32,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import yaml
 from accelerate.utils import set_seed
 from safetensors.torch import load_file
 from transformers import AutoTokenizer
@@ -46,9 +45,10 @@ from mpnet_family import commit  # noqa: E402
 
 from compressor.bench.quality import mcnemar_exact  # noqa: E402
 from compressor.core.machine import cpu_summary  # noqa: E402
+from compressor.core.outdir import RESOLVED_FILE  # noqa: E402
 from compressor.pipeline.runner import make_accelerator, native_precision  # noqa: E402
 from compressor.pruning.units import Masks  # noqa: E402
-from compressor.recipe import ModelSpec, parse_recipe  # noqa: E402
+from compressor.recipe import ModelSpec, Recipe, load_recipe  # noqa: E402
 from compressor.recovery.distill import load_or_compute  # noqa: E402
 from compressor.recovery.draws import member_seed  # noqa: E402
 from compressor.recovery.evaluate import predict  # noqa: E402
@@ -77,6 +77,14 @@ def step_masks(step_dir: Path) -> Masks:
     records = load_file(str(step_dir / "records.safetensors"))
     neurons = records["neurons"][-1] if "neurons" in records else None
     return Masks(records["heads"][-1].bool(), None if neurons is None else neurons.bool())
+
+
+def step_model(recipe: Recipe, labels: list[str], step_dir: Path) -> tuple[torch.nn.Module, Masks]:
+    """The run's model with a checkpointed step's weights (eager attention, every slot still present) and that
+    step's masks."""
+    model = load_model(recipe.model, labels, attention="eager")
+    model.load_state_dict(load_file(str(step_dir / "model.safetensors")))
+    return model, step_masks(step_dir)
 
 
 def correct(model: torch.nn.Module, split, tokenizer, masks: Masks | None = None) -> torch.Tensor:
@@ -167,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--else-running", required=True, help="what else ran on the machine")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
-    recipe = parse_recipe(yaml.safe_load((args.run / "recipe.resolved.yaml").read_text()))
+    recipe = load_recipe(args.run / RESOLVED_FILE)
     p = recipe.prune
     index = len(p.resolved_budget.targets) - 1 if args.member_index < 0 else args.member_index
     task, tokenizer = load_task_data(recipe.data), load_tokenizer(recipe.model)
@@ -175,10 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     asked = recipe.accelerate.mixed_precision
     precision = native_precision()[0] if asked == "auto" else asked
     accelerator = make_accelerator(precision)
-    step_dir = args.run / "state" / f"step_{args.step:03d}"
-    model = load_model(recipe.model, task.label_names, attention="eager")
-    model.load_state_dict(load_file(str(step_dir / "model.safetensors")))
-    masks = step_masks(step_dir)
+    model, masks = step_model(recipe, task.label_names, args.run / "state" / f"step_{args.step:03d}")
     ref_dir = next((args.run / "references").iterdir()) / "model"
     ref_tokenizer = AutoTokenizer.from_pretrained(ref_dir)  # a reference is tokenised on its own
     ref_test = tokenize_splits(task, ref_tokenizer, recipe.data.max_length)["test"]
@@ -206,8 +211,10 @@ def main(argv: list[str] | None = None) -> int:
         test = correct(student, splits["test"], tokenizer, masks)
         rows.append(scored(text, change, info, seconds, val, test, reference))
         member_hits.append(test)
-    teacher = load_or_compute(args.run / "state" / "teacher", teacher_model or model, splits["train"], tokenizer,
-                              accelerator, p.recovery_finetune.distill)  # fmt: skip
+    teacher = None
+    if any(parse_variant(text).get("distill") for text in args.reference_variants):
+        teacher = load_or_compute(args.run / "state" / "teacher", teacher_model or model, splits["train"], tokenizer,
+                                  accelerator, p.recovery_finetune.distill)  # fmt: skip
     ref_rows, ref_hits = reference_rows(args, recipe, task, accelerator, reference, teacher)
     out = {
         "what": "variants of the last member's final fine-tune from its step's checkpoint, and of its reference's",
