@@ -22,6 +22,7 @@ from compressor.recovery.evaluate import evaluate, evaluate_kept
 from compressor.recovery.train import train, train_kept
 from compressor.sources import load_task_data
 from compressor.sources.batches import tokenize
+from compressor.surgery.slicing import remove_layers
 from compressor.testing import tiny_batch, tiny_model
 
 
@@ -110,6 +111,47 @@ def test_hidden_loss_ignores_padding() -> None:
         s[0, 3:] += 100.0  # padding positions only
     assert distill.hidden_loss(noisy, states, mask).item() == 0.0
     assert distill.hidden_loss(states[::-1], states, mask).item() > 0.0
+
+
+def test_hidden_loss_leaves_out_skipped_layers() -> None:
+    states = tuple(torch.randn(2, 5, 8) for _ in range(4))
+    mask = torch.ones(2, 5, dtype=torch.long)
+    off = (states[0], states[1], states[2] + 3.0, states[3])  # layer 1 (hidden_states[2]) off the teacher's
+    assert distill.hidden_loss(off, states, mask, skip={1}).item() == 0.0
+    assert distill.hidden_loss(off, states, mask).item() == pytest.approx(9.0 / 3)  # the other two layers count
+    assert distill.hidden_loss(off, states, mask, skip={0, 1, 2}).item() == 0.0
+
+
+def test_skipped_layers_are_the_removed_and_the_fully_gated() -> None:
+    model = remove_layers(tiny_model("bert"), [1])
+    layers, heads, width = 2, model.config.num_attention_heads, model.config.intermediate_size
+    assert distill.skipped_layers(model, None, None) == {1}
+    gates, neurons = torch.ones(layers, heads), torch.ones(layers, width)
+    gates[0], neurons[0] = 0.0, 0.0
+    assert distill.skipped_layers(model, gates, neurons) == {0, 1}
+    assert distill.skipped_layers(model, gates, None) == {1}  # the FFN still runs: not a pass-through
+
+
+def test_hidden_matching_leaves_a_removed_layer_out(tmp_path, train_split) -> None:
+    """A student that is the teacher with its last layer removed matches every kept layer exactly: its hidden term
+    is 0, so its loss equals logit distillation alone; matching the removed layer too would add a term."""
+    ds, tokenizer = train_split
+    teacher = tiny_model("bert", seed=3)
+    student = remove_layers(copy.deepcopy(teacher), [teacher.config.num_hidden_layers - 1])
+    acc = Accelerator(cpu=True)
+    spec = DistillSpec(alpha=0.5, hidden_weight=1.0)
+    targets = distill.load_or_compute(tmp_path / "t", teacher, ds, tokenizer, acc, spec)
+    batch = {k: torch.tensor([ds[i][k] for i in range(4)]) for k in ("input_ids", "attention_mask", "token_type_ids")}
+    batch |= {"labels": torch.tensor([ds[i]["labels"] for i in range(4)]), distill.INDEX_COLUMN: torch.arange(4)}
+    inputs = {k: batch[k] for k in ("input_ids", "attention_mask", "token_type_ids")}
+    logits_only = distill.TeacherTargets(targets.logits, DistillSpec(alpha=0.5))
+    with torch.no_grad():
+        skip = distill.skipped_layers(student, None, None)
+        kept = distill.mixed_loss(student, inputs, batch, targets, skip)
+        plain = distill.mixed_loss(student, inputs, batch, logits_only)
+        every = distill.mixed_loss(student, inputs, batch, targets)
+    assert kept.item() == pytest.approx(plain.item(), abs=1e-6)
+    assert every.item() > plain.item() + 1e-3
 
 
 def test_cached_targets_for_other_data_are_refused(tmp_path, train_split) -> None:

@@ -30,7 +30,7 @@ class DistillSpec(Strict):
     """Distillation from the task-tuned original (the teacher) during recovery fine-tuning.
 
     The loss is `(1 - alpha) * task CE + alpha * T² · KL(teacher_T || student_T)` on temperature-`T` softened
-    logits, plus `hidden_weight` × the mean squared error between each layer's hidden states and the teacher's.
+    logits, plus `hidden_weight` × the mean squared error between each kept layer's hidden states and the teacher's.
     Teacher logits are computed once per training example and cached; teacher hidden states are only computed
     (during training) when `hidden_weight` > 0.
     """
@@ -38,7 +38,7 @@ class DistillSpec(Strict):
     alpha: float = Field(0.5, ge=0, le=1, description="weight of the KL term; the task loss gets 1 - alpha")
     temperature: float = Field(2.0, gt=0, le=100, description="softening temperature of both logit distributions")
     hidden_weight: float = Field(
-        0.0, ge=0, le=1000, description="weight of layer-wise hidden-state MSE; 0 turns it off"
+        0.0, ge=0, le=1000, description="weight of layer-wise hidden-state MSE over the layers kept; 0 turns it off"
     )
     teacher_batch_size: int = Field(64, ge=1, le=65536, description="batch size of the one-off teacher pass")
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import copy
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -30,6 +30,7 @@ from torch import nn
 from compressor.core import atomic
 from compressor.core.errors import UserError
 from compressor.recipe import DistillSpec, TrainSpec
+from compressor.surgery.arch import removed_layers
 
 log = logging.getLogger("compressor")
 
@@ -202,20 +203,40 @@ def kd_loss(student: torch.Tensor, teacher: torch.Tensor, temperature: float) ->
     )
 
 
-def hidden_loss(student: tuple, teacher: tuple, attention_mask: torch.Tensor) -> torch.Tensor:
-    """Mean squared error between each student layer's output and its teacher layer's, over real tokens only.
+def hidden_loss(
+    student: tuple, teacher: tuple, attention_mask: torch.Tensor, skip: Collection[int] = ()
+) -> torch.Tensor:
+    """Mean squared error between each student layer's output and its teacher layer's, over real tokens only,
+    averaged over the layers not in `skip`.
 
     Pruning keeps the layer count (a removed layer passes its input through unchanged), so student layer i matches
-    teacher layer i (index 0, the embeddings, is skipped: pruning never changes it).
+    teacher layer i (index 0, the embeddings, is skipped: pruning never changes it). A removed layer (`skip`, ids
+    from 0) is left out: its output is its input, so matching it to the teacher's layer output would pull the layer
+    before it towards two different targets at once.
     """
     mask = attention_mask.unsqueeze(-1).to(student[-1].dtype)
     tokens = mask.sum() * student[-1].shape[-1]
-    errors = [(((s - t) ** 2) * mask).sum() / tokens for s, t in zip(student[1:], teacher[1:], strict=True)]
-    return torch.stack(errors).mean()
+    pairs = [(s, t) for i, (s, t) in enumerate(zip(student[1:], teacher[1:], strict=True)) if i not in skip]
+    if not pairs:  # every layer removed: nothing left to match
+        return student[-1].new_zeros(())
+    return torch.stack([(((s - t) ** 2) * mask).sum() / tokens for s, t in pairs]).mean()
 
 
-def mixed_loss(model: nn.Module, inputs: dict, batch: dict, targets: TeacherTargets | None) -> torch.Tensor:
-    """The training loss of one batch: task cross-entropy, mixed with distillation when `targets` is given."""
+def skipped_layers(model: nn.Module, gates: torch.Tensor | None, neurons: torch.Tensor | None) -> frozenset[int]:
+    """The layers of `model` that pass their input through: removed whole (`config.removed_layers`), or, under
+    both kinds of gates, with every head and neuron gated to 0 (`masking.gated` skips those too)."""
+    skip = set(removed_layers(model))
+    if gates is not None and neurons is not None:
+        empty = (gates.detach().sum(-1) == 0) & (neurons.detach().sum(-1) == 0)
+        skip |= set(torch.nonzero(empty).flatten().tolist())
+    return frozenset(skip)
+
+
+def mixed_loss(
+    model: nn.Module, inputs: dict, batch: dict, targets: TeacherTargets | None, skip: Collection[int] = ()
+) -> torch.Tensor:
+    """The training loss of one batch: task cross-entropy, mixed with distillation when `targets` is given
+    (`skip`: the student's pass-through layers, left out of hidden-state matching)."""
     hidden = targets is not None and targets.hidden
     out = model(**inputs, output_hidden_states=True) if hidden else model(**inputs)
     task = F.cross_entropy(out.logits, batch["labels"])
@@ -227,7 +248,8 @@ def mixed_loss(model: nn.Module, inputs: dict, batch: dict, targets: TeacherTarg
     if hidden:
         with torch.no_grad():
             teacher_states = targets.teacher.to(out.logits.device)(**inputs, output_hidden_states=True).hidden_states
-        loss = loss + spec.hidden_weight * hidden_loss(out.hidden_states, teacher_states, inputs["attention_mask"])
+        matched = hidden_loss(out.hidden_states, teacher_states, inputs["attention_mask"], skip)
+        loss = loss + spec.hidden_weight * matched
     return loss
 
 
