@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from compressor.recipe import RecipeError, parse_recipe
-from compressor.report.summary import _recommendation_line, recommendation
+from compressor.report.summary import _budget_lines, _recommendation_line, recommendation
 
 
 def _report(accuracies: dict[str, float], max_drop: float | None = 0.01, rejected: tuple[str, ...] = ()) -> dict:
@@ -98,3 +98,13 @@ def test_max_drop_parses_with_a_default_and_names_the_field() -> None:
     assert parse_recipe({"bench": {"max_drop": None}}).bench.max_drop is None
     with pytest.raises(RecipeError, match="bench.max_drop: Input should be greater than or equal to 0"):
         parse_recipe({"bench": {"max_drop": -0.5}})
+
+
+def test_a_speedup_budget_shows_the_bench_spread_beside_the_steps_timing() -> None:
+    budget = {"kind": "speedup", "runtime": "pytorch", "batch_size": 32, "seq_len": 64, "value": 7.0,
+              "predicted_speedup": 7.3, "measured_in_run": 7.22, "measured_speedup": 6.18,
+              "measured_iqr": [5.72, 7.3], "within_10pct": False, "steps_run": 8}  # fmt: skip
+    text = "\n".join(_budget_lines(budget))
+    assert "| 6.18× (5.72–7.30) |" in text and "| 7.22× |" in text and "NOT within 10%" in text
+    del budget["measured_iqr"]  # a report written before the spread was recorded
+    assert "| 6.18× |" in "\n".join(_budget_lines(budget))

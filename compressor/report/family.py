@@ -10,7 +10,15 @@ from compressor.bench.frontier import not_a_member
 from compressor.bench.render import cpu_line, int8_mark
 from compressor.report.references import references_section
 from compressor.report.schema import MemberSection, RunReport
-from compressor.report.summary import _pct, _steps_table, _x, final_finetune_lines, recovery_lines, time_lines
+from compressor.report.summary import (
+    _pct,
+    _steps_table,
+    _x,
+    _x_spread,
+    final_finetune_lines,
+    recovery_lines,
+    time_lines,
+)
 
 FRONTIER_PNG = "frontier.png"
 
@@ -56,27 +64,34 @@ def _pick_line(chosen: dict | None, max_drop: float | None) -> str:
     )
 
 
-def _members_table(members: list[MemberSection]) -> list[str]:
-    """One row per member: target, measured speed-up, step, units, FLOP ratio, layer-drop comparison."""
+def _members_table(members: list[MemberSection], steps: list[dict]) -> list[str]:
+    """One row per member: target, speed-up by the bench and by its step's own timing, step, units, FLOP ratio,
+    layer-drop comparison."""
+    at_step = {s.get("step"): s.get("measured_speedup") for s in steps}
     lines = [
-        "| member | target | measured | within 10% | after step | heads | FFN neurons | FLOP ratio | test acc (%) "
-        "| layer-drop acc (%) | member − layer-drop (p) |",
-        "|---|---:|---:|:---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| member | target | measured (IQR) | within 10% | at its step | after step | heads | FFN neurons | FLOP ratio "
+        "| test acc (%) | layer-drop acc (%) | member − layer-drop (p) |",
+        "|---|---:|---:|:---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for m in members:
         p, base = m.pruned, m.baseline
-        measured, met = (m.budget.measured_speedup, m.budget.within_10pct) if m.budget else (None, None)
-        within = {True: "✓", False: "✗"}.get(met, "–")
+        bench = _x_spread(m.budget.measured_speedup, getattr(m.budget, "measured_iqr", None)) if m.budget else "–"
+        within = {True: "✓", False: "✗"}.get(m.budget.within_10pct if m.budget else None, "–")
         compare = "–"
         if base:
             compare = f"{100 * base['pruned_minus_baseline']:+.2f} ({base['mcnemar_p']:.3g})"
         neurons = "–" if p.ffn_neurons is None else p.ffn_neurons
         lines.append(
-            f"| {m.label} | {m.target:g} | {_x(measured)} | {within} | {m.step} | "
+            f"| {m.label} | {m.target:g} | {bench} | {within} | {_x(at_step.get(m.step))} | {m.step} | "
             f"{p.heads_left} | {neurons} | {p.flop_ratio:.2f} | {_pct(p.test.accuracy)} "
             f"| {_pct(base['baseline_accuracy']) if base else '–'} | {compare} |"
         )
-    return lines
+    return [
+        *lines,
+        "",
+        'Measured: the bench\'s median speed-up over its rounds (interquartile range), which decides "within 10%"; at '
+        "its step: the paired timing the budget took when the step that closes the member was pruned.",
+    ]
 
 
 def _finetune_lines(members: list[MemberSection]) -> list[str]:
@@ -123,7 +138,7 @@ def render_family(report: RunReport) -> str:
     if section.versus_references:
         lines += references_section(section.versus_references, report.references)
         lines += ["", "Each reference's fine-tuned model and ONNX variants are under `references/<reference>/`."]
-    lines += ["", "## Members", "", *_members_table(section.members), *_finetune_lines(section.members)]
+    lines += ["", "## Members", "", *_members_table(section.members, report.steps), *_finetune_lines(section.members)]
     lines += [
         "",
         "Each member's model, ONNX variants, model card and layer-drop baseline are under `members/<member>/`.",

@@ -285,14 +285,14 @@ def _budget_lines(budget: dict) -> list[str]:
     if budget["kind"] != "speedup":
         what = "heads" if budget["kind"] == "heads" else "encoder FLOPs"
         return [f"Asked: remove {_pct(budget['value'])}% of {what}; reached FLOP ratio {budget['flop_ratio']:.3f}."]
-    measured = budget.get("measured_speedup")
+    spread = _x_spread(measured := budget.get("measured_speedup"), budget.get("measured_iqr"))
     lines = [
         f"| speed-up on {budget['runtime']} at batch {budget['batch_size']}, {budget['seq_len']} tokens | value |",
         "|---|---:|",
         f"| asked | {budget['value']:.2f}× |",
         f"| predicted by the latency table | {_x(budget.get('predicted_speedup'))} |",
         f"| measured by the last pruning step (its correction of the table) | {_x(budget.get('measured_in_run'))} |",
-        f"| measured (this run's bench, vs {budget.get('measured_vs', 'the original')}) | {_x(measured)} |",
+        f"| measured (this run's bench, vs {budget.get('measured_vs', 'the original')}; IQR over rounds) | {spread} |",
     ]
     if measured is not None:
         verdict = "within" if budget["within_10pct"] else "NOT within"
@@ -302,6 +302,11 @@ def _budget_lines(budget: dict) -> list[str]:
 
 def _x(value: float | None) -> str:
     return "–" if value is None else f"{value:.2f}×"
+
+
+def _x_spread(value: float | None, iqr: list[float] | None) -> str:
+    """A bench's median speed-up and its interquartile range over rounds ("4.50× (4.19–4.78)"): noise in view."""
+    return f"{_x(value)} ({iqr[0]:.2f}–{iqr[1]:.2f})" if iqr and value is not None else _x(value)
 
 
 def _baseline_lines(base: dict) -> list[str]:
