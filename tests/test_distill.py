@@ -124,9 +124,10 @@ def test_hidden_loss_leaves_out_skipped_layers() -> None:
 
 def test_skipped_layers_are_the_removed_and_the_fully_gated() -> None:
     model = remove_layers(tiny_model("bert"), [1])
-    layers, heads, width = 2, model.config.num_attention_heads, model.config.intermediate_size
+    config = model.config
     assert distill.skipped_layers(model, None, None) == {1}
-    gates, neurons = torch.ones(layers, heads), torch.ones(layers, width)
+    gates = torch.ones(config.num_hidden_layers, config.num_attention_heads)
+    neurons = torch.ones(config.num_hidden_layers, config.intermediate_size)
     gates[0], neurons[0] = 0.0, 0.0
     assert distill.skipped_layers(model, gates, neurons) == {0, 1}
     assert distill.skipped_layers(model, gates, None) == {1}  # the FFN still runs: not a pass-through
@@ -152,6 +153,19 @@ def test_hidden_matching_leaves_a_removed_layer_out(tmp_path, train_split) -> No
         every = distill.mixed_loss(student, inputs, batch, targets)
     assert kept.item() == pytest.approx(plain.item(), abs=1e-6)
     assert every.item() > plain.item() + 1e-3
+
+
+def test_training_with_hidden_matching_leaves_out_the_removed_layer(tmp_path, train_split, monkeypatch) -> None:
+    """`train` passes the student's removed layer to every batch's hidden-state matching."""
+    ds, tokenizer = train_split
+    teacher = tiny_model("bert", seed=3)
+    student = remove_layers(copy.deepcopy(teacher), [0])
+    acc = Accelerator(cpu=True)
+    targets = distill.load_or_compute(tmp_path / "t", teacher, ds, tokenizer, acc, DistillSpec(hidden_weight=1.0))
+    skips, real = [], distill.hidden_loss
+    monkeypatch.setattr(distill, "hidden_loss", lambda *a: skips.append(set(a[3])) or real(*a))
+    stats = train(student, ds, tokenizer, SPEC, acc, teacher=targets)
+    assert stats["steps"] == len(skips) > 0 and all(skip == {0} for skip in skips)
 
 
 def test_cached_targets_for_other_data_are_refused(tmp_path, train_split) -> None:
