@@ -13,7 +13,7 @@ from transformers import AutoTokenizer
 
 from compressor.core.errors import UserError
 from compressor.pipeline.runner import run_recipe
-from compressor.pruning.masking import gated
+from compressor.pruning.masking import gated, passthrough_layers
 from compressor.pruning.units import Masks
 from compressor.recipe import DistillSpec, FinetuneSpec, parse_recipe
 from compressor.recovery import distill
@@ -122,15 +122,15 @@ def test_hidden_loss_leaves_out_skipped_layers() -> None:
     assert distill.hidden_loss(off, states, mask, skip={0, 1, 2}).item() == 0.0
 
 
-def test_skipped_layers_are_the_removed_and_the_fully_gated() -> None:
+def test_passthrough_layers_are_the_removed_and_the_fully_gated() -> None:
     model = remove_layers(tiny_model("bert"), [1])
     config = model.config
-    assert distill.skipped_layers(model, None, None) == {1}
+    assert passthrough_layers(model, None, None) == {1}
     gates = torch.ones(config.num_hidden_layers, config.num_attention_heads)
     neurons = torch.ones(config.num_hidden_layers, config.intermediate_size)
     gates[0], neurons[0] = 0.0, 0.0
-    assert distill.skipped_layers(model, gates, neurons) == {0, 1}
-    assert distill.skipped_layers(model, gates, None) == {1}  # the FFN still runs: not a pass-through
+    assert passthrough_layers(model, gates, neurons) == {0, 1}
+    assert passthrough_layers(model, gates, None) == {1}  # the FFN still runs: not a pass-through
 
 
 def test_hidden_matching_leaves_a_removed_layer_out(tmp_path, train_split) -> None:
@@ -147,7 +147,7 @@ def test_hidden_matching_leaves_a_removed_layer_out(tmp_path, train_split) -> No
     inputs = {k: batch[k] for k in ("input_ids", "attention_mask", "token_type_ids")}
     logits_only = distill.TeacherTargets(targets.logits, DistillSpec(alpha=0.5))
     with torch.no_grad():
-        skip = distill.skipped_layers(student, None, None)
+        skip = passthrough_layers(student, None, None)
         kept = distill.mixed_loss(student, inputs, batch, targets, skip)
         plain = distill.mixed_loss(student, inputs, batch, logits_only)
         every = distill.mixed_loss(student, inputs, batch, targets)

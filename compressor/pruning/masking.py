@@ -29,6 +29,7 @@ from compressor.surgery.arch import (
     original_num_heads,
     present_heads,
     present_neurons,
+    removed_layers,
 )
 
 
@@ -60,6 +61,26 @@ def _check_shape(name: str, gates: torch.Tensor, expected: tuple[int, int]) -> N
         raise ValueError(f"{name}: expected shape {expected}, got {tuple(gates.shape)}")
 
 
+def _live(heads: torch.Tensor, neurons: torch.Tensor, layer: int, h_index: torch.Tensor, n_index: torch.Tensor) -> bool:
+    """Whether any of `layer`'s present heads (`h_index`) or neurons (`n_index`) is gated open."""
+    if heads[layer].index_select(0, h_index.to(heads.device)).any():
+        return True
+    return bool(neurons[layer].index_select(0, n_index.to(neurons.device)).any())
+
+
+def passthrough_layers(model: nn.Module, gates: torch.Tensor | None, neurons: torch.Tensor | None) -> frozenset[int]:
+    """The layers of `model` that return their input as `gated(model, gates, neurons)` runs it: removed whole
+    (`config.removed_layers`), or, with neuron gates given, with every present head and neuron gated to 0."""
+    skip = set(removed_layers(model))
+    if neurons is not None:
+        heads = gates if gates is not None else full_gates(model).to(neurons.device)
+        for layer, ids in enumerate(zip(present_heads(model), present_neurons(model), strict=True)):
+            index = [torch.tensor(i, dtype=torch.long) for i in ids]
+            if (ids[0] or ids[1]) and not _live(heads, neurons, layer, *index):
+                skip.add(layer)
+    return frozenset(skip)
+
+
 def _skip_hook(heads: torch.Tensor, neurons: torch.Tensor, layer: int, ids: tuple[list[int], list[int]]):
     """Forward hook: when every present head and neuron of `layer` is gated to 0, the layer returns its input
     (transformers 5 layers return the hidden states alone; tuple-returning ones keep their tuple). `ids` are the
@@ -67,9 +88,7 @@ def _skip_hook(heads: torch.Tensor, neurons: torch.Tensor, layer: int, ids: tupl
     h_index, n_index = (torch.tensor(i, dtype=torch.long) for i in ids)
 
     def hook(_module: nn.Module, args: tuple, kwargs: dict, output):
-        live = heads[layer].index_select(0, h_index.to(heads.device)).any()
-        live = live or neurons[layer].index_select(0, n_index.to(neurons.device)).any()
-        if live:
+        if _live(heads, neurons, layer, h_index, n_index):
             return output
         hidden = args[0] if args else kwargs[hidden_kwarg(kwargs)]
         return (hidden, *output[1:]) if isinstance(output, tuple) else hidden  # tuple layers (MPNet): input first

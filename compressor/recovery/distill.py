@@ -30,7 +30,6 @@ from torch import nn
 from compressor.core import atomic
 from compressor.core.errors import UserError
 from compressor.recipe import DistillSpec, TrainSpec
-from compressor.surgery.arch import removed_layers
 
 log = logging.getLogger("compressor")
 
@@ -220,16 +219,6 @@ def hidden_loss(
     if not pairs:  # every layer removed: nothing left to match
         return student[-1].new_zeros(())
     return torch.stack([(((s - t) ** 2) * mask).sum() / tokens for s, t in pairs]).mean()
-
-
-def skipped_layers(model: nn.Module, gates: torch.Tensor | None, neurons: torch.Tensor | None) -> frozenset[int]:
-    """The layers of `model` that pass their input through: removed whole (`config.removed_layers`), or, under
-    both kinds of gates, with every head and neuron gated to 0 (`masking.gated` skips those too)."""
-    skip = set(removed_layers(model))
-    if gates is not None and neurons is not None:
-        empty = (gates.detach().sum(-1) == 0) & (neurons.detach().sum(-1) == 0)
-        skip |= set(torch.nonzero(empty).flatten().tolist())
-    return frozenset(skip)
 
 
 def mixed_loss(

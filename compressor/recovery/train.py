@@ -18,10 +18,10 @@ from torch import nn
 from tqdm.auto import tqdm
 from transformers import get_linear_schedule_with_warmup
 
-from compressor.pruning.masking import gated
+from compressor.pruning.masking import gated, passthrough_layers
 from compressor.pruning.units import Masks
 from compressor.recipe import TrainSpec
-from compressor.recovery.distill import TeacherTargets, mixed_loss, skipped_layers, with_index
+from compressor.recovery.distill import TeacherTargets, mixed_loss, with_index
 from compressor.recovery.draws import drawn_examples
 from compressor.sources.batches import loader, model_inputs
 
@@ -72,7 +72,7 @@ def train(
     wrapped.train()
     start, step, running = time.perf_counter(), 0, 0.0
     bar = tqdm(total=total, desc=desc, disable=not accelerator.is_local_main_process, leave=False)
-    skip = skipped_layers(model, gates, neurons) if teacher is not None and teacher.hidden else frozenset()
+    skip = passthrough_layers(model, gates, neurons) if teacher is not None and teacher.hidden else frozenset()
     with gated(model, gates, neurons):
         while step < total:
             for batch in dl:
