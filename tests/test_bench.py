@@ -132,6 +132,31 @@ def test_paired_speedups_are_per_round_ratios():
         bench.paired_speedups(throughput, "nope")
 
 
+def test_paired_check_times_the_two_alone_at_one_shape():
+    """A budget check: only the member and the original, at the one shape asked, one visit each per round in
+    rotating order, the per-round ratios (original's seconds over the member's) and their spread, naming the
+    original; it sleeps for its calls, so the ratio is what the sleeps make it."""
+    import time
+
+    calls: list[tuple[str, tuple]] = []
+
+    def sleeper(name: str, seconds: float) -> bench.Candidate:
+        def predict(batch):
+            calls.append((name, tuple(batch["input_ids"].shape)))
+            time.sleep(seconds)
+            return np.zeros((batch["input_ids"].shape[0], 2))
+
+        return bench.Candidate(name, predict, 1, None, "pytorch")
+
+    check = bench.paired_check(sleeper("member", 0.01), sleeper("original", 0.03), 4, 16, rounds=3, min_time_s=0.05)
+    assert check["vs"] == "original" and len(check["per_round"]) == 3
+    assert {shape for _, shape in calls} == {(4, 16)} and {name for name, _ in calls} == {"member", "original"}
+    assert check["q1"] <= check["median"] <= check["q3"]
+    assert 2.0 < check["median"] < 3.6  # sleeps only ever overshoot: 30 ms (+ε) over 10 ms (+ε)
+    with pytest.raises(UserError, match="must be unique"):
+        bench.paired_check(sleeper("x", 0.0), sleeper("x", 0.0), 4, 16, rounds=1, min_time_s=0.0)
+
+
 def test_threads_are_set_and_recorded(models):
     before = torch.get_num_threads()
     try:

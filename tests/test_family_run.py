@@ -130,8 +130,10 @@ def test_family_run_saves_each_member_and_its_frontier(tmp_path, tiny_model_dir,
     assert report["recommendation"]["name"] == family["pick"]["name"]
     md = (out / "report.md").read_text()
     assert "## Frontier" in md and "## Members" in md and (out / "frontier.png").exists()
-    for member in family["members"]:  # the bench's speed-up with its spread over rounds, and the step's own timing
+    assert "budget check" in report["timings"]
+    for member in family["members"]:  # the budget check's speed-up with its spread over rounds, and the step's own
         bench, at_step = member["budget"], report["steps"][member["step"] - 1]["measured_speedup"]
+        assert bench["measured_rounds"] == 7 and bench["measured_vs"] == "pytorch-original"
         low, high = bench["measured_iqr"]
         assert low <= bench["measured_speedup"] <= high
         cell = f"{bench['measured_speedup']:.2f}× ({low:.2f}–{high:.2f})"

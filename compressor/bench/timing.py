@@ -77,6 +77,7 @@ def measure_throughput(
     threads: int | None = None,
     seed: int = 0,
     min_calls: int = 3,
+    desc: str = "bench rounds",
 ) -> dict:
     """Interleaved timing of every candidate at every (sequence length, batch size), by `core.timing.timed_rounds`.
 
@@ -106,7 +107,7 @@ def measure_throughput(
     calls = {(c.name, shape): partial(c.predict, inputs[shape]) for shape in shapes for c in candidates}
     groups = [[(c.name, shape) for c in candidates] for shape in shapes]  # every shape's candidates, rotated
     log.info("bench: timing %d candidates at %d shapes, %d rounds", len(candidates), len(shapes), rounds)
-    secs = timed_rounds(calls, rounds, min_time_s, min_calls, warmup, groups, with_memory, desc="bench rounds")
+    secs = timed_rounds(calls, rounds, min_time_s, min_calls, warmup, groups, with_memory, desc=desc)
     setup = {
         "batch_sizes": list(batch_sizes),
         "seq_lens": lengths,
@@ -178,6 +179,32 @@ def paired_speedups(throughput: dict, reference: str) -> dict:
                 ratios = [r / x for r, x in zip(ref, row["seconds_per_round"], strict=True)]
                 out[name][s][b] = {"per_round": ratios, **_spread(ratios)}
     return out
+
+
+def paired_check(
+    candidate: Candidate,
+    reference: Candidate,
+    batch_size: int,
+    seq_len: int,
+    rounds: int,
+    min_time_s: float,
+    threads: int | None = None,
+) -> dict:
+    """`candidate`'s speed-up over `reference` with nothing else timed between them: the two alone in interleaved
+    rounds at one shape, a visit keeping the fastest of calls lasting `min_time_s` (one call allowed: a base-size
+    model's outlasts it), and the per-round ratios with their spread (as `paired_speedups`), `vs` naming the
+    reference.
+
+    A bench of many candidates pairs them within a round too, but a round of a base-size family's bench lasts
+    minutes, and a shared machine's speed drifts between a member's visit and the original's: the verdict on a
+    speed-up target is taken from this instead, as a pruning step's own check is.
+    """
+    throughput = measure_throughput(
+        [reference, candidate], [batch_size], [seq_len], rounds, warmup=2, min_time_s=min_time_s, threads=threads,
+        min_calls=1, desc=f"{candidate.name} vs {reference.name}",
+    )  # fmt: skip
+    row = paired_speedups(throughput, reference.name)[candidate.name][str(seq_len)][str(batch_size)]
+    return {**row, "vs": reference.name}
 
 
 def headline_batch(batch_sizes: Sequence[int]) -> int:

@@ -9,8 +9,8 @@ ONNX export with the int8 gate, model card), and `member.json` is written last: 
 that has one and redoes only the rest. Then one benchmark times every member and runtime beside the original (and
 the original's ONNX exports: every exported variant for a family, the budget's runtime for one target) and each
 layer-drop baseline, on the same interleaved rounds; `compressor.bench.frontier` turns it into the speed/quality
-frontier the report, `report.json` and `compressor pick` share, and each member's budget check reads the speed-up
-the bench measured.
+frontier the report, `report.json` and `compressor pick` share. A speed-up budget's verdict comes after: each member
+timed alone against the original on the budget's runtime (`budget_checks`).
 """
 
 from __future__ import annotations
@@ -25,14 +25,14 @@ from pathlib import Path
 from compressor import bench
 from compressor.bench.frontier import Point, frontier, pick, reference_points, relative_to_run
 from compressor.bench.references import reference_candidates
-from compressor.core.candidates import ORIGINAL_NAME, SINGLE, CandidateName, name_of
+from compressor.core.candidates import ORIGINAL, ORIGINAL_NAME, SINGLE, CandidateName, name_of
 from compressor.core.runtimes import for_variant, runtime
 from compressor.pipeline.stages import (
     STAGES,
     RunState,
     bench_spec_for,
+    budget_verdict,
     export_original,
-    measured_speedup,
     run_stages,
     with_quantize_only,
 )
@@ -184,9 +184,10 @@ def original_variants(run: RunState) -> list[str]:
     return [variant] if variant is not None else []
 
 
-def run_bench(run: RunState, sections: list[dict]) -> tuple[dict, list[Point]]:
+def run_bench(run: RunState, sections: list[dict]) -> tuple[dict, list[Point], list]:
     """One benchmark of the original (PyTorch and its exports, `original_variants`), every member on every runtime,
-    and each member's layer-drop baseline; returns the bench result and the frontier's point descriptions."""
+    and each member's layer-drop baseline; returns the bench result, the frontier's point descriptions and the
+    candidates (the budget checks time some of them again)."""
     spec = bench_spec_for(run.recipe)
     seq = spec.seq_lens
     original = bench.runtime_candidate(ORIGINAL_NAME, "pytorch", as_deployed(run.original), seq)
@@ -204,7 +205,7 @@ def run_bench(run: RunState, sections: list[dict]) -> tuple[dict, list[Point]]:
     batches = sample_batches(test, run.tokenizer, spec.eval_examples or len(test), 32, seed=0)
     compare = [(m.name, r.name) for m in points if m.role == "member" for r in points if r.role == "reference"]
     result = bench.bench(candidates, batches, spec, run.out / "bench", reference=ORIGINAL_NAME, compare=compare)
-    return {**result, "max_drop": spec.max_drop}, points
+    return {**result, "max_drop": spec.max_drop}, points, candidates
 
 
 def _member_candidates(member: dict, spec, points: list[Point]) -> list:
@@ -226,20 +227,38 @@ def _member_candidates(member: dict, spec, points: list[Point]) -> list:
     return out
 
 
-def member_budget(budget: BudgetSpec, member: dict, speedups: dict) -> dict:
-    """The member's target beside the speed-up this run's bench measured at the budget's batch size and length,
-    against the original on the budget's runtime (speed-up budgets; other kinds report FLOPs and heads)."""
+def member_budget(budget: BudgetSpec, member: dict, check: dict | None) -> dict:
+    """The member's target beside its budget check (`budget_checks`), for speed-up budgets; other kinds report FLOPs
+    and heads."""
     out = {"target": member["target"], "flop_ratio": member["pruned"]["flop_ratio"]}
-    if budget.kind != "speedup":
-        return out
-    name = name_of(member["label"], "member", budget.runtime)
-    return out | measured_speedup(speedups, name, budget, member["target"])
+    return out | budget_verdict(check, member["target"]) if budget.kind == "speedup" and check else out
+
+
+def budget_checks(run: RunState, sections: list[dict], candidates: list) -> dict[str, dict]:
+    """Each member's budget check, keyed by label (speed-up budgets): `bench.paired_check` of the member on the
+    budget's runtime against the original on that runtime, at the budget's batch size and length, with
+    `prune.budget.check_rounds` rounds of `bench.min_time_s` visits. The bench's own rounds time every candidate
+    between the two, so on a shared machine its ratio drifts; the verdict is this. A member or original the bench
+    did not build (that runtime not exported) has none."""
+    budget, spec = run.recipe.prune.resolved_budget, run.recipe.bench
+    by_name = {c.name: c for c in candidates}
+    original = by_name.get(name_of(ORIGINAL, "original", budget.runtime))
+    if budget.kind != "speedup" or original is None:
+        return {}
+    checks = {}
+    for m in sections:
+        member = by_name.get(name_of(m["label"], "member", budget.runtime))
+        if member is not None:
+            log.info("budget check: %s against %s, %d rounds", member.name, original.name, budget.check_rounds)
+            shape = (budget.batch_size, budget.seq_len, budget.check_rounds)
+            checks[m["label"]] = bench.paired_check(member, original, *shape, spec.min_time_s, spec.threads)
+    return checks
 
 
 def run_budget(run: RunState, member: dict) -> dict:
     """A one-target run's budget section: the budget asked, what the run reached (heads, steps) and, for a speed-up
-    budget, the latency table's prediction and the last step's own check beside the member's check
-    (`member_budget`: the speed-up the bench measured, against the original on the same runtime)."""
+    budget, the latency table's prediction and the last step's own check beside the member's budget check
+    (`member_budget`: the member alone against the original on the same runtime)."""
     budget, steps = run.recipe.prune.resolved_budget, run.result.steps
     out = {**budget.model_dump(mode="json"), "heads_left": member["pruned"]["heads_left"], "steps_run": len(steps)}
     if budget.kind == "speedup":
@@ -255,9 +274,13 @@ def run_report(run: RunState, sections: list[dict]) -> dict:
     them."""
     budget = run.recipe.prune.resolved_budget
     with run.timed("family bench" if budget.is_family else "bench"):
-        result, points = run_bench(run, sections) if run.recipe.bench.enabled else ({}, [])
+        result, points, candidates = run_bench(run, sections) if run.recipe.bench.enabled else ({}, [], [])
+    checks = {}
+    if budget.kind == "speedup" and candidates:
+        with run.timed("budget check"):
+            checks = budget_checks(run, sections, candidates)
     for m in sections:
-        m["budget"] = member_budget(budget, m, result.get("speedups", {}))
+        m["budget"] = member_budget(budget, m, checks.get(m["label"]))
     recovery = run.recipe.prune.resolved_recovery
     rows = relative_to_run(frontier(result["summary"], points, _batch(budget), recovery), run.out) if result else None
     if budget.is_family:
@@ -271,8 +294,7 @@ def run_report(run: RunState, sections: list[dict]) -> dict:
     (member,) = sections
     out = {name: member[name] for name in (*MEMBER_STAGES, "member_finetune") if name in member}
     out |= {"bench": result} if result else {}
-    with run.timed("budget check"):
-        out["budget"] = run_budget(run, member)
+    out["budget"] = run_budget(run, member)
     return out | ({"frontier": rows} | reference_comparison(rows, result) if result else {})
 
 

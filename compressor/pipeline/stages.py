@@ -22,7 +22,6 @@ from accelerate import Accelerator
 from torch import nn
 from tqdm.auto import tqdm
 
-from compressor.core.candidates import ORIGINAL, ORIGINAL_NAME, name_of
 from compressor.core.runtimes import for_variant, runtime
 from compressor.pruning.masking import gated
 from compressor.recipe import BenchSpec, Recipe
@@ -238,27 +237,18 @@ def bench_spec_for(recipe: Recipe) -> BenchSpec:
     return spec.model_copy(update={"seq_lens": lengths, "batch_sizes": batches})
 
 
-def measured_speedup(speedups: dict, candidate: str, budget, target: float) -> dict:
-    """`candidate`'s speed-up measured by the bench at the budget's batch size and length, against the original on
-    the budget's runtime (the PyTorch original, or the original's export to that ONNX variant), with its spread and
-    whether it is within 10% of `target`; empty when the bench did not measure both."""
-    row = _speedup_row(speedups, candidate, budget)
-    reference = name_of(ORIGINAL, "original", budget.runtime)
-    base = 1.0 if reference == ORIGINAL_NAME else (_speedup_row(speedups, reference, budget) or {}).get("median")
-    if row is None or not base:
-        return {}
-    measured = row["median"] / base
+def budget_verdict(check: dict, target: float) -> dict:
+    """A member's speed-up target beside its budget check (`bench.paired_check`: the member alone against the
+    original on the budget's runtime): the median, its interquartile range and rounds, and whether the median is
+    within 10% of `target`."""
+    measured = check["median"]
     return {
         "measured_speedup": measured,
-        "measured_vs": reference,
-        "measured_iqr": [row["q1"] / base, row["q3"] / base],
+        "measured_vs": check["vs"],
+        "measured_iqr": [check["q1"], check["q3"]],
+        "measured_rounds": len(check["per_round"]),
         "within_10pct": abs(measured - target) <= 0.1 * target,
     }
-
-
-def _speedup_row(speedups: dict, candidate: str, budget) -> dict | None:
-    """The bench's speed-up of `candidate` vs the PyTorch original at the budget's length and batch size."""
-    return speedups.get(candidate, {}).get(str(budget.seq_len), {}).get(str(budget.batch_size))
 
 
 def analysis_stage(state: RunState) -> dict:

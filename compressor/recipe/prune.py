@@ -71,6 +71,7 @@ class BudgetSpec(Strict):
     `runtime` (a `compressor.core.runtimes` declaration with `budget`), `batch_size`, `seq_len`: where a speed-up
     is measured;
     `calibrate`: time the real pruned model after every step to correct the table (`compressor.pruning.latency.check`).
+    `check_rounds`: the rounds of each member's final check against its target (`pipeline.family.budget_checks`).
     `latency_table`: a table file (JSON, as `compressor.pruning.latency.load_or_build` caches it, e.g. measured on
     another CPU) used instead of this machine's; the calibration still times this machine, so the table steers which
     units go (its cost ratios) while the measured speed-up decides when a target is met.
@@ -93,6 +94,13 @@ class BudgetSpec(Strict):
     batch_size: int = Field(32, ge=1, description="batch size a speed-up is timed at")
     seq_len: int = Field(64, ge=8, le=4096, description="tokens per example a speed-up is timed at")
     calibrate: bool = Field(True, description="time the real pruned model after every step to correct the table")
+    check_rounds: int = Field(
+        7,
+        ge=1,
+        le=1000,
+        description="rounds of each member's budget check after the bench (kind 'speedup'): the member alone against "
+        "the original on the runtime; its median decides 'within 10%'",
+    )
     latency_table: str | None = Field(
         None, description="a latency table JSON to use instead of measuring this machine's (kind 'speedup' only)"
     )

@@ -86,12 +86,15 @@ class Pruned(Section):
 
 
 class Budget(Section):
-    """The budget asked beside what a member reached; a speed-up budget adds the speed-up the bench measured."""
+    """The budget asked beside what a member reached; a speed-up budget adds its budget check: the speed-up measured
+    against the original on the budget's runtime, with its spread over rounds."""
 
     target: float
     flop_ratio: float
     kind: str | None = None
     measured_speedup: float | None = None
+    measured_iqr: list[float] | None = None
+    measured_rounds: int | None = None
     within_10pct: bool | None = None
 
 

@@ -292,7 +292,7 @@ def _budget_lines(budget: dict) -> list[str]:
         f"| asked | {budget['value']:.2f}× |",
         f"| predicted by the latency table | {_x(budget.get('predicted_speedup'))} |",
         f"| measured by the last pruning step (its correction of the table) | {_x(budget.get('measured_in_run'))} |",
-        f"| measured (this run's bench, vs {budget.get('measured_vs', 'the original')}; IQR over rounds) | {spread} |",
+        f"| measured (the model alone vs {budget.get('measured_vs', 'the original')}; IQR over rounds) | {spread} |",
     ]
     if measured is not None:
         verdict = "within" if budget["within_10pct"] else "NOT within"
@@ -305,7 +305,7 @@ def _x(value: float | None) -> str:
 
 
 def _x_spread(value: float | None, iqr: list[float] | None) -> str:
-    """A bench's median speed-up and its interquartile range over rounds ("4.50× (4.19–4.78)"): noise in view."""
+    """A median speed-up and its interquartile range over rounds ("4.50× (4.19–4.78)"): noise in view."""
     return f"{_x(value)} ({iqr[0]:.2f}–{iqr[1]:.2f})" if iqr and value is not None else _x(value)
 
 
