@@ -3,8 +3,8 @@
 Reads the run's `report.json` (through `compressor.report.schema.RunReport`; a one-target run is a family of one, as
 recipes/mpnet_rt_7x_last.yaml's) and the `/usr/bin/time -v` log of the run, and prints, each against the issue's goal:
 - wall time (≤ 90 min from an empty cache; `--time-log`) and peak RSS;
-- per member: target, speed-up the run's bench measured (within 10% of the target), test accuracy, and the layer-drop
-  baseline at its FLOPs (the member ahead, McNemar's p);
+- per member: target, speed-up its budget check measured (the bench's, in a run made before the check), within 10%
+  of the target or not, test accuracy, and the layer-drop baseline at its FLOPs (the member ahead, McNemar's p);
 - per reference point (PyTorch, int8): the most accurate member at equal or higher measured speed and by how many
   points it beats the reference (the goal: ≥ 1.0 point, in PyTorch and after int8 on both sides), with McNemar's p;
 - `compressor pick --max-drop 1.0` on the frontier.
