@@ -519,6 +519,9 @@ def test_a_latency_table_forced_from_a_file_steers_the_budget_and_a_misfit_is_re
         budget_mod.plan_budget(model, _spec(kind="speedup", value=1.5, latency_table=str(tmp_path / "none.json")))
     with pytest.raises(ValueError, match="latency_table: only applies to kind 'speedup'"):
         _spec(kind="flops", value=0.4, latency_table=str(path))
+    with pytest.raises(ValueError, match="check_rounds: only applies to kind 'speedup', got kind 'heads'"):
+        _spec(kind="heads", value=0.4, check_rounds=3)
+    assert _spec(kind="speedup", value=1.5, check_rounds=3).budget.check_rounds == 3
 
 
 def _block_costs_table(dims: Dims, heads_grid: list[int], neurons_grid: list[int]) -> LatencyTable:

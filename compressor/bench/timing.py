@@ -87,9 +87,9 @@ def measure_throughput(
     is taken around each of those measurements too, so it sees the same rotating order, and reported as the median
     over rounds (see the module docstring for what it does not count).
     Returns {"setup": ..., "results": {name: {str(seq_len): {str(batch): {...}}}}} with per-round seconds,
-    median/IQR/min/max of ms per batch and examples/s, and the peak-RSS growth (median and per round). The protocol's
-    settings are keyword arguments (not a `BenchSpec`) because `compressor bench`, the run's bench and the
-    benchmarks/ scripts each call it with their own.
+    median/IQR/min/max of ms per batch and examples/s, and the peak-RSS growth (median and per round); `desc` names
+    the progress bar over the rounds. The protocol's settings are keyword arguments (not a `BenchSpec`) because
+    `compressor bench`, the run's bench, the budget check and the benchmarks/ scripts each call it with their own.
     """
     check_names(candidates)
     lengths = lengths_of(seq_lens)  # batch sizes and lengths are checked by `BenchSpec`

@@ -143,8 +143,10 @@ class BudgetSpec(Strict):
             self._check_amount(value)
         if self.values and any(b <= a for a, b in zip(self.values, self.values[1:], strict=False)):
             raise ValueError(f"values: expected distinct targets in ascending order, got {self.values}")
-        if self.latency_table is not None and self.kind != "speedup":
-            raise ValueError(f"latency_table: only applies to kind 'speedup', got kind '{self.kind}'")
+        fields = type(self).model_fields  # a resolved recipe writes every default out: only a changed one is refused
+        given = [n for n in ("latency_table", "check_rounds") if getattr(self, n) != fields[n].default]
+        if given and self.kind != "speedup":
+            raise ValueError(f"{given[0]}: only applies to kind 'speedup', got kind '{self.kind}'")
         return self
 
     def _check_amount(self, value: float) -> None:
