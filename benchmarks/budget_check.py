@@ -73,7 +73,7 @@ def main() -> None:
     for repeat in range(args.repeats):
         for label, member, original in members:
             check = bench.paired_check(member, original, batch, seq, args.rounds, min_time)
-            target = next(m.target for m in report.members() if m.label == label)
+            target = sections[label].target
             rows.append({
                 "repeat": repeat, "member": label, "target": target, "vs": check["vs"],
                 "speedup": {k: check[k] for k in ("median", "q1", "q3", "min", "max")}, "per_round": check["per_round"],

@@ -31,7 +31,6 @@ from compressor.pipeline.stages import (
     STAGES,
     RunState,
     bench_spec_for,
-    budget_verdict,
     export_original,
     run_stages,
     with_quantize_only,
@@ -227,15 +226,24 @@ def _member_candidates(member: dict, spec, points: list[Point]) -> list:
     return out
 
 
-def member_budget(budget: BudgetSpec, member: dict, check: dict | None) -> dict:
-    """The member's target beside its budget check (`budget_checks`), for speed-up budgets; other kinds report FLOPs
+def member_budget(member: dict, check: dict | None) -> dict:
+    """The member's target beside its budget check (`budget_checks`, speed-up budgets only): the check's median, its
+    interquartile range and rounds, and whether the median is within 10% of the target; other kinds report FLOPs
     and heads."""
-    out = {"target": member["target"], "flop_ratio": member["pruned"]["flop_ratio"]}
-    return out | budget_verdict(check, member["target"]) if budget.kind == "speedup" and check else out
+    out = {"target": (target := member["target"]), "flop_ratio": member["pruned"]["flop_ratio"]}
+    if check is None:
+        return out
+    return out | {
+        "measured_speedup": check["median"],
+        "measured_vs": check["vs"],
+        "measured_iqr": [check["q1"], check["q3"]],
+        "measured_rounds": len(check["per_round"]),
+        "within_10pct": abs(check["median"] - target) <= 0.1 * target,
+    }
 
 
 def budget_checks(run: RunState, sections: list[dict], candidates: list) -> dict[str, dict]:
-    """Each member's budget check, keyed by label (speed-up budgets): `bench.paired_check` of the member on the
+    """Each member's budget check under a speed-up budget, keyed by label: `bench.paired_check` of the member on the
     budget's runtime against the original on that runtime, at the budget's batch size and length, with
     `prune.budget.check_rounds` rounds of `bench.min_time_s` visits. The bench's own rounds time every candidate
     between the two, so on a shared machine its ratio drifts; the verdict is this. A member or original the bench
@@ -243,7 +251,7 @@ def budget_checks(run: RunState, sections: list[dict], candidates: list) -> dict
     budget, spec = run.recipe.prune.resolved_budget, run.recipe.bench
     by_name = {c.name: c for c in candidates}
     original = by_name.get(name_of(ORIGINAL, "original", budget.runtime))
-    if budget.kind != "speedup" or original is None:
+    if original is None:
         return {}
     checks = {}
     for m in sections:
@@ -280,7 +288,7 @@ def run_report(run: RunState, sections: list[dict]) -> dict:
         with run.timed("budget check"):
             checks = budget_checks(run, sections, candidates)
     for m in sections:
-        m["budget"] = member_budget(budget, m, checks.get(m["label"]))
+        m["budget"] = member_budget(m, checks.get(m["label"]))
     recovery = run.recipe.prune.resolved_recovery
     rows = relative_to_run(frontier(result["summary"], points, _batch(budget), recovery), run.out) if result else None
     if budget.is_family:

@@ -237,20 +237,6 @@ def bench_spec_for(recipe: Recipe) -> BenchSpec:
     return spec.model_copy(update={"seq_lens": lengths, "batch_sizes": batches})
 
 
-def budget_verdict(check: dict, target: float) -> dict:
-    """A member's speed-up target beside its budget check (`bench.paired_check`: the member alone against the
-    original on the budget's runtime): the median, its interquartile range and rounds, and whether the median is
-    within 10% of `target`."""
-    measured = check["median"]
-    return {
-        "measured_speedup": measured,
-        "measured_vs": check["vs"],
-        "measured_iqr": [check["q1"], check["q3"]],
-        "measured_rounds": len(check["per_round"]),
-        "within_10pct": abs(measured - target) <= 0.1 * target,
-    }
-
-
 def analysis_stage(state: RunState) -> dict:
     """Head roles of the original model, and per pruning step the roles of the kept vs removed heads.
 

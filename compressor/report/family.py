@@ -75,14 +75,14 @@ def _members_table(members: list[MemberSection], steps: list[dict]) -> list[str]
     ]
     for m in members:
         p, base = m.pruned, m.baseline
-        bench = _x_spread(m.budget.measured_speedup, m.budget.measured_iqr) if m.budget else "–"
+        measured = _x_spread(m.budget.measured_speedup, m.budget.measured_iqr) if m.budget else "–"
         within = {True: "✓", False: "✗"}.get(m.budget.within_10pct if m.budget else None, "–")
         compare = "–"
         if base:
             compare = f"{100 * base['pruned_minus_baseline']:+.2f} ({base['mcnemar_p']:.3g})"
         neurons = "–" if p.ffn_neurons is None else p.ffn_neurons
         lines.append(
-            f"| {m.label} | {m.target:g} | {bench} | {within} | {_x(at_step.get(m.step))} | {m.step} | "
+            f"| {m.label} | {m.target:g} | {measured} | {within} | {_x(at_step.get(m.step))} | {m.step} | "
             f"{p.heads_left} | {neurons} | {p.flop_ratio:.2f} | {_pct(p.test.accuracy)} "
             f"| {_pct(base['baseline_accuracy']) if base else '–'} | {compare} |"
         )
