@@ -11,10 +11,10 @@ of attention is a mix of one value channel, so dividing that value column's weig
 rescaled graph is an fp32 graph equal to the original up to float rounding, and is then quantised as usual.
 
 A `Mul` is one more pass over its activation. Before a MatMul whose input is wider than its output (a feed-forward
-down-projection, fed by the GELU over the widest activation) that pass costs the most relative to the MatMul: on
-MiniLM, smoothing every MatMul made int8 about 5% slower at batch 32 (`docs/results.md`). `scope="cheap"` skips
-exactly those MatMuls (unless their division folds), for a cost of 1-2%; `"all"` smooths every one; `"free"` only
-those whose division folds into attention, so it adds no node at all. With `outlier_ratio`, the cheap and free
+down-projection, fed by the GELU over the widest activation) that pass costs the most relative to the MatMul (what
+each scope cost on MiniLM: docs/lab/results-2026-11-25.md). `scope="cheap"` skips exactly those MatMuls (unless
+their division folds); `"all"` smooths every one; `"free"` only those whose division folds into attention, so it
+adds no node at all. With `outlier_ratio`, the cheap and free
 scopes still smooth a skipped MatMul whose input has one channel that stands out that much (`outlier_ratio_of`):
 the classic BERT failure, a lone huge FFN neuron, costs one `Mul` to fix.
 
