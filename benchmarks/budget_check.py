@@ -28,6 +28,7 @@ from retime_family import candidates, original_dir, points, targets  # noqa: E40
 
 from compressor import bench  # noqa: E402
 from compressor.core.machine import cpu_identity, cpu_summary  # noqa: E402
+from compressor.pruning.budget import within_target  # noqa: E402
 from compressor.recipe import load_recipe  # noqa: E402
 from compressor.report.schema import RunReport  # noqa: E402
 
@@ -77,7 +78,7 @@ def main() -> None:
             rows.append({
                 "repeat": repeat, "member": label, "target": target, "vs": check["vs"],
                 "speedup": {k: check[k] for k in ("median", "q1", "q3", "min", "max")}, "per_round": check["per_round"],
-                "within_10pct": abs(check["median"] - target) <= 0.1 * target,
+                "within_10pct": within_target(check["median"], target),
                 "run_report_speedup": sections[label].budget.measured_speedup if sections[label].budget else None,
                 "at_step_speedup": at_step.get(sections[label].step),
             })  # fmt: skip

@@ -33,6 +33,7 @@ from mpnet_family import commit  # noqa: E402
 from compressor import bench  # noqa: E402
 from compressor.core.candidates import ORIGINAL_NAME  # noqa: E402
 from compressor.core.machine import cpu_identity, cpu_summary  # noqa: E402
+from compressor.pruning.budget import within_target  # noqa: E402
 from compressor.pruning.deployed import as_deployed  # noqa: E402
 from compressor.report.schema import RunReport  # noqa: E402
 from compressor.surgery.checkpoint import load_pruned  # noqa: E402
@@ -97,7 +98,7 @@ def main() -> None:
             "name": r["name"], "role": r["role"], "runtime": r["runtime"], "target": target,
             "speedup": {k: s[k] for k in ("median", "q1", "q3", "min", "max")}, "per_round": s["per_round"],
             "run_bench_speedup": r["speedup"], "accuracy": r["accuracy"],
-            "within_10pct": None if target is None else abs(s["median"] / target - 1) <= 0.10,
+            "within_10pct": None if target is None else within_target(s["median"], target),
         })  # fmt: skip
     result = {
         "figure": f"the family's points re-timed, {args.rounds} interleaved rounds, batch {batch} x {seq} tokens",

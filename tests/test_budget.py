@@ -560,3 +560,11 @@ def test_a_blocks_fixed_cost_is_saved_only_with_its_last_unit_so_equal_layers_ar
     fractions = [grid_counts(12, DEFAULT_FRACTIONS), grid_counts(768, DEFAULT_FRACTIONS)]
     spread = select(_block_costs_table(dims, *fractions))
     assert min(spread) == 0 and max(spread) > 768 // 4
+
+
+def test_within_target_is_ten_percent_either_side() -> None:
+    """The report's 'within 10%' verdict and the benchmarks that re-time members share one rule."""
+    assert budget_mod.WITHIN == 0.10
+    assert budget_mod.within_target(2.19, 2.0) and budget_mod.within_target(1.81, 2.0)
+    assert not budget_mod.within_target(2.21, 2.0) and not budget_mod.within_target(1.79, 2.0)
+    assert budget_mod.within_target(7.6, 7.0) and not budget_mod.within_target(7.8, 7.0)

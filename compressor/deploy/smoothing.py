@@ -14,9 +14,9 @@ A `Mul` is one more pass over its activation. Before a MatMul whose input is wid
 down-projection, fed by the GELU over the widest activation) that pass costs the most relative to the MatMul (what
 each scope cost on MiniLM: docs/lab/results-2026-11-25.md). `scope="cheap"` skips exactly those MatMuls (unless
 their division folds); `"all"` smooths every one; `"free"` only those whose division folds into attention, so it
-adds no node at all. With `outlier_ratio`, the cheap and free
-scopes still smooth a skipped MatMul whose input has one channel that stands out that much (`outlier_ratio_of`):
-the classic BERT failure, a lone huge FFN neuron, costs one `Mul` to fix.
+adds no node at all. With `outlier_ratio`, the cheap and free scopes still smooth a skipped MatMul whose input has
+one channel that stands out that much (`outlier_ratio_of`): the classic BERT failure, a lone huge FFN neuron, costs
+one `Mul` to fix.
 
 Pure graph rewriting: no training imports, no knowledge of the model's architecture beyond "a MatMul with a constant
 two-dimensional weight".

@@ -35,6 +35,7 @@ from compressor.pipeline.stages import (
     run_stages,
     with_quantize_only,
 )
+from compressor.pruning.budget import within_target
 from compressor.pruning.deployed import as_deployed
 from compressor.pruning.selection import mask_to_plan
 from compressor.recipe import BudgetSpec
@@ -238,7 +239,7 @@ def member_budget(member: dict, check: dict | None) -> dict:
         "measured_vs": check["vs"],
         "measured_iqr": [check["q1"], check["q3"]],
         "measured_rounds": len(check["per_round"]),
-        "within_10pct": abs(check["median"] - target) <= 0.1 * target,
+        "within_10pct": within_target(check["median"], target),
     }
 
 

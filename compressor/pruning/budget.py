@@ -52,6 +52,15 @@ SPEEDUP_AIM = SPEEDUP_SLACK
 # (`Budget.give_back`): a step that drops whole layers lands in coarse jumps, and a member past its target has lost
 # accuracy it did not need to (measured landings: docs/lab/history.md, "Give-back").
 OVERSHOOT = 0.05
+# A member's measured speed-up is on target when it lies within this fraction of the target, on either side: the
+# report's "within 10%" verdict on each member's budget check (`pipeline.family.member_budget`).
+WITHIN = 0.10
+
+
+def within_target(measured: float, target: float) -> bool:
+    """Whether a measured speed-up lies within `WITHIN` of `target`, faster or slower: the one rule the run's report
+    and the benchmarks that re-time its members judge a member by."""
+    return abs(measured - target) <= WITHIN * target
 
 
 def check_budget(config, spec: PruneSpec) -> None:
