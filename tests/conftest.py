@@ -56,6 +56,22 @@ def tiny_model_dir(tmp_path_factory) -> Path:
     return path
 
 
+@pytest.fixture(scope="session")
+def mpnet_reference(tmp_path_factory):
+    """A tiny MPNet classifier with its own tokenizer: other special tokens, another id for every word, no
+    `token_type_ids`, so evaluating it on the base model's tokenisation would give other predictions."""
+    from transformers import MPNetTokenizerFast
+
+    from compressor.testing import tiny_model
+
+    path = tmp_path_factory.mktemp("tiny_mpnet")
+    vocab = ["<s>", "<pad>", "</s>", "[UNK]", "<mask>", *reversed(FILLER), *NEGATIVE, *POSITIVE, "##s", "##ly"]
+    (path / "vocab.txt").write_text("\n".join(vocab) + "\n")
+    MPNetTokenizerFast(vocab=str(path / "vocab.txt")).save_pretrained(path)
+    tiny_model("mpnet", layers=2, heads=2, head_size=8, randomized=False).save_pretrained(path)
+    return path
+
+
 def make_rows(n: int, seed: int = 0) -> list[dict]:
     rng = random.Random(seed)
     rows = []

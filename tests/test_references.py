@@ -9,7 +9,7 @@ import json
 import numpy as np
 import pytest
 import torch
-from conftest import FILLER, NEGATIVE, POSITIVE, make_tokenizer_dir, tiny_recipe
+from conftest import make_tokenizer_dir, tiny_recipe
 from test_budget_run import BENCH, FINETUNE
 from typer.testing import CliRunner
 
@@ -28,20 +28,6 @@ from compressor.sources.models import foreign_head
 from compressor.testing import tiny_config, tiny_model
 
 LABELS = ["0", "1"]
-
-
-@pytest.fixture(scope="session")
-def mpnet_reference(tmp_path_factory):
-    """A tiny MPNet classifier with its own tokenizer: other special tokens, another id for every word, no
-    `token_type_ids`, so evaluating it on the base model's tokenisation would give other predictions."""
-    from transformers import MPNetTokenizerFast
-
-    path = tmp_path_factory.mktemp("tiny_mpnet")
-    vocab = ["<s>", "<pad>", "</s>", "[UNK]", "<mask>", *reversed(FILLER), *NEGATIVE, *POSITIVE, "##s", "##ly"]
-    (path / "vocab.txt").write_text("\n".join(vocab) + "\n")
-    MPNetTokenizerFast(vocab=str(path / "vocab.txt")).save_pretrained(path)
-    tiny_model("mpnet", layers=2, heads=2, head_size=8, randomized=False).save_pretrained(path)
-    return path
 
 
 def _save_with_head(path, head: str, num_labels: int = 2, **config):

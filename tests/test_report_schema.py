@@ -199,6 +199,24 @@ def test_the_report_says_what_precision_the_fine_tunes_ran_in(precision) -> None
     assert "autocast" not in first or precision == "bf16"
 
 
+@pytest.mark.parametrize(
+    ("device", "precision", "words"),
+    [
+        ("cpu", "bf16", " Fine-tunes ran in bf16 autocast."),
+        ("cuda:0 (NVIDIA H200)", "bf16", " Fine-tunes ran on cuda:0 (NVIDIA H200) in bf16 autocast."),
+        ("cuda:0 (NVIDIA H200)", "no", " Fine-tunes ran on cuda:0 (NVIDIA H200)."),
+        ("cpu", "no", ""),
+    ],
+)
+def test_the_report_says_where_the_fine_tunes_ran(device, precision, words) -> None:
+    """A GPU is named beside the precision; the CPU, where every run's timing happens anyway, is not."""
+    from compressor.report.summary import time_lines
+
+    report = one_target() | {"mixed_precision": precision, "device": device}
+    first = time_lines(RunReport.of(report))[0]
+    assert first == f"Total time: 3 s.{words}"
+
+
 def test_the_family_benchmark_reads_a_one_target_run_as_one_member() -> None:
     """benchmarks/mpnet_family.py on a one-target run (recipes/mpnet_rt_7x_last.yaml): its model is the one member,
     its reference comparison is read from the top of the report."""

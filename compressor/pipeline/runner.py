@@ -70,6 +70,17 @@ def precision_words(asked: str, running: str) -> str:
     return f"{words} (mixed_precision auto: {native_precision()[1]})" if asked == "auto" else words
 
 
+def finetune_device(accelerator: Accelerator) -> str:
+    """Where the run's fine-tunes, scoring and evaluation run, as the log and report name it: "cpu", or a CUDA
+    device with its name ("cuda:0 (NVIDIA H100 80GB HBM3)"). Timing (latency tables, budget checks, the bench) and
+    export stay on the CPU whatever this is: the runtimes are CPU runtimes."""
+    device = accelerator.device
+    if device.type != "cuda":
+        return device.type
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return f"cuda:{index} ({torch.cuda.get_device_name(index)})"
+
+
 def make_accelerator(mixed_precision: str = "no") -> Accelerator:
     """The run's Accelerator. Under several processes the others wait at a barrier while the main process exports,
     benchmarks and analyses alone; gloo's default 30-minute timeout would kill a long run there, so allow 12 h.
@@ -153,7 +164,8 @@ def prepare(recipe: Recipe, accelerator: Accelerator | None = None, force: bool 
     _setup_logging(out, accelerator.is_main_process)
     run = RunState(recipe, out, accelerator, data, tokenizer)
     run.splits.update(tokenize_splits(data, tokenizer, recipe.data.max_length))
-    log.info("fine-tunes in %s", precision_words(recipe.accelerate.mixed_precision, accelerator.mixed_precision))
+    words = precision_words(recipe.accelerate.mixed_precision, accelerator.mixed_precision)
+    log.info("fine-tunes on %s in %s", finetune_device(accelerator), words)
     log.info(
         "data: %s train / %s validation / %s test, labels %s",
         len(data.train),
@@ -369,6 +381,7 @@ def _report_head(run: RunState, base_info: dict, original: dict) -> dict:
         "labels": run.data.label_names,
         "base_finetune": base_info,
         "mixed_precision": str(run.accelerator.mixed_precision),  # what the fine-tunes ran in ("no": fp32)
+        "device": finetune_device(run.accelerator),  # and where
         "original": original,
         "steps": run.result.steps,
         "recovery": recovery_summary(recipe.prune, run.result.steps),

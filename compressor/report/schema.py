@@ -163,6 +163,7 @@ class RunReport(Section):
     labels: list[str]
     base_finetune: dict[str, Any] | None = None
     mixed_precision: str | None = None  # the fine-tunes': "no" (fp32), "bf16", "fp16"; None in older reports
+    device: str | None = None  # where they ran: "cpu", "cuda:0 (<GPU name>)"; None in older reports
     original: Original
     steps: list[dict[str, Any]]
     recovery: dict[str, Any] | None = None

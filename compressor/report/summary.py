@@ -404,9 +404,9 @@ def final_finetune_text(ft: dict) -> str:
 
 def time_lines(report: RunReport) -> list[str]:
     """The run's total time and, when the phases were timed, where it went."""
-    mixed = report.mixed_precision
-    precision = "" if mixed in (None, "no") else f" Fine-tunes ran in {mixed} autocast."
-    lines = [f"Total time: {report.seconds or 0:.0f} s.{precision}", ""]
+    where = "" if report.device in (None, "cpu") else f" on {report.device}"  # a GPU; every timing is on the CPU
+    how = where + ("" if report.mixed_precision in (None, "no") else f" in {report.mixed_precision} autocast")
+    lines = [f"Total time: {report.seconds or 0:.0f} s." + (f" Fine-tunes ran{how}." if how else ""), ""]
     if report.timings:
         lines += ["## Where the time went", "", *_timings_table(report.timings, report.seconds), ""]
     return lines
