@@ -1,0 +1,87 @@
+"""Whether other runtimes' sessions in the same process move the budget check: a finished run's members checked
+(`compressor.bench.paired_check`, as the run's budget check) alone, then beside every other frontier point's ONNX
+Runtime and OpenVINO session (built; then right after one bench round of them), then after freeing them.
+
+A run's budget check comes after its bench, in a process that holds a session for every exported candidate; if those
+sessions' threads or memory slowed the PyTorch timings, the run's own verdict would read low. This measures that on
+the same models in one process, so the four readings differ by the sessions alone (and the machine's drift).
+
+Usage (machine to itself):
+    .venv/bin/python benchmarks/check_beside_sessions.py --run runs/mpnet_rt_family --else-running "nothing" \
+        → benchmarks/results/check_beside_sessions.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+HERE = Path(__file__).resolve().parent
+sys.path[:] = [str(ROOT)] + [p for p in sys.path if Path(p or ".").resolve() != HERE] + [str(HERE)]
+
+from budget_check import pairs  # noqa: E402
+from family import write_result  # noqa: E402
+from mpnet_family import commit  # noqa: E402
+from retime_family import points  # noqa: E402
+
+from compressor import bench  # noqa: E402
+from compressor.core.machine import cpu_identity, cpu_summary  # noqa: E402
+from compressor.recipe import load_recipe  # noqa: E402
+from compressor.report.schema import RunReport  # noqa: E402
+
+RESULTS = ROOT / "benchmarks" / "results" / "check_beside_sessions.json"
+OTHER_RUNTIMES = ["onnx-fp32", "onnx-int8", "openvino-int8"]
+
+
+def checks(members: list, shape: tuple[int, int, int, float], stage: str) -> dict[str, float]:
+    """Each member's budget-check median at `shape` (batch, length, rounds, min_time_s), printed under `stage`."""
+    out = {label: bench.paired_check(member, original, *shape)["median"] for label, member, original in members}
+    print(f"{stage}: " + ", ".join(f"{label} {value:.2f}x" for label, value in out.items()), flush=True)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--run", type=Path, required=True)
+    parser.add_argument("--rounds", type=int, default=7, help="rounds per check (prune.budget.check_rounds)")
+    parser.add_argument("--else-running", default="", help="what else ran on the machine while measuring")
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args()
+    report = RunReport.read(args.run / "report.json")
+    recipe = load_recipe(args.run / "recipe.resolved.yaml")
+    budget = recipe.prune.resolved_budget
+    shape = (budget.batch_size, budget.seq_len, args.rounds, recipe.bench.min_time_s)
+    members = pairs(report, args.run, budget.seq_len)
+    original = members[0][2]
+    started, stages = time.perf_counter(), {}
+    stages["alone"] = checks(members, shape, "alone")
+    rows = points(report, args.run, [r for r in OTHER_RUNTIMES if r != budget.runtime])
+    others = [bench.runtime_candidate(r["name"], r["runtime"], args.run / r["path"], budget.seq_len, None, original)
+              for r in rows]  # fmt: skip
+    stages["sessions_built"] = checks(members, shape, f"beside {len(others)} sessions")
+    bench.measure_throughput(others, [budget.batch_size], [budget.seq_len], rounds=1, warmup=1)
+    stages["after_a_round_of_them"] = checks(members, shape, "right after one bench round of them")
+    del others
+    gc.collect()
+    stages["freed"] = checks(members, shape, "after freeing them")
+    result = {
+        "figure": f"each member's budget check alone, beside {len(rows)} other sessions, after a round, freed",
+        "run": args.run.name,
+        "runtime": budget.runtime,
+        "commit": commit(),
+        "cpu": cpu_summary(),
+        "cpu_identity": cpu_identity(),
+        "else_running": args.else_running or "not stated",
+        "seconds": round(time.perf_counter() - started, 1),
+        "stages": stages,
+        "run_report_speedup": {m.label: m.budget.measured_speedup if m.budget else None for m in report.members()},
+    }
+    write_result(result, args.out)
+
+
+if __name__ == "__main__":
+    main()
