@@ -23,11 +23,10 @@ HERE = Path(__file__).resolve().parent
 sys.path[:] = [str(ROOT)] + [p for p in sys.path if Path(p or ".").resolve() != HERE] + [str(HERE)]
 
 from family import write_result  # noqa: E402
-from mpnet_family import commit  # noqa: E402
+from mpnet_family import measured_on  # noqa: E402
 from retime_family import candidates, original_dir, points, targets  # noqa: E402
 
 from compressor import bench  # noqa: E402
-from compressor.core.machine import cpu_identity, cpu_summary  # noqa: E402
 from compressor.pruning.budget import within_target  # noqa: E402
 from compressor.recipe import load_recipe  # noqa: E402
 from compressor.report.schema import RunReport  # noqa: E402
@@ -47,6 +46,13 @@ def pairs(report: RunReport, run: Path, seq_len: int) -> list[tuple[str, object,
     return [(r["model"], by_name[r["name"]], original) for r in sorted(members, key=lambda r: goal[r["model"]])]
 
 
+def load_run(run: Path) -> tuple[RunReport, object, object]:
+    """A finished run's report, resolved recipe and speed-up budget."""
+    report = RunReport.read(run / "report.json")
+    recipe = load_recipe(run / "recipe.resolved.yaml")
+    return report, recipe, recipe.prune.resolved_budget
+
+
 def print_row(r: dict) -> None:
     s = r["speedup"]
     print(f"repeat {r['repeat']} {r['member']}: {s['median']:.2f}x (IQR {s['q1']:.2f}-{s['q3']:.2f}) vs {r['vs']}, "
@@ -63,9 +69,7 @@ def main() -> None:
     parser.add_argument("--else-running", default="", help="what else ran on the machine while measuring")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
-    report = RunReport.read(args.run / "report.json")
-    recipe = load_recipe(args.run / "recipe.resolved.yaml")
-    budget = recipe.prune.resolved_budget
+    report, recipe, budget = load_run(args.run)
     batch, seq, min_time = budget.batch_size, budget.seq_len, args.min_time_s or recipe.bench.min_time_s
     members = pairs(report, args.run, seq)
     at_step = {s.get("step"): s.get("measured_speedup") for s in report.dump().get("steps", [])}
@@ -87,9 +91,7 @@ def main() -> None:
         "figure": f"each member's budget check, {args.repeats} repeats x {args.rounds} rounds, batch {batch} x {seq}",
         "run": args.run.name,
         "runtime": budget.runtime,
-        "commit": commit(),
-        "cpu": cpu_summary(),
-        "cpu_identity": cpu_identity(),
+        **measured_on(),
         "else_running": args.else_running or "not stated",
         "min_time_s": min_time,
         "seconds": round(time.perf_counter() - started, 1),

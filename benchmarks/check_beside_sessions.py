@@ -23,15 +23,12 @@ ROOT = Path(__file__).resolve().parents[1]
 HERE = Path(__file__).resolve().parent
 sys.path[:] = [str(ROOT)] + [p for p in sys.path if Path(p or ".").resolve() != HERE] + [str(HERE)]
 
-from budget_check import pairs  # noqa: E402
+from budget_check import load_run, pairs  # noqa: E402
 from family import write_result  # noqa: E402
-from mpnet_family import commit  # noqa: E402
+from mpnet_family import measured_on  # noqa: E402
 from retime_family import points  # noqa: E402
 
 from compressor import bench  # noqa: E402
-from compressor.core.machine import cpu_identity, cpu_summary  # noqa: E402
-from compressor.recipe import load_recipe  # noqa: E402
-from compressor.report.schema import RunReport  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results" / "check_beside_sessions.json"
 OTHER_RUNTIMES = ["onnx-fp32", "onnx-int8", "openvino-int8"]
@@ -51,9 +48,7 @@ def main() -> None:
     parser.add_argument("--else-running", default="", help="what else ran on the machine while measuring")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
-    report = RunReport.read(args.run / "report.json")
-    recipe = load_recipe(args.run / "recipe.resolved.yaml")
-    budget = recipe.prune.resolved_budget
+    report, recipe, budget = load_run(args.run)
     shape = (budget.batch_size, budget.seq_len, args.rounds, recipe.bench.min_time_s)
     members = pairs(report, args.run, budget.seq_len)
     original = members[0][2]
@@ -72,9 +67,7 @@ def main() -> None:
         "figure": f"each member's budget check alone, beside {len(rows)} other sessions, after a round, freed",
         "run": args.run.name,
         "runtime": budget.runtime,
-        "commit": commit(),
-        "cpu": cpu_summary(),
-        "cpu_identity": cpu_identity(),
+        **measured_on(),
         "else_running": args.else_running or "not stated",
         "seconds": round(time.perf_counter() - started, 1),
         "stages": stages,

@@ -32,7 +32,7 @@ from base_run import read_time_log  # noqa: E402
 from family import write_result  # noqa: E402
 
 from compressor.bench.frontier import pick  # noqa: E402
-from compressor.core.machine import cpu_summary  # noqa: E402
+from compressor.core.machine import cpu_identity, cpu_summary  # noqa: E402
 from compressor.report.schema import RunReport  # noqa: E402
 
 GOALS = {"wall_min": 90.0, "within": 0.10, "beats_reference_points": 1.0, "pick_max_drop": 1.0}
@@ -87,6 +87,12 @@ def step_rows(report: RunReport) -> list[dict]:
 def commit() -> str | None:
     done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
     return done.stdout.strip() or None
+
+
+def measured_on() -> dict:
+    """What a timing benchmark's result names beside its figures: this checkout's commit and the CPU (its int8
+    features, and the identity `compressor.core.machine.cpu_identity` compares)."""
+    return {"commit": commit(), "cpu": cpu_summary(), "cpu_identity": cpu_identity()}
 
 
 def _p(value: float | None) -> str:

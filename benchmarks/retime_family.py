@@ -28,11 +28,10 @@ HERE = Path(__file__).resolve().parent
 sys.path[:] = [str(ROOT)] + [p for p in sys.path if Path(p or ".").resolve() != HERE] + [str(HERE)]
 
 from family import write_result  # noqa: E402
-from mpnet_family import commit  # noqa: E402
+from mpnet_family import measured_on  # noqa: E402
 
 from compressor import bench  # noqa: E402
 from compressor.core.candidates import ORIGINAL_NAME  # noqa: E402
-from compressor.core.machine import cpu_identity, cpu_summary  # noqa: E402
 from compressor.pruning.budget import within_target  # noqa: E402
 from compressor.pruning.deployed import as_deployed  # noqa: E402
 from compressor.report.schema import RunReport  # noqa: E402
@@ -103,9 +102,7 @@ def main() -> None:
     result = {
         "figure": f"the family's points re-timed, {args.rounds} interleaved rounds, batch {batch} x {seq} tokens",
         "run": args.run.name,
-        "commit": commit(),
-        "cpu": cpu_summary(),
-        "cpu_identity": cpu_identity(),
+        **measured_on(),
         "else_running": args.else_running or "not stated",
         "setup": throughput["setup"],
         "seconds": round(time.perf_counter() - started, 1),

@@ -24,11 +24,10 @@ HERE = Path(__file__).resolve().parent
 sys.path[:] = [str(ROOT)] + [p for p in sys.path if Path(p or ".").resolve() != HERE] + [str(HERE)]
 
 from family import write_result  # noqa: E402
-from mpnet_family import commit  # noqa: E402
+from mpnet_family import measured_on  # noqa: E402
 from retime_family import candidates, original_dir, points  # noqa: E402
 
 from compressor import bench  # noqa: E402
-from compressor.core.machine import cpu_identity, cpu_summary  # noqa: E402
 from compressor.recipe import load_recipe  # noqa: E402
 from compressor.report.schema import RunReport  # noqa: E402
 
@@ -76,9 +75,7 @@ def main() -> None:
         "run": args.run.name,
         "batch_size": budget.batch_size,
         "seq_len": budget.seq_len,
-        "commit": commit(),
-        "cpu": cpu_summary(),
-        "cpu_identity": cpu_identity(),
+        **measured_on(),
         "else_running": args.else_running or "not stated",
         "seconds": round(time.perf_counter() - started, 1),
         "rows": out,
