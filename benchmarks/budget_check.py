@@ -27,8 +27,9 @@ from mpnet_family import measured_on  # noqa: E402
 from retime_family import candidates, original_dir, points, targets  # noqa: E402
 
 from compressor import bench  # noqa: E402
+from compressor.core.outdir import RESOLVED_FILE  # noqa: E402
 from compressor.pruning.budget import within_target  # noqa: E402
-from compressor.recipe import load_recipe  # noqa: E402
+from compressor.recipe import BudgetSpec, Recipe, load_recipe  # noqa: E402
 from compressor.report.schema import RunReport  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results" / "budget_check.json"
@@ -46,11 +47,10 @@ def pairs(report: RunReport, run: Path, seq_len: int) -> list[tuple[str, object,
     return [(r["model"], by_name[r["name"]], original) for r in sorted(members, key=lambda r: goal[r["model"]])]
 
 
-def load_run(run: Path) -> tuple[RunReport, object, object]:
+def load_run(run: Path) -> tuple[RunReport, Recipe, BudgetSpec]:
     """A finished run's report, resolved recipe and speed-up budget."""
-    report = RunReport.read(run / "report.json")
-    recipe = load_recipe(run / "recipe.resolved.yaml")
-    return report, recipe, recipe.prune.resolved_budget
+    recipe = load_recipe(run / RESOLVED_FILE)
+    return RunReport.read(run / "report.json"), recipe, recipe.prune.resolved_budget
 
 
 def print_row(r: dict) -> None:

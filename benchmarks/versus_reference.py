@@ -23,13 +23,12 @@ ROOT = Path(__file__).resolve().parents[1]
 HERE = Path(__file__).resolve().parent
 sys.path[:] = [str(ROOT)] + [p for p in sys.path if Path(p or ".").resolve() != HERE] + [str(HERE)]
 
+from budget_check import load_run  # noqa: E402
 from family import write_result  # noqa: E402
 from mpnet_family import measured_on  # noqa: E402
 from retime_family import candidates, original_dir, points  # noqa: E402
 
 from compressor import bench  # noqa: E402
-from compressor.recipe import load_recipe  # noqa: E402
-from compressor.report.schema import RunReport  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results" / "versus_reference.json"
 
@@ -45,9 +44,8 @@ def main() -> None:
     parser.add_argument("--else-running", default="", help="what else ran on the machine while measuring")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
-    report = RunReport.read(args.run / "report.json")
-    recipe = load_recipe(args.run / "recipe.resolved.yaml")
-    budget, min_time = recipe.prune.resolved_budget, recipe.bench.min_time_s
+    report, recipe, budget = load_run(args.run)
+    min_time = recipe.bench.min_time_s
     wanted = {args.member, args.reference}
     rows = [r for r in points(report, args.run, args.runtimes.split(",")) if r["model"] in wanted]
     rows = [r for r in rows if r["role"] in ("member", "reference")]
