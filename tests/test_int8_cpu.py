@@ -67,6 +67,8 @@ def test_every_int8_figure_names_the_cpus_int8_features(tmp_path, monkeypatch):
     assert f"| m/onnx-int8 (int8; CPU: {features}) |" in md and "| m/onnx-fp32 |" in md
     table = "\n".join(_bench_table(result))
     assert f"int8 features: {features}" in table and f"m/onnx-int8 (int8; CPU: {features})" in table
+    result["cpu"]["generation"] = "family 6 model 143"  # a result from a CPU whose cpuinfo gives its generation
+    assert f"CPU: Xeon (test) (family 6 model 143), 2 cores; int8 features: {features}" in render_bench_md(result)
 
     rows = frontier(result["summary"], points)
     by_name = {r["name"]: r for r in rows}

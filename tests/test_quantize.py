@@ -121,11 +121,16 @@ def test_recipe_reduce_range_field(value, ok):
 def test_cpu_summary_names_vendor_and_the_flags_that_matter(tmp_path):
     from compressor.core.machine import cpu_summary
 
-    info = cpuinfo(tmp_path, f"vendor_id\t: GenuineIntel\nflags\t: {X86_FLAGS} avx512f avx512_vnni\n")
+    info = cpuinfo(
+        tmp_path,
+        f"vendor_id\t: AuthenticAMD\ncpu family\t: 26\nmodel\t\t: 2\nmodel name\t: AMD EPYC\n"
+        f"flags\t: {X86_FLAGS} avx512f avx512_vnni\n",
+    )
     summary = cpu_summary(info)
-    assert summary["vendor"] == "GenuineIntel" and summary["vnni"] is True
+    assert summary["vendor"] == "AuthenticAMD" and summary["vnni"] is True
+    assert summary["generation"] == "family 26 model 2"  # "model" alone is not mistaken for "model name"
     assert summary["flags"] == ["avx2", "avx512f", "avx512_vnni"] and summary["cores"] >= 1
-    assert cpu_summary(tmp_path / "absent")["flags"] is None
+    assert cpu_summary(tmp_path / "absent")["flags"] is None and cpu_summary(tmp_path / "absent")["generation"] is None
 
 
 def test_cpu_identity_tells_apart_cpus_that_share_a_model_name(tmp_path):

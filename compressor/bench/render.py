@@ -112,13 +112,14 @@ def _size_md(result: dict) -> list[str]:
 
 
 def cpu_line(result: dict) -> list[str]:
-    """['CPU: model, cores; int8 features: ...', ''] for a bench result that records its CPU (older ones do not:
-    []): the int8 rows' speed-ups hold for CPUs with the same int8 features only."""
+    """['CPU: model (x86 generation), cores; int8 features: ...', ''] for a bench result that records its CPU (older
+    ones do not: []): the int8 rows' speed-ups hold for CPUs with the same int8 features only."""
     cpu = result.get("cpu")
     if not cpu:
         return []
+    generation = f" ({cpu['generation']})" if cpu.get("generation") else ""
     return [
-        f"CPU: {cpu['model']}, {cpu['cores']} cores; int8 features: {cpu['int8_features']} (int8 speed-ups, marked "
+        f"CPU: {cpu['model']}{generation}, {cpu['cores']} cores; int8 features: {cpu['int8_features']} (int8 speed-ups, marked "
         "int8 below, hold for CPUs with the same features: OpenVINO's int8 needs VNNI or AMX to pay).",
         "",
     ]

@@ -79,11 +79,21 @@ def cpu_identity(cpuinfo: Path = CPUINFO) -> str:
     return f"{cpu_model()} [{known}]"
 
 
+def cpu_generation(cpuinfo: Path = CPUINFO) -> str | None:
+    """The x86 family and model numbers ("family 26 model 2"), None where `cpuinfo` lacks them: virtual machines often
+    name only the brand ("AMD EPYC"), and these tell the generations under one name apart (Zen 4 is family 25, Zen 5
+    family 26), whose kernels and cost ratios differ."""
+    family, model = _cpuinfo_field(cpuinfo, "cpu family"), _cpuinfo_field(cpuinfo, "model")
+    return f"family {family} model {model}" if family and model else None
+
+
 def cpu_summary(cpuinfo: Path = CPUINFO) -> dict:
-    """What a figure was measured on: CPU model and vendor, the flags that matter (`SPEED_FLAGS`), usable cores."""
+    """What a figure was measured on: CPU model, x86 generation and vendor, the flags that matter (`SPEED_FLAGS`),
+    usable cores."""
     flags = cpu_flags(cpuinfo)
     return {
         "model": cpu_model(),
+        "generation": cpu_generation(cpuinfo),
         "vendor": _cpuinfo_field(cpuinfo, "vendor_id") or platform.machine(),
         "flags": None if flags is None else [f for f in SPEED_FLAGS if f in flags],
         "vnni": _vnni(flags),
