@@ -119,8 +119,9 @@ def cpu_line(result: dict) -> list[str]:
         return []
     generation = f" ({cpu['generation']})" if cpu.get("generation") else ""
     return [
-        f"CPU: {cpu['model']}{generation}, {cpu['cores']} cores; int8 features: {cpu['int8_features']} (int8 speed-ups, marked "
-        "int8 below, hold for CPUs with the same features: OpenVINO's int8 needs VNNI or AMX to pay).",
+        f"CPU: {cpu['model']}{generation}, {cpu['cores']} cores; int8 features: {cpu['int8_features']} (int8 "
+        "speed-ups, marked int8 below, hold for CPUs with the same features: OpenVINO's int8 needs VNNI or AMX to "
+        "pay).",
         "",
     ]
 
