@@ -317,6 +317,24 @@ def test_task_tuned_checkpoint_with_another_head_is_refused(tmp_path, head, lack
     check_task_head(spec.model_copy(update={"task_tuned": False}), config)  # a new head is trained: fine
 
 
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_a_half_precision_checkpoint_loads_in_float32(tmp_path, tiny_model_dir, dtype) -> None:
+    """Hub models are often saved in fp16 or bf16, and transformers 5 keeps a checkpoint's dtype: a model fine-tuned
+    with AdamW in half precision loses its small updates. Both a base and a task-tuned one load in float32, with the
+    checkpoint's values."""
+    import torch
+
+    half = make_tokenizer_dir(tmp_path / "half")
+    model = tiny_model("bert", layers=3, heads=4, head_size=8, randomized=False).to(getattr(torch, dtype))
+    model.save_pretrained(half)
+    stored = model.state_dict()["bert.encoder.layer.0.attention.self.query.weight"]
+    for task_tuned in (True, False):
+        loaded = load_model(ModelSpec(source=str(half), task_tuned=task_tuned), ["neg", "pos"])
+        assert {p.dtype for p in loaded.parameters()} == {torch.float32}
+        weight = loaded.state_dict()["bert.encoder.layer.0.attention.self.query.weight"]
+        assert torch.equal(weight, stored.float())
+
+
 def test_task_tuned_sequence_classifier_passes_the_head_check(tmp_path, tiny_model_dir) -> None:
     """A real sequence classifier passes, from its safetensors header or a sharded index; an index without the
     classifier is refused by name (no `architectures` naming another head: the message names the weights only)."""

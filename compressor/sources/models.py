@@ -248,7 +248,8 @@ def load_model(spec: ModelSpec, label_names: list[str] | None = None, attention:
     Base models get a fresh classifier head; task-tuned ones keep theirs (the runner checks the label set first),
     and one whose checkpoint lacks a weight of that head is refused (`check_task_head` catches it earlier where the
     weight names can be read). Weights load from safetensors only (no pickle); remote code only when the recipe
-    enables it.
+    enables it. Always in float32, whatever the checkpoint stores: fine-tunes keep fp32 master weights (mixed
+    precision is autocast over them), and scoring, surgery parity and export compare in fp32.
     """
     config = load_config(spec)
     source = resolve_model_path(spec)
@@ -272,6 +273,7 @@ def load_model(spec: ModelSpec, label_names: list[str] | None = None, attention:
             revision=spec.revision,
             trust_remote_code=spec.trust_remote_code,
             attn_implementation=attention,
+            dtype=torch.float32,  # transformers 5 keeps a half-precision checkpoint's dtype; we train and export fp32
             use_safetensors=True,
             output_loading_info=True,
             **kwargs,
