@@ -1,9 +1,11 @@
 """Timing shared by the latency tables (pruning) and the benchmark: intra-op threads, a call timed to a minimum
-duration, the interleaved rotating rounds both measure with, and ONNX Runtime's default thread count.
+duration, the interleaved rotating rounds both measure with (each timed again when other processes took the CPU
+during it: `core.contention`), and ONNX Runtime's default thread count.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from collections.abc import Callable, Hashable, Mapping, Sequence
@@ -12,6 +14,10 @@ from typing import TypeVar
 
 import torch
 from tqdm.auto import tqdm
+
+from compressor.core.contention import Quiet, others_cores, snapshot
+
+log = logging.getLogger("compressor")
 
 K = TypeVar("K", bound=Hashable)
 
@@ -41,6 +47,23 @@ def time_call(fn: Callable[[], object], min_time_s: float, min_calls: int = 3) -
             return min(times), len(times)
 
 
+def _alone(run_round: Callable[[], dict[K, float]], quiet: Quiet) -> dict[K, float]:
+    """One round's seconds per call, timed again (after waiting for the CPU) while other processes kept more than
+    `quiet.cores` busy during it, as long as `quiet` allows; a round that still had them beside it is kept, counted."""
+    while True:
+        before = snapshot()
+        seconds = run_round()
+        load = others_cores(before, snapshot())
+        if quiet.calm(load):
+            return seconds
+        quiet.loads.append(load)
+        if len(quiet.loads) == 1:
+            log.info("timing: other processes kept %.1f cores busy during a round; waiting for the CPU", load)
+        if not quiet.retry():
+            quiet.contended += 1
+            return seconds
+
+
 def timed_rounds(
     calls: Mapping[K, Callable[[], object]],
     rounds: int,
@@ -50,6 +73,7 @@ def timed_rounds(
     groups: Sequence[Sequence[K]] | None = None,
     visit: Callable[[K, Callable[[], float]], float] | None = None,
     desc: str | None = None,
+    quiet: Quiet | None = None,
 ) -> dict[K, list[float]]:
     """Seconds per call of each of `calls`, one figure per round: the timing protocol of the benchmark and of the
     latency table.
@@ -60,21 +84,33 @@ def timed_rounds(
     first; a visit keeps the fastest of at least `min_calls` calls lasting `min_time_s` together (`time_call`).
     Ratios between calls are best taken round by round, figures over rounds as medians. `visit(key, measure)`, when
     given, runs each visit's `measure()` (returning its seconds) and returns them, to observe something around it
-    (the benchmark's peak memory). `desc` shows a progress bar over the rounds.
+    (the benchmark's peak memory). `desc` shows a progress bar over the rounds. A round during which other processes
+    kept more of the CPU busy than `quiet` allows (default `Quiet()`) is timed again once they are gone, within its
+    limits, and the log says so.
     """
     groups = [list(group) for group in groups] if groups is not None else [list(calls)]
+    quiet = Quiet() if quiet is None else quiet
     for key in (key for group in groups for key in group):
         for _ in range(warmup):
             calls[key]()
     per_round: dict[K, list[float]] = {key: [] for group in groups for key in group}
-    for r in tqdm(range(rounds), desc=desc, leave=False, disable=desc is None):
+
+    def one_round(r: int) -> dict[K, float]:
+        seconds = {}
         for group in groups:
             for key in group[r % len(group) :] + group[: r % len(group)]:
 
                 def measure(key: K = key) -> float:
                     return time_call(calls[key], min_time_s, min_calls)[0]
 
-                per_round[key].append(visit(key, measure) if visit is not None else measure())
+                seconds[key] = visit(key, measure) if visit is not None else measure()
+        return seconds
+
+    for r in tqdm(range(rounds), desc=desc, leave=False, disable=desc is None):
+        for key, value in _alone(lambda r=r: one_round(r), quiet).items():
+            per_round[key].append(value)
+    if (line := quiet.summary(rounds)) is not None:
+        log.warning(line)
     return per_round
 
 
