@@ -124,11 +124,13 @@ class Quiet:
         """A log line about the timing's neighbours, or None if every round ran alone."""
         if not self.loads:
             return None
-        worst = max(self.loads, default=0.0)
-        stood = (
-            f"{self.contended} of {rounds} rounds still ran beside them" if self.contended else "none ran beside them"
-        )
-        return (
-            f"timing: other processes kept up to {worst:.1f} cores busy; waited {self.waited_s:.0f} s for the CPU "
-            f"and timed those rounds again ({stood}; its figures may be off: time on a machine to yourself)"
-        )
+        retimed = len(self.loads) - self.contended
+        line = f"timing: other processes kept up to {max(self.loads):.1f} cores busy in {len(self.loads)} rounds"
+        if retimed:
+            line += f"; waited {self.waited_s:.0f} s for the CPU and timed {retimed} again"
+        if self.contended:
+            line += (
+                f"; {self.contended} of {rounds} rounds still ran beside them: its figures may be off (time on a "
+                "machine to yourself)"
+            )
+        return line

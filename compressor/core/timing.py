@@ -110,7 +110,7 @@ def timed_rounds(
         for key, value in _alone(lambda r=r: one_round(r), quiet).items():
             per_round[key].append(value)
     if (line := quiet.summary(rounds)) is not None:
-        log.warning(line)
+        log.log(logging.WARNING if quiet.contended else logging.INFO, line)
     return per_round
 
 
