@@ -42,6 +42,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--recipe", type=Path, required=True)
     parser.add_argument("--max-examples", nargs="+", default=["all"], help="examples per epoch: numbers or 'all'")
+    parser.add_argument("--save", type=Path, help="save the last cap's fine-tuned model there (a teacher to try)")
     parser.add_argument("--else-running", default="not stated", help="what else ran on the machine")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
@@ -61,6 +62,9 @@ def main() -> None:
         train(model, splits["train"], tokenizer, spec, accelerator, seed=recipe.seed, desc=f"base ({cap})")
         seconds = time.perf_counter() - started
         model = accelerator.unwrap_model(model).cpu()
+        if args.save and cap == args.max_examples[-1]:
+            model.save_pretrained(args.save)
+            tokenizer.save_pretrained(args.save)
         acc = {name: evaluate(model, splits[name], tokenizer)["accuracy"] for name in ("validation", "test")}
         rows.append({"max_examples": cap, "seconds": round(seconds, 1), **acc})
         print(rows[-1], flush=True)

@@ -5,7 +5,8 @@ family's base model is not installed (a lent GPU, whose transfers are capped).
 `--pack RUN --step N --payload DIR`: from a finished family run's checkpoint of the step that closes its last member
 (`state/step_NNN`), write a payload: that member before its last fine-tune, physically pruned (`Masks.pruned_copy`,
 `save_pruned`); a local copy of the reference's pretrained source (`bench.references[0]`); the run's teacher
-targets; its resolved recipe; and the run's own reference's per-example test hits. `--half` stores the weights in
+targets (or, with `--teacher-model`, those of another task-tuned original); its resolved recipe; and the run's
+own reference's per-example test hits. `--half` stores the weights in
 fp16, as the fine-tunes' bf16 autocast rounds them further anyway, to fit a transfer limit.
 
 `--payload DIR`: for each of `--epochs` and each seed offset in `--seeds`, the member's last fine-tune
@@ -64,8 +65,9 @@ def _halve(weights: Path) -> None:
     save_file({k: v.half() if v.dtype == torch.float32 else v for k, v in state.items()}, str(weights))
 
 
-def pack(run: Path, step: int, payload: Path, half: bool) -> None:
-    """Write the payload of `run`'s step `step` to `payload` (see the module docstring)."""
+def pack(run: Path, step: int, payload: Path, half: bool, teacher_model: Path | None = None) -> None:
+    """Write the payload of `run`'s step `step` to `payload` (see the module docstring); with `teacher_model` (a
+    task-tuned original saved elsewhere, e.g. by `base_examples.py --save`), its targets instead of the run's."""
     recipe = load_recipe(run / RESOLVED_FILE)
     task, tokenizer = load_task_data(recipe.data), load_tokenizer(recipe.model)
     model, masks = step_model(recipe, task.label_names, run / "state" / f"step_{step:03d}")
@@ -76,7 +78,15 @@ def pack(run: Path, step: int, payload: Path, half: bool) -> None:
     for name in (*REFERENCE_FILES, "model.safetensors"):
         if (src / name).exists():
             shutil.copy(src / name, payload / "reference" / name)
-    shutil.copytree(run / "state" / "teacher", payload / "teacher")
+    if teacher_model is None:
+        shutil.copytree(run / "state" / "teacher", payload / "teacher")
+    else:
+        splits = tokenize_splits(task, tokenizer, recipe.data.max_length)
+        asked = recipe.accelerate.mixed_precision
+        accelerator = make_accelerator(native_precision()[0] if asked == "auto" else asked)
+        teacher = load_model(ModelSpec(source=str(teacher_model), task_tuned=True), task.label_names)
+        load_or_compute(payload / "teacher", teacher, splits["train"], tokenizer, accelerator,
+                        recipe.prune.recovery_finetune.distill)  # fmt: skip
     shutil.copy(run / RESOLVED_FILE, payload / RESOLVED_FILE)
     ref_dir = next((run / "references").iterdir()) / "model"
     ref_tokenizer = load_tokenizer(ModelSpec(source=str(ref_dir), task_tuned=True))
@@ -158,6 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pack", type=Path, help="a finished family run to pack a payload from")
     parser.add_argument("--step", type=int, help="with --pack: the checkpointed step that closes the last member")
     parser.add_argument("--half", action="store_true", help="with --pack: store the weights in fp16")
+    parser.add_argument("--teacher-model", type=Path, help="with --pack: the teacher targets of this model instead")
     parser.add_argument("--payload", type=Path, required=True, help="the payload directory (written by --pack)")
     parser.add_argument("--seeds", nargs="*", type=int, default=[0, 1, 2], help="seed offsets to the run's seed")
     parser.add_argument("--epochs", nargs="*", type=float, default=[2.0], help="epochs of both last fine-tunes")
@@ -167,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.pack:
         if args.step is None:
             raise SystemExit("--step: expected the step that closes the last member, with --pack")
-        pack(args.pack, args.step, args.payload, args.half)
+        pack(args.pack, args.step, args.payload, args.half, args.teacher_model)
     else:
         study(args)
     return 0
