@@ -18,6 +18,7 @@ from compressor.core.errors import UserError
 STAT = """cpu  500 0 100 900 0 0 0 0 0 0
 cpu0 100 0 50 400 10 0 0 0 0 0
 cpu1 400 0 50 500 0 5 5 40 30 0
+
 intr 1 2 3
 """
 
@@ -31,7 +32,8 @@ def test_snapshot_counts_the_busy_time_of_our_cpus_only(tmp_path: Path) -> None:
     assert both.machine == pytest.approx((150 + 500) / hz) and one.machine == pytest.approx(500 / hz)
     assert snapshot(tmp_path / "absent") is None
     (tmp_path / "other").write_text("intr 1 2\n")
-    assert snapshot(tmp_path / "other") is None
+    (tmp_path / "garbled").write_text("cpu0 12 x 3\n")
+    assert snapshot(tmp_path / "other") is None and snapshot(tmp_path / "garbled") is None
 
 
 def test_others_cores_is_the_machines_busy_time_beside_ours() -> None:
@@ -78,14 +80,16 @@ def test_timing_gives_up_on_a_busy_machine_within_its_limits(monkeypatch, caplog
     assert "timed 2 again; 3 of 3 rounds still ran beside them: its figures may be off" in caplog.text
 
 
-def test_no_waiting_when_the_budget_is_zero(monkeypatch) -> None:
+def test_no_waiting_when_the_budget_is_zero(monkeypatch, caplog) -> None:
     monkeypatch.setenv(contention.WAIT_ENV, "0")
     monkeypatch.setattr(timing, "others_cores", lambda before, after: 1.5)
     waited = []
     monkeypatch.setattr(Quiet, "wait", lambda self: waited.append(1) or True)
     quiet = Quiet()
-    timing.timed_rounds({"a": lambda: None}, 2, 0.0, min_calls=1, warmup=0, quiet=quiet)
+    with caplog.at_level(logging.INFO, logger="compressor"):
+        timing.timed_rounds({"a": lambda: None}, 2, 0.0, min_calls=1, warmup=0, quiet=quiet)
     assert quiet.max_wait_s == 0 and not waited and quiet.contended == 2
+    assert "not waiting ($COMPRESSOR_TIMING_WAIT_S is 0)" in caplog.text and "timed" not in caplog.text
 
 
 @pytest.mark.parametrize("value", ["soon", "-1", "nan"])

@@ -51,10 +51,13 @@ def snapshot(stat: Path = PROC_STAT, cpus: set[int] | None = None) -> Snapshot |
         return None
     busy, seen = 0, 0
     for line in lines:
-        name, *values = line.split()
-        if not name.startswith("cpu") or name == "cpu" or (cpus is not None and int(name[3:]) not in cpus):
+        name, *values = line.split() or [""]
+        if not name.startswith("cpu") or not name[3:].isdigit() or (cpus is not None and int(name[3:]) not in cpus):
             continue
-        ticks = [int(v) for v in values[:8]]
+        try:
+            ticks = [int(v) for v in values[:8]]
+        except ValueError:
+            return None
         busy += sum(ticks[i] for i in _BUSY_FIELDS if i < len(ticks))
         seen += 1
     if not seen:

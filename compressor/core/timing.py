@@ -58,7 +58,8 @@ def _alone(run_round: Callable[[], dict[K, float]], quiet: Quiet) -> dict[K, flo
             return seconds
         quiet.loads.append(load)
         if len(quiet.loads) == 1:
-            log.info("timing: other processes kept %.1f cores busy during a round; waiting for the CPU", load)
+            then = "waiting for the CPU" if quiet.max_wait_s > 0 else "not waiting ($COMPRESSOR_TIMING_WAIT_S is 0)"
+            log.info("timing: other processes kept %.1f cores busy during a round; %s", load, then)
         if not quiet.retry():
             quiet.contended += 1
             return seconds
