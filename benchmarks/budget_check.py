@@ -53,6 +53,17 @@ def load_run(run: Path) -> tuple[RunReport, Recipe, BudgetSpec]:
     return RunReport.read(run / "report.json"), recipe, recipe.prune.resolved_budget
 
 
+def check_parser(doc: str, out: Path) -> argparse.ArgumentParser:
+    """The arguments of a script that checks a finished run's members: `--run`, `--rounds` (per check),
+    `--else-running`, `--out` (default `out`); the script adds its own."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--run", type=Path, required=True)
+    parser.add_argument("--rounds", type=int, default=7, help="rounds per check (prune.budget.check_rounds)")
+    parser.add_argument("--else-running", default="", help="what else ran on the machine while measuring")
+    parser.add_argument("--out", type=Path, default=out)
+    return parser
+
+
 def print_row(r: dict) -> None:
     s = r["speedup"]
     print(f"repeat {r['repeat']} {r['member']}: {s['median']:.2f}x (IQR {s['q1']:.2f}-{s['q3']:.2f}) vs {r['vs']}, "
@@ -61,13 +72,9 @@ def print_row(r: dict) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--run", type=Path, required=True)
+    parser = check_parser(__doc__, RESULTS)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--rounds", type=int, default=7, help="rounds per check (prune.budget.check_rounds)")
     parser.add_argument("--min-time-s", type=float, default=None, help="default: the run's bench.min_time_s")
-    parser.add_argument("--else-running", default="", help="what else ran on the machine while measuring")
-    parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
     report, recipe, budget = load_run(args.run)
     batch, seq, min_time = budget.batch_size, budget.seq_len, args.min_time_s or recipe.bench.min_time_s

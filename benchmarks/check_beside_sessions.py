@@ -16,7 +16,6 @@ Usage (machine to itself):
 
 from __future__ import annotations
 
-import argparse
 import gc
 import sys
 import time
@@ -28,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 HERE = Path(__file__).resolve().parent
 sys.path[:] = [str(ROOT)] + [p for p in sys.path if Path(p or ".").resolve() != HERE] + [str(HERE)]
 
-from budget_check import load_run, pairs  # noqa: E402
+from budget_check import check_parser, load_run, pairs  # noqa: E402
 from family import write_result  # noqa: E402
 from mpnet_family import measured_on  # noqa: E402
 from retime_family import original_dir, points  # noqa: E402
@@ -71,12 +70,8 @@ def finetune(model_dir: Path, steps: int, batch_size: int, seq_len: int) -> floa
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--run", type=Path, required=True)
-    parser.add_argument("--rounds", type=int, default=7, help="rounds per check (prune.budget.check_rounds)")
+    parser = check_parser(__doc__, RESULTS)
     parser.add_argument("--finetune-steps", type=int, default=40, help="steps of the last stage's fine-tune (0: none)")
-    parser.add_argument("--else-running", default="", help="what else ran on the machine while measuring")
-    parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
     report, recipe, budget = load_run(args.run)
     shape = (budget.batch_size, budget.seq_len, args.rounds, recipe.bench.min_time_s)

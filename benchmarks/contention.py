@@ -15,7 +15,6 @@ Usage (machine to itself, the neighbour aside):
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
 import subprocess
@@ -27,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 HERE = Path(__file__).resolve().parent
 sys.path[:] = [str(ROOT)] + [p for p in sys.path if Path(p or ".").resolve() != HERE] + [str(HERE)]
 
-from budget_check import load_run, pairs  # noqa: E402
+from budget_check import check_parser, load_run, pairs  # noqa: E402
 from family import write_result  # noqa: E402
 from mpnet_family import measured_on  # noqa: E402
 
@@ -71,13 +70,9 @@ def check(member, original, shape: tuple, wait_s: float, neighbour_s: float | No
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--run", type=Path, required=True)
+    parser = check_parser(__doc__, RESULTS)
     parser.add_argument("--member", required=True, help="the member's label (e.g. 7x)")
-    parser.add_argument("--rounds", type=int, default=7, help="rounds per check (prune.budget.check_rounds)")
     parser.add_argument("--neighbour-s", type=float, default=30.0, help="how long the last stage's neighbour spins")
-    parser.add_argument("--else-running", default="", help="what else ran on the machine while measuring")
-    parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
     report, recipe, budget = load_run(args.run)
     _, member, original = next(p for p in pairs(report, args.run, budget.seq_len) if p[0] == args.member)
