@@ -17,8 +17,8 @@ run's own reference (McNemar p); the summary, the mean and spread per side and e
 The result is written after every fine-tune, so a study cut short keeps what it finished.
 
 Usage:
-    .venv/bin/python benchmarks/seed_gap.py --pack runs/mpnet_rt_family --step 7 --payload /tmp/pay --half
-    python benchmarks/seed_gap.py --payload /tmp/pay --seeds 0 1 2 3 --epochs 2 5 --else-running "nothing" \
+    .venv/bin/python benchmarks/seed_gap.py --pack runs/mpnet_rt_family --step 7 --payload PAYLOAD --half
+    python benchmarks/seed_gap.py --payload PAYLOAD --seeds 0 1 2 3 --epochs 2 5 --else-running "nothing" \
         --out benchmarks/results/seed_gap_gpu.json
 """
 
