@@ -4,6 +4,7 @@ CPU time, and a round they crowded timed again once they are gone, within limits
 from __future__ import annotations
 
 import logging
+import os
 import subprocess
 import sys
 import time
@@ -27,7 +28,7 @@ def test_snapshot_counts_the_busy_time_of_our_cpus_only(tmp_path: Path) -> None:
     stat = tmp_path / "stat"
     stat.write_text(STAT)
     both, one = snapshot(stat, {0, 1}), snapshot(stat, {1})
-    hz = __import__("os").sysconf("SC_CLK_TCK")
+    hz = os.sysconf("SC_CLK_TCK")
     # user + nice + system + irq + softirq + steal: idle, iowait and guest (already in user) are not busy
     assert both.machine == pytest.approx((150 + 500) / hz) and one.machine == pytest.approx(500 / hz)
     assert snapshot(tmp_path / "absent") is None
@@ -44,12 +45,11 @@ def test_others_cores_is_the_machines_busy_time_beside_ours() -> None:
     assert others_cores(None, before) is None
 
 
-def fake_machine(monkeypatch, loads: list[float]) -> list[str]:
-    """Rounds see `loads` in turn (then calm); waiting costs nothing. Returns the calls made, in order."""
+def fake_machine(monkeypatch, loads: list[float]) -> None:
+    """Rounds see `loads` in turn (then calm); waiting costs nothing."""
     seen = iter(loads)
     monkeypatch.setattr(timing, "others_cores", lambda before, after: next(seen, 0.0))
     monkeypatch.setattr(Quiet, "wait", lambda self: True)
-    return []
 
 
 def test_a_round_crowded_by_others_is_timed_again(monkeypatch, caplog) -> None:
