@@ -28,7 +28,7 @@ sys.path.append(str(Path(__file__).resolve().parent))  # its sibling scripts, af
 from family import write_result  # noqa: E402
 from mpnet_family import measured_on  # noqa: E402
 
-from compressor.pipeline.runner import make_accelerator, native_precision  # noqa: E402
+from compressor.pipeline.runner import make_accelerator  # noqa: E402
 from compressor.recipe import load_recipe  # noqa: E402
 from compressor.recovery.evaluate import evaluate  # noqa: E402
 from compressor.recovery.train import train  # noqa: E402
@@ -47,15 +47,13 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
     recipe = load_recipe(args.recipe)
-    asked = recipe.accelerate.mixed_precision
-    precision = native_precision()[0] if asked == "auto" else asked
+    accelerator = make_accelerator(recipe.accelerate.mixed_precision)  # "auto" resolved there
     task, tokenizer = load_task_data(recipe.data), load_tokenizer(recipe.model)
     splits = tokenize_splits(task, tokenizer, recipe.data.max_length)
     rows = []
     for cap in args.max_examples:
         examples = None if cap == "all" else int(cap)
         spec = recipe.base_finetune.model_copy(update={"max_examples": examples})
-        accelerator = make_accelerator(precision)
         set_seed(recipe.seed)
         model = load_model(recipe.model, task.label_names)
         started = time.perf_counter()
@@ -70,7 +68,7 @@ def main() -> None:
         print(rows[-1], flush=True)
         write_result({
             "figure": "the original's accuracy after the recipe's base fine-tune on each number of examples",
-            "recipe": args.recipe.name, "seed": recipe.seed, "precision": precision, **measured_on(),
+            "recipe": args.recipe.name, "seed": recipe.seed, "precision": accelerator.mixed_precision, **measured_on(),
             "train_examples": len(splits["train"]), "else_running": args.else_running, "rows": rows,
         }, args.out)  # fmt: skip
 

@@ -46,7 +46,7 @@ from mpnet_family import commit  # noqa: E402
 from compressor import bench  # noqa: E402
 from compressor.core.machine import cpu_summary  # noqa: E402
 from compressor.core.outdir import RESOLVED_FILE  # noqa: E402
-from compressor.pipeline.runner import make_accelerator, native_precision  # noqa: E402
+from compressor.pipeline.runner import make_accelerator  # noqa: E402
 from compressor.recipe import load_recipe  # noqa: E402
 from compressor.recovery.distill import load_or_compute  # noqa: E402
 from compressor.recovery.draws import member_seed  # noqa: E402
@@ -177,8 +177,7 @@ def main(argv: list[str] | None = None) -> int:
         train_widths.append(max(fast))
     ref_tokenizer = AutoTokenizer.from_pretrained(ref_dir)
     reference = correct(ref_model, tokenize_splits(task, ref_tokenizer, recipe.data.max_length)["test"], ref_tokenizer)
-    asked = recipe.accelerate.mixed_precision
-    accelerator = make_accelerator(native_precision()[0] if asked == "auto" else asked)
+    accelerator = make_accelerator(recipe.accelerate.mixed_precision)  # "auto" resolved there
     spec = recipe.prune.member_spec(index)
     if args.max_examples:
         spec = spec.model_copy(update={"max_examples": args.max_examples})

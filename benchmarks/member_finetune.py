@@ -46,7 +46,7 @@ from mpnet_family import commit  # noqa: E402
 from compressor.bench.quality import mcnemar_exact  # noqa: E402
 from compressor.core.machine import cpu_summary  # noqa: E402
 from compressor.core.outdir import RESOLVED_FILE  # noqa: E402
-from compressor.pipeline.runner import make_accelerator, native_precision  # noqa: E402
+from compressor.pipeline.runner import make_accelerator  # noqa: E402
 from compressor.pruning.units import Masks  # noqa: E402
 from compressor.recipe import ModelSpec, Recipe, load_recipe  # noqa: E402
 from compressor.recovery.distill import load_or_compute  # noqa: E402
@@ -180,9 +180,8 @@ def main(argv: list[str] | None = None) -> int:
     index = len(p.resolved_budget.targets) - 1 if args.member_index < 0 else args.member_index
     task, tokenizer = load_task_data(recipe.data), load_tokenizer(recipe.model)
     splits = tokenize_splits(task, tokenizer, recipe.data.max_length)
-    asked = recipe.accelerate.mixed_precision
-    precision = native_precision()[0] if asked == "auto" else asked
-    accelerator = make_accelerator(precision)
+    accelerator = make_accelerator(recipe.accelerate.mixed_precision)  # "auto" resolved there
+    precision = accelerator.mixed_precision
     model, masks = step_model(recipe, task.label_names, args.run / "state" / f"step_{args.step:03d}")
     ref_dir = next((args.run / "references").iterdir()) / "model"
     ref_tokenizer = AutoTokenizer.from_pretrained(ref_dir)  # a reference is tokenised on its own

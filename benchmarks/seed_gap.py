@@ -45,7 +45,7 @@ from mpnet_family import commit  # noqa: E402
 
 from compressor.core.machine import cpu_summary  # noqa: E402
 from compressor.core.outdir import RESOLVED_FILE  # noqa: E402
-from compressor.pipeline.runner import finetune_device, make_accelerator, native_precision  # noqa: E402
+from compressor.pipeline.runner import finetune_device, make_accelerator  # noqa: E402
 from compressor.recipe import ModelSpec, load_recipe  # noqa: E402
 from compressor.recovery.distill import load_or_compute  # noqa: E402
 from compressor.recovery.draws import member_seed  # noqa: E402
@@ -82,8 +82,7 @@ def pack(run: Path, step: int, payload: Path, half: bool, teacher_model: Path | 
         shutil.copytree(run / "state" / "teacher", payload / "teacher")
     else:
         splits = tokenize_splits(task, tokenizer, recipe.data.max_length)
-        asked = recipe.accelerate.mixed_precision
-        accelerator = make_accelerator(native_precision()[0] if asked == "auto" else asked)
+        accelerator = make_accelerator(recipe.accelerate.mixed_precision)  # "auto" resolved there
         teacher = load_model(ModelSpec(source=str(teacher_model), task_tuned=True), task.label_names)
         load_or_compute(payload / "teacher", teacher, splits["train"], tokenizer, accelerator,
                         recipe.prune.recovery_finetune.distill)  # fmt: skip
@@ -113,9 +112,7 @@ def study(args) -> None:
     pay = args.payload
     recipe = load_recipe(pay / RESOLVED_FILE)
     p, index = recipe.prune, len(recipe.prune.resolved_budget.targets) - 1
-    asked = recipe.accelerate.mixed_precision
-    precision = native_precision()[0] if asked == "auto" else asked
-    accelerator = make_accelerator(precision)
+    accelerator = make_accelerator(recipe.accelerate.mixed_precision)  # "auto" resolved there
     task = load_task_data(recipe.data)
     member_spec = ModelSpec(source=str(pay / "member"), task_tuned=True)
     ref_spec = ModelSpec(source=str(pay / "reference"), task_tuned=False)

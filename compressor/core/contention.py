@@ -1,4 +1,4 @@
-"""Whether other processes competed for the CPU while we timed: the CPU time the whole machine spent beside our own.
+"""Whether other processes competed for the CPU while we timed: the CPU time of the cores we may run on beside ours.
 
 A paired ratio (the original's time over the pruned model's, round by round) survives a machine that is slower for
 a while, but not a neighbour that takes a core: on two cores, one busy process beside our two threads slows a big
@@ -28,7 +28,7 @@ _BUSY_FIELDS = (0, 1, 2, 5, 6, 7)
 
 @dataclass(frozen=True)
 class Snapshot:
-    """The machine's busy CPU seconds (all cores) and this process's own CPU seconds, at one wall-clock time."""
+    """The busy CPU seconds of the cores this process may run on and its own CPU seconds, at one wall-clock time."""
 
     wall: float
     machine: float
