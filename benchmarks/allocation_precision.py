@@ -35,7 +35,7 @@ sys.path.append(str(Path(__file__).resolve().parent))  # its sibling scripts, af
 from allocation_passes import allocation_setup  # noqa: E402
 from family import write_result  # noqa: E402
 from member_finetune import step_masks  # noqa: E402
-from mpnet_family import commit  # noqa: E402
+from provenance import commit  # noqa: E402
 
 from compressor.core.machine import cpu_summary  # noqa: E402
 from compressor.pruning.allocation import _without, kept_loss  # noqa: E402

@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.append(str(Path(__file__).resolve().parent))  # its sibling scripts, after the packages
 
 from family import write_result  # noqa: E402
-from mpnet_family import measured_on  # noqa: E402
+from provenance import measured_on  # noqa: E402
 
 from compressor.pipeline.runner import make_accelerator  # noqa: E402
 from compressor.recipe import load_recipe  # noqa: E402
@@ -68,8 +68,8 @@ def main() -> None:
         print(rows[-1], flush=True)
         write_result({
             "figure": "the original's accuracy after the recipe's base fine-tune on each number of examples",
-            "recipe": args.recipe.name, "seed": recipe.seed, "precision": accelerator.mixed_precision, **measured_on(),
-            "train_examples": len(splits["train"]), "else_running": args.else_running, "rows": rows,
+            "recipe": args.recipe.name, "seed": recipe.seed, "precision": accelerator.mixed_precision,
+            **measured_on(args.else_running), "train_examples": len(splits["train"]), "rows": rows,
         }, args.out)  # fmt: skip
 
 

@@ -28,7 +28,7 @@ import torch  # noqa: E402
 from accelerate import Accelerator  # noqa: E402
 from accelerate.state import AcceleratorState  # noqa: E402
 from family import write_result  # noqa: E402
-from mpnet_family import commit  # noqa: E402
+from provenance import commit  # noqa: E402
 
 from compressor.core.machine import cpu_has_bf16, cpu_identity, cpu_summary  # noqa: E402
 from compressor.pipeline.runner import native_precision  # noqa: E402

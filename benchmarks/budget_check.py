@@ -23,7 +23,7 @@ HERE = Path(__file__).resolve().parent
 sys.path[:] = [str(ROOT)] + [p for p in sys.path if Path(p or ".").resolve() != HERE] + [str(HERE)]
 
 from family import write_result  # noqa: E402
-from mpnet_family import measured_on  # noqa: E402
+from provenance import measured_on  # noqa: E402
 from retime_family import candidates, original_dir, points, targets  # noqa: E402
 
 from compressor import bench  # noqa: E402
@@ -98,10 +98,8 @@ def main() -> None:
         "figure": f"each member's budget check, {args.repeats} repeats x {args.rounds} rounds, batch {batch} x {seq}",
         "run": args.run.name,
         "runtime": budget.runtime,
-        **measured_on(),
-        "else_running": args.else_running or "not stated",
+        **measured_on(args.else_running, started),
         "min_time_s": min_time,
-        "seconds": round(time.perf_counter() - started, 1),
         "rows": rows,
     }
     write_result(result, args.out)

@@ -29,7 +29,7 @@ sys.path[:] = [str(ROOT)] + [p for p in sys.path if Path(p or ".").resolve() != 
 
 from budget_check import check_parser, load_run, pairs  # noqa: E402
 from family import write_result  # noqa: E402
-from mpnet_family import measured_on  # noqa: E402
+from provenance import measured_on  # noqa: E402
 from retime_family import original_dir, points  # noqa: E402
 from transformers import AutoModelForSequenceClassification  # noqa: E402
 
@@ -96,9 +96,7 @@ def main() -> None:
         f"{args.finetune_steps} fine-tune steps",
         "run": args.run.name,
         "runtime": budget.runtime,
-        **measured_on(),
-        "else_running": args.else_running or "not stated",
-        "seconds": round(time.perf_counter() - started, 1),
+        **measured_on(args.else_running, started),
         "stages": stages,
         "run_report_speedup": {m.label: m.budget.measured_speedup if m.budget else None for m in report.members()},
     }

@@ -28,7 +28,7 @@ sys.path[:] = [str(ROOT)] + [p for p in sys.path if Path(p or ".").resolve() != 
 
 from budget_check import check_parser, load_run, pairs  # noqa: E402
 from family import write_result  # noqa: E402
-from mpnet_family import measured_on  # noqa: E402
+from provenance import measured_on  # noqa: E402
 
 from compressor import bench  # noqa: E402
 from compressor.core.contention import WAIT_ENV  # noqa: E402
@@ -89,8 +89,8 @@ def main() -> None:
     write_result({
         "figure": f"the {args.member} member's paired check alone, beside a one-core spinner without and with the "
         "wait for the CPU, alone again",
-        "run": args.run.name, "member": args.member, "runtime": budget.runtime, **measured_on(),
-        "else_running": args.else_running or "not stated", "stages": stages,
+        "run": args.run.name, "member": args.member, "runtime": budget.runtime, **measured_on(args.else_running),
+        "stages": stages,
     }, args.out)  # fmt: skip
 
 

@@ -35,7 +35,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.append(str(Path(__file__).resolve().parent))  # its sibling scripts, after the packages
 
 from family import write_result  # noqa: E402
-from mpnet_family import commit  # noqa: E402
+from provenance import commit  # noqa: E402
 
 from compressor.core.machine import cpu_summary  # noqa: E402
 from compressor.pruning.units import Masks  # noqa: E402

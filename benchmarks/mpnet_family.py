@@ -20,7 +20,6 @@ Usage (after `compressor run recipes/mpnet_rt_family.yaml` under `/usr/bin/time 
 from __future__ import annotations
 
 import argparse
-import subprocess
 import sys
 from pathlib import Path
 
@@ -30,9 +29,10 @@ sys.path.append(str(Path(__file__).resolve().parent))  # its sibling scripts (ba
 
 from base_run import read_time_log  # noqa: E402
 from family import write_result  # noqa: E402
+from provenance import commit  # noqa: E402
 
 from compressor.bench.frontier import pick  # noqa: E402
-from compressor.core.machine import cpu_identity, cpu_summary  # noqa: E402
+from compressor.core.machine import cpu_summary  # noqa: E402
 from compressor.report.schema import RunReport  # noqa: E402
 
 GOALS = {"wall_min": 90.0, "within": 0.10, "beats_reference_points": 1.0, "pick_max_drop": 1.0}
@@ -82,17 +82,6 @@ def step_rows(report: RunReport) -> list[dict]:
         row = {k: step.get(k) for k in ("step", "measured_speedup", "members", "seconds")}
         rows.append(row | {"given_back": given})
     return rows
-
-
-def commit() -> str | None:
-    done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
-    return done.stdout.strip() or None
-
-
-def measured_on() -> dict:
-    """What a timing benchmark's result names beside its figures: this checkout's commit and the CPU (its int8
-    features, and the identity `compressor.core.machine.cpu_identity` compares)."""
-    return {"commit": commit(), "cpu": cpu_summary(), "cpu_identity": cpu_identity()}
 
 
 def _p(value: float | None) -> str:

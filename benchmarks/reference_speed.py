@@ -18,13 +18,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.append(str(Path(__file__).resolve().parent))  # its sibling scripts, after the packages
+
+from provenance import commit  # noqa: E402
 
 from compressor import bench  # noqa: E402
 from compressor.core.machine import cpu_identity, cpu_summary  # noqa: E402
@@ -34,16 +36,6 @@ from compressor.sources import load_model  # noqa: E402
 RESULTS = ROOT / "benchmarks" / "results" / "reference_speed.json"
 BASE, SMALL = "builtin:mpnet-base", "builtin:minilm-l6"
 LABELS = ["negative", "positive"]
-
-
-def commit() -> str | None:
-    """The checked-out commit (with "+dirty" when the tree has changes), or None outside a git checkout."""
-    try:
-        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True)
-        dirty = subprocess.run(["git", "status", "--porcelain"], cwd=ROOT, capture_output=True, text=True).stdout
-    except (OSError, subprocess.CalledProcessError):
-        return None
-    return head.stdout.strip() + ("+dirty" if dirty.strip() else "")
 
 
 def candidates(seq_lens: list[int]) -> list:

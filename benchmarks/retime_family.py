@@ -28,7 +28,7 @@ HERE = Path(__file__).resolve().parent
 sys.path[:] = [str(ROOT)] + [p for p in sys.path if Path(p or ".").resolve() != HERE] + [str(HERE)]
 
 from family import write_result  # noqa: E402
-from mpnet_family import measured_on  # noqa: E402
+from provenance import measured_on  # noqa: E402
 
 from compressor import bench  # noqa: E402
 from compressor.core.candidates import ORIGINAL_NAME  # noqa: E402
@@ -102,10 +102,8 @@ def main() -> None:
     result = {
         "figure": f"the family's points re-timed, {args.rounds} interleaved rounds, batch {batch} x {seq} tokens",
         "run": args.run.name,
-        **measured_on(),
-        "else_running": args.else_running or "not stated",
+        **measured_on(args.else_running, started),
         "setup": throughput["setup"],
-        "seconds": round(time.perf_counter() - started, 1),
         "rows": out_rows,
     }
     print(f"cpu: {result['cpu_identity']}; {args.rounds} rounds, batch {batch} x {seq}")

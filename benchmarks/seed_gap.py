@@ -41,7 +41,7 @@ sys.path.append(str(Path(__file__).resolve().parent))  # its sibling scripts, af
 
 from family import write_result  # noqa: E402
 from member_finetune import correct, scored, spread, step_model  # noqa: E402
-from mpnet_family import commit  # noqa: E402
+from provenance import commit  # noqa: E402
 
 from compressor.core.machine import cpu_summary  # noqa: E402
 from compressor.core.outdir import RESOLVED_FILE  # noqa: E402

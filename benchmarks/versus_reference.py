@@ -25,7 +25,7 @@ sys.path[:] = [str(ROOT)] + [p for p in sys.path if Path(p or ".").resolve() != 
 
 from budget_check import load_run  # noqa: E402
 from family import write_result  # noqa: E402
-from mpnet_family import measured_on  # noqa: E402
+from provenance import measured_on  # noqa: E402
 from retime_family import candidates, original_dir, points  # noqa: E402
 
 from compressor import bench  # noqa: E402
@@ -73,9 +73,7 @@ def main() -> None:
         "run": args.run.name,
         "batch_size": budget.batch_size,
         "seq_len": budget.seq_len,
-        **measured_on(),
-        "else_running": args.else_running or "not stated",
-        "seconds": round(time.perf_counter() - started, 1),
+        **measured_on(args.else_running, started),
         "rows": out,
     }
     write_result(result, args.out)

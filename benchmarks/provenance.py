@@ -1,0 +1,35 @@
+"""What every timing benchmark's result names beside its figures, in one place: the commit it measured, the CPU (its
+int8 features and the identity `compressor.core.machine.cpu_identity` compares), what else ran on the machine and how
+long the benchmark took. Imported by the scripts after they have put the repository on `sys.path`."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from pathlib import Path
+
+from compressor.core.machine import cpu_identity, cpu_summary
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def commit() -> str | None:
+    """This checkout's short HEAD, with "+dirty" when the tree has uncommitted changes (the figure then measured code
+    no commit holds); None outside a git checkout."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+        dirty = subprocess.run(["git", "status", "--porcelain"], cwd=ROOT, capture_output=True, text=True).stdout
+    except OSError:
+        return None
+    name = head.stdout.strip()
+    return (name + ("+dirty" if dirty.strip() else "")) if head.returncode == 0 and name else None
+
+
+def measured_on(else_running: str | None = None, started: float | None = None) -> dict:
+    """The provenance fields: commit, cpu, cpu_identity, else_running ("not stated" when the caller said nothing) and,
+    given the `time.perf_counter()` the benchmark started at, its seconds so far."""
+    out = {"commit": commit(), "cpu": cpu_summary(), "cpu_identity": cpu_identity()}
+    out["else_running"] = else_running or "not stated"
+    if started is not None:
+        out["seconds"] = round(time.perf_counter() - started, 1)
+    return out
