@@ -14,11 +14,12 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def commit() -> str | None:
-    """This checkout's short HEAD, with "+dirty" when the tree has uncommitted changes (the figure then measured code
-    no commit holds); None outside a git checkout."""
+    """This checkout's short HEAD, with "+dirty" when tracked files have uncommitted changes (the figure then measured
+    code no commit holds; new result files do not count); None outside a git checkout."""
     try:
         head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
-        dirty = subprocess.run(["git", "status", "--porcelain"], cwd=ROOT, capture_output=True, text=True).stdout
+        status = ["git", "status", "--porcelain", "--untracked-files=no"]
+        dirty = subprocess.run(status, cwd=ROOT, capture_output=True, text=True).stdout
     except OSError:
         return None
     name = head.stdout.strip()
