@@ -29,9 +29,8 @@ sys.path.append(str(Path(__file__).resolve().parent))  # its sibling scripts, af
 
 from family import write_result  # noqa: E402
 from kept_training import masks_of, timing_row  # noqa: E402
-from provenance import commit  # noqa: E402
+from provenance import measured_on  # noqa: E402
 
-from compressor.core.machine import cpu_summary  # noqa: E402
 from compressor.core.outdir import RESOLVED_FILE  # noqa: E402
 from compressor.pruning.allocation import kept_loss, masked_loss  # noqa: E402
 from compressor.pruning.units import Masks  # noqa: E402
@@ -112,14 +111,12 @@ def main(argv: list[str] | None = None) -> int:
     out = {
         "what": "one measured-allocation loss pass per member's units: masked original vs kept copy (kept_loss)",
         "run": args.run.name,
-        "commit": commit(),
+        **measured_on(args.else_running),
         "model": recipe.model.source,
         "pass_examples": sum(len(b["labels"]) for b in batches),
         "batch_size": p.score_batch_size,
         "passes_per_step": passes,
-        "cpu": cpu_summary(),
         "threads": torch.get_num_threads(),
-        "else_running": args.else_running,
         "members": rows,
     }
     write_result(out, args.out)

@@ -35,9 +35,8 @@ sys.path.append(str(Path(__file__).resolve().parent))  # its sibling scripts, af
 from allocation_passes import allocation_setup  # noqa: E402
 from family import write_result  # noqa: E402
 from member_finetune import step_masks  # noqa: E402
-from provenance import commit  # noqa: E402
+from provenance import measured_on  # noqa: E402
 
-from compressor.core.machine import cpu_summary  # noqa: E402
 from compressor.pruning.allocation import _without, kept_loss  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results" / "allocation_precision.json"
@@ -105,9 +104,9 @@ def main(argv: list[str] | None = None) -> int:
               f"{row['pass_seconds']} ({row['pass_speedup']}x)", flush=True)  # fmt: skip
     out = {
         "what": "measured-allocation loss passes in fp32 and in bf16 autocast on a finished run's checkpoints",
-        "run": args.run.name, "commit": commit(), "model": recipe.model.source,
+        "run": args.run.name, **measured_on(args.else_running), "model": recipe.model.source,
         "pass_examples": sum(len(b["labels"]) for b in batches), "batch_size": p.score_batch_size,
-        "cpu": cpu_summary(), "threads": torch.get_num_threads(), "else_running": args.else_running, "steps": rows,
+        "threads": torch.get_num_threads(), "steps": rows,
     }  # fmt: skip
     write_result(out, args.out)
     return 0

@@ -28,9 +28,9 @@ import torch  # noqa: E402
 from accelerate import Accelerator  # noqa: E402
 from accelerate.state import AcceleratorState  # noqa: E402
 from family import write_result  # noqa: E402
-from provenance import commit  # noqa: E402
+from provenance import measured_on  # noqa: E402
 
-from compressor.core.machine import cpu_has_bf16, cpu_identity, cpu_summary  # noqa: E402
+from compressor.core.machine import cpu_has_bf16  # noqa: E402
 from compressor.pipeline.runner import native_precision  # noqa: E402
 from compressor.recipe import DataSpec, ModelSpec, TrainSpec  # noqa: E402
 from compressor.recovery.train import train  # noqa: E402
@@ -96,13 +96,10 @@ def main() -> None:
     rows = [measure(source, args.examples, args.repeats) for source in args.models.split(",")]
     result = {
         "figure": "a fine-tune's wall time in fp32 and in bf16 autocast, paired, with compressor's own train()",
-        "commit": commit(),
-        "cpu": cpu_summary(),
-        "cpu_identity": cpu_identity(),
+        **measured_on(args.else_running),
         "cpu_has_bf16": cpu_has_bf16(),
         "auto_chooses": native_precision()[0],
         "torch_threads": torch.get_num_threads(),
-        "else_running": args.else_running or "not stated",
         "rows": rows,
     }
     print(f"cpu: {result['cpu_identity']}; native bf16: {result['cpu_has_bf16']}; auto -> {result['auto_chooses']}")

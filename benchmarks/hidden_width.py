@@ -41,10 +41,9 @@ sys.path.append(str(Path(__file__).resolve().parent))  # its sibling scripts, af
 
 from family import write_result  # noqa: E402
 from member_finetune import correct, scored, step_model  # noqa: E402
-from provenance import commit  # noqa: E402
+from provenance import measured_on  # noqa: E402
 
 from compressor import bench  # noqa: E402
-from compressor.core.machine import cpu_summary  # noqa: E402
 from compressor.core.outdir import RESOLVED_FILE  # noqa: E402
 from compressor.pipeline.runner import make_accelerator  # noqa: E402
 from compressor.recipe import load_recipe  # noqa: E402
@@ -195,12 +194,11 @@ def main(argv: list[str] | None = None) -> int:
         rows.append({"width": width, **row, "speedup": speed[f"member@{width}"]["median"]})
     out = {
         "what": "the deepest member's residual width cut before its last fine-tune: speed and accuracy",
-        "run": str(args.run), "step": args.step, "commit": commit(), "batch": batch, "seq_len": seq_len,
+        "run": str(args.run), "step": args.step, **measured_on(args.else_running), "batch": batch, "seq_len": seq_len,
         "member_epochs": spec.epochs, "reference_test_accuracy": float(reference.mean()),
         "heads_left": int(masks.heads.sum()),
         "neurons_left": None if masks.neurons is None else int(masks.neurons.sum()),
-        "speedups_vs_original": speed, "trained": rows, "cpu": cpu_summary(), "threads": torch.get_num_threads(),
-        "else_running": args.else_running,
+        "speedups_vs_original": speed, "trained": rows, "threads": torch.get_num_threads(),
     }  # fmt: skip
     write_result(out, args.out)
     return 0

@@ -35,9 +35,8 @@ sys.path.insert(0, str(ROOT))
 sys.path.append(str(Path(__file__).resolve().parent))  # its sibling scripts, after the packages
 
 from family import write_result  # noqa: E402
-from provenance import commit  # noqa: E402
+from provenance import measured_on  # noqa: E402
 
-from compressor.core.machine import cpu_summary  # noqa: E402
 from compressor.pruning.units import Masks  # noqa: E402
 from compressor.recipe import Recipe, parse_recipe  # noqa: E402
 from compressor.recovery.train import train, train_kept  # noqa: E402
@@ -122,14 +121,12 @@ def main(argv: list[str] | None = None) -> int:
     out = {
         "what": "one recovery fine-tune of each member's units: masked at full width vs its pruned copy",
         "run": args.run.name if args.run.is_absolute() else str(args.run),
-        "commit": commit(),
+        **measured_on(args.else_running),
         "model": recipe.model.source,
         "examples": args.examples,
         "batch_size": recipe.prune.finetune.batch_size,
         "max_length": recipe.data.max_length,
-        "cpu": cpu_summary(),
         "threads": torch.get_num_threads(),
-        "else_running": args.else_running,
         "members": rows,
     }
     write_result(out, args.out)

@@ -41,10 +41,9 @@ sys.path.insert(0, str(ROOT))
 sys.path.append(str(Path(__file__).resolve().parent))  # its sibling scripts, after the packages
 
 from family import write_result  # noqa: E402
-from provenance import commit  # noqa: E402
+from provenance import measured_on  # noqa: E402
 
 from compressor.bench.quality import mcnemar_exact  # noqa: E402
-from compressor.core.machine import cpu_summary  # noqa: E402
 from compressor.core.outdir import RESOLVED_FILE  # noqa: E402
 from compressor.pipeline.runner import make_accelerator  # noqa: E402
 from compressor.pruning.units import Masks  # noqa: E402
@@ -217,10 +216,10 @@ def main(argv: list[str] | None = None) -> int:
     ref_rows, ref_hits = reference_rows(args, recipe, task, accelerator, reference, teacher)
     out = {
         "what": "variants of the last member's final fine-tune from its step's checkpoint, and of its reference's",
-        "run": str(args.run), "step": args.step, "commit": commit(), "precision": precision,
+        "run": str(args.run), "step": args.step, **measured_on(args.else_running), "precision": precision,
         "reference_test_accuracy": float(reference.mean()), "heads_left": int(masks.heads.sum()),
         "neurons_left": None if masks.neurons is None else int(masks.neurons.sum()),
-        "cpu": cpu_summary(), "threads": torch.get_num_threads(), "else_running": args.else_running,
+        "threads": torch.get_num_threads(),
         "rows": rows, "reference_rows": ref_rows, "spread": spread(rows, member_hits, ref_rows, ref_hits),
     }  # fmt: skip
     write_result(out, args.out)

@@ -26,10 +26,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.append(str(Path(__file__).resolve().parent))  # its sibling scripts, after the packages
 
-from provenance import commit  # noqa: E402
+from provenance import measured_on  # noqa: E402
 
 from compressor import bench  # noqa: E402
-from compressor.core.machine import cpu_identity, cpu_summary  # noqa: E402
 from compressor.recipe import ModelSpec  # noqa: E402
 from compressor.sources import load_model  # noqa: E402
 
@@ -84,13 +83,9 @@ def main() -> None:
     )
     result = {
         "figure": f"{SMALL} PyTorch speed-up over {BASE}, batch {args.batch_size}, paired per interleaved round",
-        "commit": commit(),
-        "cpu": cpu_summary(),
-        "cpu_identity": cpu_identity(),
+        **measured_on(args.else_running, started),
         "machine": bench.machine_info(),
-        "else_running": args.else_running or "not stated",
         "setup": throughput["setup"],
-        "seconds": round(time.perf_counter() - started, 1),
         "by_seq_len": figures(cands, throughput, seq_lens, args.batch_size),
         "throughput": throughput["results"],
     }

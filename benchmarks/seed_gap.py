@@ -41,9 +41,8 @@ sys.path.append(str(Path(__file__).resolve().parent))  # its sibling scripts, af
 
 from family import write_result  # noqa: E402
 from member_finetune import correct, scored, spread, step_model  # noqa: E402
-from provenance import commit  # noqa: E402
+from provenance import measured_on  # noqa: E402
 
-from compressor.core.machine import cpu_summary  # noqa: E402
 from compressor.core.outdir import RESOLVED_FILE  # noqa: E402
 from compressor.pipeline.runner import finetune_device, make_accelerator  # noqa: E402
 from compressor.recipe import ModelSpec, load_recipe  # noqa: E402
@@ -151,10 +150,9 @@ def result(args, recipe, accelerator, reference, rows: dict, hits: dict, started
     """The study's result so far."""
     return {
         "what": "the last member's final fine-tune and its reference's, over seeds and epochs, from one payload",
-        "run": recipe.name, "commit": commit(), "precision": accelerator.mixed_precision,
+        "run": recipe.name, **measured_on(args.else_running, started), "precision": accelerator.mixed_precision,
         "device": finetune_device(accelerator),
-        "reference_test_accuracy": float(reference.mean()), "cpu": cpu_summary(), "threads": torch.get_num_threads(),
-        "else_running": args.else_running, "seconds": round(time.perf_counter() - started, 1),
+        "reference_test_accuracy": float(reference.mean()), "threads": torch.get_num_threads(),
         "rows": rows["member"], "reference_rows": rows["reference"],
         "spread": spread(rows["member"], hits["member"], rows["reference"], hits["reference"]),
     }  # fmt: skip
