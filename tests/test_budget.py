@@ -141,7 +141,7 @@ def test_speedup_budget_stops_when_a_resumed_state_already_meets_it(task, tiny_t
 def measured(tiny_table, monkeypatch):
     """The real model's measured speed-up, faked as `factor` times the table's prediction for its shape."""
     from compressor.pruning.units import alive_units
-    from compressor.recovery import loop as api
+    from compressor.recovery import choice as api
 
     table, _ = tiny_table
     calls, factor = [], {"value": 1.3}
@@ -202,7 +202,7 @@ def test_a_step_measured_short_of_its_target_selects_more_before_its_recovery(ta
     """The real model matches the table at step 1 but is 20% slower from step 2, the last scheduled one: step 2
     corrects the table by its measurement and selects more from its own scores before fine-tuning, so the target
     is met without a top-up step."""
-    from compressor.recovery import loop as api
+    from compressor.recovery import choice as api
 
     model, tok, train, val = task
     calls = iter([1.0] + [0.8] * 5)
@@ -220,7 +220,7 @@ def test_a_step_measured_short_of_its_target_selects_more_before_its_recovery(ta
 def test_a_shortfall_the_step_cannot_settle_takes_a_top_up_step(task, tiny_table, monkeypatch):
     """With no extra selection inside the step, a step measured short takes one more step at the final goal (its
     recovery distils: teacher targets cover the top-up draw) and stops."""
-    from compressor.recovery import loop as api
+    from compressor.recovery import choice as api
 
     model, tok, train, val = task
     monkeypatch.setattr(api, "measured_speedup", _drifting(tiny_table[0], iter([1.0, 0.8, 0.8, 0.8])))
@@ -240,7 +240,7 @@ def test_a_step_measured_past_its_target_gives_units_back_before_its_recovery(ta
     lands far past its target, so it gives back the units of its own step that matter most per millisecond, down
     to the target on the corrected table, and is timed again; the log and the masks agree, and the masked model
     still equals the physically pruned one."""
-    from compressor.recovery import loop as api
+    from compressor.recovery import choice as api
 
     model, tok, train, val = task
     calls = iter([1.0] + [1.3] * 5)
@@ -297,6 +297,73 @@ def test_give_back_restores_only_the_steps_units_in_kept_layers_best_first(task,
         "heads": {},
         "neurons": {},
     }
+
+
+def test_layer_to_restore_picks_the_dropped_layer_that_lowers_the_loss_most_per_cost(task, tiny_table):
+    """Of the layers the step dropped whole, the one whose units bring the loss down most per predicted millisecond
+    comes back; a layer already empty before the step, or still kept, is never offered; no dropped layer: None."""
+    from compressor.pruning.allocation import layer_to_restore
+
+    model = task[0]
+    budget = budget_mod.plan_budget(model, _spec(kind="speedup", value=1.5))
+    before = Masks.full(model, ["heads", "neurons"])
+    before.heads[2], before.neurons[2] = False, False  # layer 2 was gone before the step
+    before.heads[1, 2:] = False  # layer 1 was narrower: half its heads, so it costs less to put back
+    alive = before.clone()
+    alive.heads[:2], alive.neurons[:2] = False, False  # the step dropped layers 0 and 1
+    offered = []
+
+    def loss(masks) -> float:  # each layer back lowers the loss by 1; the base loss is 5
+        back = [layer for layer in range(3) if bool(masks["heads"][layer].any())]
+        offered.append(back)
+        return 5.0 - len(back)
+
+    assert layer_to_restore(budget, before, alive, loss) == 1  # the same gain, the cheaper layer
+    assert offered == [[], [0], [1]]  # the base, then each dropped layer alone; never layer 2
+    assert layer_to_restore(budget, before, before, loss) is None  # nothing dropped by the step
+
+    def loss_prefers_0(masks) -> float:
+        return 5.0 - 10.0 * bool(masks["heads"][0].any()) - bool(masks["heads"][1].any())
+
+    assert layer_to_restore(budget, before, alive, loss_prefers_0) == 0  # ten times the gain beats half the cost
+
+
+def test_a_step_past_its_target_with_only_whole_layers_gives_a_layer_back_then_selects_units(
+    task, tiny_table, monkeypatch
+):
+    """A step that dropped layer 0 whole lands past its target with no head or neuron of its own left in a kept
+    layer: it gives the layer back, lands short, selects heads and neurons again (never a whole layer), and ends
+    within 10% of its target; the slices say so, the masks are a subset of the step's start, every layer keeps
+    units."""
+    from accelerate import Accelerator
+
+    from compressor.recovery import choice
+    from compressor.recovery import loop as loop_mod
+
+    model, tok, train, _ = task
+    units = ["heads", "neurons", "layers"]
+    spec = _spec(kind="speedup", value=1.3, calibrate=True).model_copy(
+        update={"units": units, "steps": 1, "finetune": None, "min_heads_per_layer": 1}
+    )
+    calls = iter([1.0] * 6)
+    monkeypatch.setattr(choice, "measured_speedup", _drifting(tiny_table[0], calls))
+    loop = loop_mod._prepare(model, tok, train, spec, None, None, 0, Accelerator())
+    before = Masks.full(model, units)
+    masks = before.clone()
+    masks.heads[0], masks.neurons[0] = False, False
+    assert loop.budget.predicted_speedup(masks) > 1.3 * (1 + budget_mod.OVERSHOOT)
+    gen = torch.Generator().manual_seed(0)
+    scores = {kind: torch.rand(mask.shape, generator=gen) for kind, mask in before.items()}
+    after, measured, slices = choice.settle(loop, 0, scores, before, masks, step=0)
+    assert slices[0]["kind"] == "layer given back" and slices[0]["layer"] == 0
+    assert slices[0]["units"] == int(before.heads[0].sum() + before.neurons[0].sum())
+    assert {s["kind"] for s in slices[1:]} <= {"heads", "neurons", "rest"} and len(slices) > 1
+    speed = measured["measured_speedup"]  # a head here is 7% of the time: the landing is as near as heads allow
+    assert speed >= 1.3 * (1 - budget_mod.SPEEDUP_SLACK) and budget_mod.within_target(speed, 1.3)
+    assert len(list(calls)) == 3  # timed three times: the step, the layer back, the units selected again
+    for kind in after:
+        assert not (after[kind] & ~before[kind]).any()
+    assert all(bool(after.heads[layer].any()) for layer in range(3))
 
 
 def test_resumed_run_keeps_the_measured_correction(task, tiny_table, measured):

@@ -17,7 +17,7 @@ from compressor.pruning import budget as budget_mod
 from compressor.pruning.latency import Dims, LatencyTable
 from compressor.pruning.units import alive_units
 from compressor.recipe import dump_recipe, parse_recipe
-from compressor.recovery import loop as api
+from compressor.recovery import choice as api
 from compressor.surgery.checkpoint import load_pruned
 
 UNITS = {"units": ["heads", "neurons"], "criterion": {"name": "taylor"}, "steps": 2, "score_examples": 64}

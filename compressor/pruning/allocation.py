@@ -114,6 +114,28 @@ def _without(alive: Masks, layers: list[int]) -> Masks:
     return out
 
 
+def layer_to_restore(budget: Budget, before: Masks, alive: Masks, loss: LossFn) -> int | None:
+    """The layer a step measured past its target gives back whole: among the layers with units in `before` (the
+    step's start) and none in `alive` (dropped whole by the step), the one whose `before` units, put back, lower the
+    measured loss the most per cost added (one pass per layer; ties to the lower layer). None when the step dropped
+    no layer."""
+    layers = next(iter(alive.values())).shape[0]
+    had = [layer for layer in range(layers) if any(bool(before[kind][layer].any()) for kind in alive)]
+    dropped = [layer for layer in had if not any(bool(mask[layer].any()) for mask in alive.values())]
+    if not dropped:
+        return None
+    base, cost = loss(alive), budget.cost(alive)
+
+    def gain(layer: int) -> float:
+        back = {kind: mask.clone() for kind, mask in alive.items()}
+        for kind, mask in back.items():
+            mask[layer] = before[kind][layer]
+        return (base - loss(back)) / max(budget.cost(back) - cost, 1e-12)
+
+    gains = {layer: gain(layer) for layer in dropped}
+    return max(dropped, key=lambda layer: (gains[layer], -layer))
+
+
 THIN = 0.25  # a layer competes whole once at most this share of its FFN neurons and of its heads is left
 
 

@@ -52,6 +52,9 @@ SPEEDUP_AIM = SPEEDUP_SLACK
 # (`Budget.give_back`): a step that drops whole layers lands in coarse jumps, and a member past its target has lost
 # accuracy it did not need to (measured landings: docs/lab/history.md, "Give-back").
 OVERSHOOT = 0.05
+# How often a step measured past its target may give back: units first; with none of its own left in a kept layer,
+# one whole layer, after which the step selects heads and neurons again (`compressor.recovery.choice.give_back`).
+GIVE_BACKS = 2
 # A member's measured speed-up is on target when it lies within this fraction of the target, on either side: the
 # report's "within 10%" verdict on each member's budget check (`pipeline.family.member_budget`).
 WITHIN = 0.10

@@ -29,16 +29,15 @@ from typing import Protocol
 import datasets
 import torch
 from accelerate import Accelerator
-from accelerate.utils import broadcast, broadcast_object_list, set_seed
+from accelerate.utils import broadcast, set_seed
 from torch import nn
 from tqdm.auto import tqdm
 
-from compressor.pruning.allocation import kept_loss, select_measured
-from compressor.pruning.budget import TOP_UP_STEPS, Budget, max_steps, plan_budget
-from compressor.pruning.latency.check import measured_speedup
+from compressor.pruning.budget import max_steps, plan_budget
 from compressor.pruning.selection import mask_to_plan
-from compressor.pruning.units import Masks, UnitPlan, plan_size, score_all
+from compressor.pruning.units import Masks, score_all
 from compressor.recipe import PruneSpec
+from compressor.recovery.choice import LoopInputs, select, settle
 from compressor.recovery.distill import TeacherTargets, teacher_targets
 from compressor.recovery.evaluate import evaluate_kept
 from compressor.recovery.rescale import Refit, post_training_sample
@@ -143,23 +142,6 @@ class PruneResult:
         return model
 
 
-@dataclass(frozen=True)
-class _Loop:
-    """The fixed inputs of every step."""
-
-    model: nn.Module
-    tokenizer: object
-    train: datasets.Dataset
-    validation: datasets.Dataset | None
-    config: PruneSpec
-    accelerator: Accelerator
-    seed: int
-    score_batches: list[dict]
-    budget: Budget
-    teacher: TeacherTargets | None = None
-    refit: Refit | None = None  # the least-squares rescale after each selection (None: off)
-
-
 def prune(
     model: nn.Module,
     tokenizer,
@@ -199,7 +181,7 @@ def prune(
     )
 
 
-def _prepare(model, tokenizer, train, config, validation, teacher, seed, accelerator) -> _Loop:
+def _prepare(model, tokenizer, train, config, validation, teacher, seed, accelerator) -> LoopInputs:
     """Everything the steps share, made once: the post-training sample, the teacher's targets, the scoring
     batches, the least-squares refit (rescale modes) and the budget (a speed-up budget's latency table). Its
     arguments are `prune`'s, passed on."""
@@ -213,10 +195,12 @@ def _prepare(model, tokenizer, train, config, validation, teacher, seed, acceler
     refit = Refit.prepare(unwrapped, train, tokenizer, config, seed) if config.rescales else None
     with accelerator.main_process_first():  # a latency table is measured once, by the main process, then loaded
         budget = plan_budget(unwrapped, config)
-    return _Loop(model, tokenizer, train, validation, config, accelerator, seed, score_batches, budget, targets, refit)
+    return LoopInputs(
+        model, tokenizer, train, validation, config, accelerator, seed, score_batches, budget, targets, refit
+    )
 
 
-def _run_steps(loop: _Loop, state: PruneState, hook: StepHook | None) -> None:
+def _run_steps(loop: LoopInputs, state: PruneState, hook: StepHook | None) -> None:
     """Step until every target is closed (`Budget.next_index`), with top-up steps where a step measured short;
     marks the steps that close a family member's target, checkpoints each step through `hook`."""
     budget, accelerator = loop.budget, loop.accelerator
@@ -254,7 +238,7 @@ def _snapshot(model: nn.Module) -> Callable[[], dict[str, torch.Tensor]]:
     return lambda: weights
 
 
-def _score(loop: _Loop, masks: Masks, step: int, index: int) -> tuple[dict[str, torch.Tensor], dict]:
+def _score(loop: LoopInputs, masks: Masks, step: int, index: int) -> tuple[dict[str, torch.Tensor], dict]:
     """Step `step`'s scores, aiming at goal `index`, of the criterion per unit kind ([layers, units], dead units
     -inf, identical on every process) and its diagnostics."""
     acc, p, seed = loop.accelerator, loop.config, loop.seed
@@ -278,82 +262,16 @@ def _score(loop: _Loop, masks: Masks, step: int, index: int) -> tuple[dict[str, 
     return scores, {k: v for k, v in extras.items() if k != "special_token_ids"}  # e.g. l0's sparsity reached
 
 
-def _select(
-    loop: _Loop, index: int, scores: dict[str, torch.Tensor], masks: Masks, step: int = 0
-) -> tuple[UnitPlan, list[dict]]:
-    """New removals toward goal `index`: with several unit kinds and `allocation: measured`, each slice of the step goes
-    to the kind whose removal measurably costs the least loss (`compressor.pruning.allocation`); else the budget's own
-    selection on the criterion's scores. The measured passes show as a progress bar (one tick per loss pass)."""
-    p = loop.config
-    if p.allocation == "measured" and len(scores) > 1 and p.resolved_budget.kind != "heads":
-        layers = "layers" in p.units
-        passes = 1 + p.allocation_parts * (len(scores) + layers) + (masks.heads.shape[0] if layers else 0)
-        log.info("step %d: measured allocation, at most %d loss passes over the scoring batches", step + 1, passes)
-        bar = tqdm(total=passes, desc=f"step {step + 1}: allocation", leave=False,
-                   disable=not loop.accelerator.is_local_main_process)  # fmt: skip
-
-        acc = loop.accelerator
-        measure = kept_loss(acc.unwrap_model(loop.model), _allocation_batches(loop), masks, acc)
-
-        def loss(alive: Masks) -> float:
-            bar.update(1)
-            return measure(alive)
-
-        try:
-            return select_measured(loop.budget, index, scores, masks, loss, p.allocation_parts, layers)
-        finally:
-            bar.close()
-    return loop.budget.select(index, scores, masks), []
-
-
-def _allocation_batches(loop: _Loop) -> list[dict]:
-    """The scoring batches the measured allocation's loss passes read: the first `allocation_examples` worth (the
-    batches come in a seeded order, so they are a random subset), or all of them."""
-    wanted = loop.config.allocation_examples
-    if wanted is None:
-        return loop.score_batches
-    return loop.score_batches[: max(1, -(-wanted // loop.config.score_batch_size))]
-
-
-def _settle(
-    loop: _Loop, index: int, scores: dict, before: Masks, masks: Masks, step: int
-) -> tuple[Masks, dict, list[dict]]:
-    """Under a speed-up budget that measures itself, before any recovery: time the masked model; while a member's
-    target is measured short, select more from this step's scores (the table corrected by the timing); once, if more
-    than `OVERSHOOT` past, give back this step's units (`before`) down to it. Returns masks, last timing, slices."""
-    measured, slices, gave_back, selections = _calibrate(loop, masks), [], False, 0
-    while measured:
-        speed, goal = measured["measured_speedup"], loop.budget.goal(index)
-        if (short := loop.budget.short_of(index, masks)) and selections < TOP_UP_STEPS:
-            selections += 1
-            log.info("budget: step %d measured %.2fx, short of %.2fx; selecting more from its scores", step + 1,
-                     speed, goal)  # fmt: skip
-            more, extra = _select(loop, index, scores, masks, step)
-            after = masks.without(more)
-        elif not short and not gave_back and loop.budget.overshoots(index, speed):
-            gave_back, more = True, loop.budget.give_back(index, scores, before, masks)
-            extra = [{"kind": "given back", "units": plan_size(more), "measured_before": round(speed, 4)}]
-            log.info("budget: step %d measured %.2fx, past %.2fx; giving back %d of its units", step + 1, speed, goal,
-                     extra[0]["units"])  # fmt: skip
-            after = masks.with_units(more)
-        else:
-            break
-        if not any(layers for layers in more.values()):
-            break
-        masks, slices, measured = after, slices + extra, _calibrate(loop, after)
-    return masks, measured, slices
-
-
-def _validate(loop: _Loop, masks: Masks) -> dict | None:
+def _validate(loop: LoopInputs, masks: Masks) -> dict | None:
     if loop.validation is None:
         return None
     return evaluate_kept(loop.model, masks, loop.validation, loop.tokenizer, loop.accelerator)
 
 
-def _step(loop: _Loop, masks: Masks, step: int, index: int) -> StepRecord:
+def _step(loop: LoopInputs, masks: Masks, step: int, index: int) -> StepRecord:
     """Step `step` (0-based): score, select and mask the units that reach goal `index` of the schedule (a speed-up
-    step measured short of its target selects more first, `_settle`), then repair: rescale and/or fine-tune with
-    the new masks, as the recovery mode says."""
+    step measured short of its target selects more first, one measured past it gives back: `choice.settle`), then
+    repair: rescale and/or fine-tune with the new masks, as the recovery mode says."""
     t0 = time.perf_counter()
     p = loop.config
     set_seed(loop.seed + 1000 * (step + 1))
@@ -362,10 +280,10 @@ def _step(loop: _Loop, masks: Masks, step: int, index: int) -> StepRecord:
              len(loop.score_batches))  # fmt: skip
     scores, diagnostics = _score(loop, masks, step, index)
     score_seconds = time.perf_counter() - t_score
-    plan, slices = _select(loop, index, scores, masks, step)
+    plan, slices = select(loop, index, scores, masks, step)
     before, masks, measured = masks, masks.without(plan), {}
     if p.resolved_budget.kind == "speedup":
-        masks, measured, extra = _settle(loop, index, scores, before, masks, step)
+        masks, measured, extra = settle(loop, index, scores, before, masks, step)
         plan, slices = masks.removed_since(before), slices + extra
     entry = {
         "step": step + 1,
@@ -399,22 +317,3 @@ def _step(loop: _Loop, masks: Masks, step: int, index: int) -> StepRecord:
     entry["seconds"] = time.perf_counter() - t0
     log_step(entry, len(loop.budget.goals))
     return StepRecord(entry=entry, scores=scores["heads"], masks=masks, neuron_scores=scores.get("neurons"))
-
-
-def _calibrate(loop: _Loop, masks: Masks) -> dict:
-    """For a speed-up budget with `calibrate` on: time the physically pruned model against the unpruned one on the
-    budget's runtime (main process only; the result is broadcast) and correct the table's later predictions."""
-    spec = loop.config.resolved_budget
-    if spec.kind != "speedup" or not spec.calibrate:
-        return {}
-    acc, measured = loop.accelerator, [0.0]
-    if acc.is_main_process:
-        log.info("budget: timing the pruned model against the original on %s (calibration)", spec.runtime)
-        model = acc.unwrap_model(loop.model)
-        original, pruned = Masks.full(model, loop.config.units).pruned_copy(model), masks.pruned_copy(model)
-        measured[0] = measured_speedup(original, pruned, spec.runtime, spec.batch_size, spec.seq_len)
-        del original, pruned
-    if acc.num_processes > 1:
-        measured = broadcast_object_list(measured)
-    factor = loop.budget.calibrate(masks, measured[0])
-    return {"measured_speedup": round(measured[0], 4), "calibration": factor}  # unrounded: a resume reuses it
