@@ -75,10 +75,10 @@ def reference_rows(report: RunReport) -> list[dict]:
 
 def step_rows(report: RunReport) -> list[dict]:
     """Per pruning step: its measured speed-up, the members it closed, what it gave back (a landing past a member's
-    target) and its seconds."""
+    target: units, or a whole layer) and its seconds."""
     rows = []
     for step in report.steps or []:
-        given = [a for a in step.get("allocation", []) if a.get("kind") == "given back"]
+        given = [a for a in step.get("allocation", []) if a.get("kind") in ("given back", "layer given back")]
         row = {k: step.get(k) for k in ("step", "measured_speedup", "members", "seconds")}
         rows.append(row | {"given_back": given})
     return rows

@@ -138,9 +138,13 @@ def test_a_member_section_round_trips(tmp_path) -> None:
     assert MemberSection.read(tmp_path / "member.json").dump() == section
 
 
+LAYER_BACK = {"kind": "layer given back", "layer": 4, "units": 600, "measured_before": 2.4}
+
+
 def test_the_family_benchmark_reads_members_references_and_the_pick(tmp_path) -> None:
     """benchmarks/mpnet_family.py: wall time from a `time -v` log, each member against its layer-drop baseline,
-    the best member as fast as each reference, and the pick at 1.0 point, in its JSON."""
+    the best member as fast as each reference, the pick at 1.0 point and each step's give-backs (units or a whole
+    layer), in its JSON."""
     from conftest import bench_script
 
     script = bench_script("mpnet_family")
@@ -156,7 +160,7 @@ def test_the_family_benchmark_reads_members_references_and_the_pick(tmp_path) ->
         "step": 1,
         "measured_speedup": 2.1,
         "members": [2.0],
-        "allocation": [{"kind": "heads"}, {"kind": "given back", "units": 3, "measured_before": 2.5}],
+        "allocation": [{"kind": "heads"}, {"kind": "given back", "units": 3, "measured_before": 2.5}, LAYER_BACK],
     }
     best = {"name": "2x/pytorch", "speedup": 2.1, "accuracy": 0.8, "points": 1.0, "mcnemar_p": 0.5, "beats": True}
     report["family"]["versus_references"] = [
@@ -184,7 +188,7 @@ def test_the_family_benchmark_reads_members_references_and_the_pick(tmp_path) ->
             "measured_speedup": 2.1,
             "members": [2.0],
             "seconds": 1.5,
-            "given_back": [{"kind": "given back", "units": 3, "measured_before": 2.5}],
+            "given_back": [{"kind": "given back", "units": 3, "measured_before": 2.5}, LAYER_BACK],
         }
     ]
 

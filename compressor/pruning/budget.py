@@ -49,8 +49,8 @@ SPEEDUP_SLACK = 0.02
 # into met targets; a larger error still takes a top-up (measured landings: docs/lab/history.md, SPEEDUP_AIM).
 SPEEDUP_AIM = SPEEDUP_SLACK
 # A family member's step measured this far past its target gives units of its own step back before its recovery
-# (`Budget.give_back`): a step that drops whole layers lands in coarse jumps, and a member past its target has lost
-# accuracy it did not need to (measured landings: docs/lab/history.md, "Give-back").
+# (`Budget.give_back`; a whole layer, `GIVE_BACKS`): a step that drops whole layers lands in coarse jumps, and a member
+# past its target has lost accuracy it did not need to (measured landings: docs/lab/history.md, "Give-back").
 OVERSHOOT = 0.05
 # How often a step measured past its target may give back: units first; with none of its own left in a kept layer,
 # one whole layer, after which the step selects heads and neurons again (`compressor.recovery.choice.give_back`).
