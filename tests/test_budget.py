@@ -325,7 +325,7 @@ def test_layer_to_restore_picks_the_dropped_layer_that_lowers_the_loss_most_per_
     def loss_prefers_0(masks) -> float:
         return 5.0 - 10.0 * bool(masks["heads"][0].any()) - bool(masks["heads"][1].any())
 
-    assert layer_to_restore(budget, before, alive, loss_prefers_0) == 0  # ten times the gain beats half the cost
+    assert layer_to_restore(budget, before, alive, loss_prefers_0) == 0  # ten times the gain outweighs its higher cost
 
 
 def test_a_step_past_its_target_with_only_whole_layers_gives_a_layer_back_then_selects_units(
