@@ -36,7 +36,7 @@ from torch import nn
 
 from compressor.pruning.budget import Budget
 from compressor.pruning.masking import gated
-from compressor.pruning.units import Masks, UnitPlan, apply_plan_to_masks
+from compressor.pruning.units import Masks, UnitPlan, apply_plan_to_masks, layers_with_units
 
 LossFn = Callable[[Masks], float]
 
@@ -98,7 +98,7 @@ def select_layers(budget: Budget, goal: float, increase: dict[int, float], alive
     for layer in sorted(increase, key=lambda layer: (increase[layer] / max(saving[layer], 1e-12), layer)):
         if budget.reached(current) >= goal:
             break
-        if not any(bool(mask[layer].any()) for mask in current.values()):
+        if not layers_with_units(current)[layer]:
             continue
         for kind, mask in current.items():
             plan[kind][layer] = mask[layer].nonzero().flatten().tolist()
@@ -119,9 +119,7 @@ def layer_to_restore(budget: Budget, before: Masks, alive: Masks, loss: LossFn) 
     step's start) and none in `alive` (dropped whole by the step), the one whose `before` units, put back, lower the
     measured loss the most per cost added (one pass per layer; ties to the lower layer). None when the step dropped
     no layer."""
-    layers = next(iter(alive.values())).shape[0]
-    had = [layer for layer in range(layers) if any(bool(before[kind][layer].any()) for kind in alive)]
-    dropped = [layer for layer in had if not any(bool(mask[layer].any()) for mask in alive.values())]
+    dropped = (layers_with_units(before) & ~layers_with_units(alive)).nonzero().flatten().tolist()
     if not dropped:
         return None
     base, cost = loss(alive), budget.cost(alive)
@@ -146,19 +144,15 @@ def thin_layers(alive: Masks, min_heads: int = 0) -> set[int]:
     left = heads.sum(1) <= max(min_heads, int(THIN * heads.shape[1]))
     if "neurons" in alive:
         left &= alive["neurons"].sum(1) <= int(THIN * alive["neurons"].shape[1])
-    has_units = torch.stack([mask.any(1) for mask in alive.values()]).any(0)
-    return {int(layer) for layer in (left & has_units).nonzero().flatten()}
+    return {int(layer) for layer in (left & layers_with_units(alive)).nonzero().flatten()}
 
 
 def layer_drop_increases(alive: Masks, loss: LossFn, base: float, layers: Iterable[int] | None = None) -> dict:
     """Each layer of `layers` (default: all) that still has units: the measured loss increase over `base` when it
     is dropped whole (one pass over the scoring batches per layer). What ranks whole layers as units."""
-    every = range(next(iter(alive.values())).shape[0])
-    return {
-        layer: loss(_without(alive, [layer])) - base
-        for layer in (every if layers is None else layers)
-        if any(bool(mask[layer].any()) for mask in alive.values())
-    }
+    kept = layers_with_units(alive)
+    offered = range(kept.shape[0]) if layers is None else layers
+    return {layer: loss(_without(alive, [layer])) - base for layer in offered if kept[layer]}
 
 
 class LayerDrops:

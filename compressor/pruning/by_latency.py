@@ -14,7 +14,7 @@ import torch
 
 from compressor.pruning.latency import LatencyTable, Widths
 from compressor.pruning.latency.probe import NEURON_BLOCK
-from compressor.pruning.units import Masks, UnitPlan
+from compressor.pruning.units import Masks, UnitPlan, layers_with_units
 from compressor.surgery.cost import UnitCosts
 
 FLOOR_SHARE = 0.1  # a unit saves at least this share of its FLOP-proportional milliseconds (flat grid cells)
@@ -126,9 +126,9 @@ def _restore_moves(scores: dict, alive: dict, removed: dict, table: LatencyTable
     """Each unit of `removed` that may come back, in a layer that still has units (a layer the step dropped whole
     stays dropped, and an attention left with no head stays so: one head back would not meet `min_heads_per_layer`):
     every head, and the layer's best-scored block of neurons, each with its importance per millisecond added."""
-    widths, moves = widths_of(alive, table.dims), []
+    widths, moves, kept = widths_of(alive, table.dims), [], layers_with_units(alive)
     for layer in range(table.dims.layers):
-        if not any(bool(mask[layer].any()) for mask in alive.values()):
+        if not kept[layer]:
             continue
         h, n = widths.heads[layer], widths.neurons[layer]
         if "heads" in scores and h > 0 and bool(removed["heads"][layer].any()):  # an emptied attention stays empty

@@ -140,6 +140,11 @@ def apply_plan_to_masks(plan: UnitPlan, alive: Mapping[str, torch.Tensor]) -> Ma
     return Masks.of(alive).without(plan)
 
 
+def layers_with_units(alive: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    """Per layer, whether any unit of any kind in `alive` is left (a layer with none is removed whole)."""
+    return torch.stack([mask.any(1) for mask in alive.values()]).any(0)
+
+
 def plan_size(plan: UnitPlan) -> int:
     """How many units `plan` names, of every kind."""
     return sum(len(ids) for layers in plan.values() for ids in layers.values())
