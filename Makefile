@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup setup-base demo test test-slow test-gpu test-compat bench-ci lint clean
+.PHONY: setup setup-base demo test test-avx2 test-slow test-gpu test-compat bench-ci lint clean
 
 setup: $(STAMP)
 
@@ -31,6 +31,15 @@ demo: setup
 test: setup
 	@$(BIN)/python -c "from compressor.core.machine import cpu_summary; print('cpu:', cpu_summary())"
 	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(BIN)/python -m pytest -q
+
+# The fast suite as a CPU without AVX-512, VNNI or AMX runs it, on any x86 CPU: oneDNN (PyTorch's, and the one in
+# OpenVINO's CPU plugin) capped at AVX2, PyTorch's own kernels at AVX2, and compressor's choices follow the cap
+# (core/machine.py). ONNX Runtime's kernels and OpenVINO's own have no cap in release builds: the tests that run them
+# assert what holds on any CPU (docs/versions.md, "int8 in the tests").
+AVX2_ENV := ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2
+test-avx2: setup
+	@$(AVX2_ENV) $(BIN)/python -c "import torch; print('torch kernels:', torch.backends.cpu.get_cpu_capability())"
+	$(AVX2_ENV) HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(BIN)/python -m pytest -q
 
 test-slow: setup
 	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(BIN)/python -m pytest -q -m slow

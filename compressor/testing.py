@@ -5,6 +5,8 @@ Lives in the package (not tests/) so benchmarks and helper scripts can build the
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 from transformers import AlbertConfig, AutoConfig, AutoModelForSequenceClassification, GPT2Config
@@ -104,3 +106,105 @@ def tiny_batch(batch: int = 3, seq: int = 9, seed: int = 0, labels: int = 2) -> 
     mask = torch.ones(batch, seq, dtype=torch.long)
     mask[-1, seq // 2 :] = 0
     return {"input_ids": ids, "attention_mask": mask, "labels": torch.randint(0, labels, (batch,), generator=g)}
+
+
+def _fake_quantize(
+    x: torch.Tensor, levels: int, symmetric: bool, dim: int | None = None, span: tuple | None = None
+) -> torch.Tensor:
+    """`x` rounded to the nearest of `levels` evenly spaced values over its range (per row of `dim` when given; over
+    `span` = (lo, hi), clipped to it, when given: a static range), the grid an exact int8 kernel computes on.
+    Symmetric grids are centred on 0 (weights); others span lo..hi with 0 on the grid (activations)."""
+    if not x.numel():  # an emptied layer's input or weight
+        return x
+    if span is not None:
+        lo, hi = span
+    elif dim is None:
+        lo, hi = x.min(), x.max()
+    else:
+        lo, hi = x.amin(dim=dim, keepdim=True), x.amax(dim=dim, keepdim=True)
+    if symmetric:
+        step = (torch.maximum(hi.abs(), lo.abs()) / ((levels - 1) // 2)).clamp_min(1e-12)
+        return torch.round(x / step) * step
+    lo, hi = torch.clamp(lo, max=0.0), torch.clamp(hi, min=0.0)
+    step = ((hi - lo) / (levels - 1)).clamp_min(1e-12)
+    return torch.round((torch.minimum(torch.maximum(x, lo), hi) - lo) / step) * step + lo
+
+
+# How far past the simulated int8 deviation (`simulated_int8_deviation`) a real int8 graph may land, for dynamic and
+# for static (calibrated) activation ranges: what the simulation leaves out (ONNX Runtime's requantisation of fused
+# ops; NNCF's SmoothQuant and its quantised attention products), never a CPU's kernel, which with 7-bit weights on
+# CPUs without VNNI cannot saturate. Set from the tiny models of every family on an AVX2-only CPU, where the real
+# deviation is largest (docs/versions.md, "int8 in the tests").
+INT8_SLACK = {"dynamic": 4.0, "static": 8.0}
+
+
+def logits_of(model: nn.Module, batch: dict) -> Callable[[], torch.Tensor]:
+    """A call giving `model`'s logits on `batch` (its labels left out)."""
+    return lambda: model(**{k: v for k, v in batch.items() if k != "labels"}).logits
+
+
+def _input_spans(model: nn.Module, calibrate: Callable[[], object]) -> dict[nn.Module, tuple]:
+    """Per Linear of `model`, the (min, max) of its input over what `calibrate` runs: the static range a calibrated
+    quantiser gives it."""
+    spans: dict[nn.Module, tuple] = {}
+
+    def record(module, args):
+        if not args[0].numel():
+            return
+        lo, hi = args[0].min(), args[0].max()
+        old = spans.get(module)
+        spans[module] = (lo, hi) if old is None else (torch.minimum(old[0], lo), torch.maximum(old[1], hi))
+
+    hooks = [m.register_forward_pre_hook(record) for m in model.modules() if isinstance(m, nn.Linear)]
+    try:
+        calibrate()
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return spans
+
+
+@torch.no_grad()
+def simulated_int8_deviation(
+    model: nn.Module, run: Callable[[], torch.Tensor], weight_bits: int = 7, calibrate: Callable | None = None
+) -> float:
+    """Max |Δ| of `run()` (an output of `model`) when every Linear and embedding of `model` computes on int8 grids,
+    simulated in fp32.
+
+    The CPU-independent scale a test compares a real int8 graph's deviation with: weights and embedding tables are
+    rounded per output row to `weight_bits` signed levels (7: the reduced range compressor quantises with on CPUs
+    without VNNI, the coarser of the two grids it uses), and each Linear's input to 8-bit levels over its range:
+    the run's own (dynamic quantisation, ONNX Runtime's int8), or, given `calibrate` (a call running the calibration
+    inputs), the range they spanned, clipped to it (static quantisation, OpenVINO's). An exact int8 kernel on any x86
+    CPU lands within a small multiple of this (`INT8_SLACK`); a kernel that saturates does not."""
+    expected = run()
+    spans = _input_spans(model, calibrate) if calibrate is not None else {}
+    levels = 2**weight_bits - 1
+    saved, hooks = {}, []
+
+    def quantize_input(module, args):
+        return (_fake_quantize(args[0], 256, symmetric=False, span=spans.get(module)), *args[1:])
+
+    for module in model.modules():
+        if isinstance(module, nn.Linear | nn.Embedding) and module.weight.numel():
+            saved[module] = module.weight.detach().clone()
+            module.weight.copy_(_fake_quantize(module.weight, levels, symmetric=True, dim=1))
+        if isinstance(module, nn.Linear):
+            hooks.append(module.register_forward_pre_hook(quantize_input))
+    try:
+        got = run()
+    finally:
+        for hook in hooks:
+            hook.remove()
+        for module, weight in saved.items():
+            module.weight.copy_(weight)
+    return float((got - expected).abs().max())
+
+
+def int8_tolerance(model: nn.Module, run: Callable[[], torch.Tensor], calibrate: Callable | None = None) -> float:
+    """The largest |Δ| a test accepts between an int8 graph of `model` and `model` on what `run` computes: a multiple
+    (`INT8_SLACK`) of the simulated int8 deviation, with dynamic activation ranges, or the static ones `calibrate`
+    gives (OpenVINO's int8, ONNX Runtime's int8_static). Holds on any x86 CPU: nothing in it was read off one CPU's
+    kernels."""
+    slack = INT8_SLACK["dynamic" if calibrate is None else "static"]
+    return slack * simulated_int8_deviation(model, run, calibrate=calibrate)

@@ -127,13 +127,15 @@ def tiny_recipe(model_dir: Path, data: Path, out: Path, **overrides) -> dict:
 
 def pytest_report_header(config) -> list[str]:
     """The CPU the suite ran on, in the log: int8 kernels (VNNI or not) and core counts differ between machines."""
-    from compressor.core.machine import cpu_summary
+    from compressor.core.machine import ISA_CAP_ENV, cpu_summary, isa_cap
     from compressor.deploy.quantize import REDUCE_RANGE_ENV
 
     cpu = cpu_summary()
     forced = os.environ.get(REDUCE_RANGE_ENV)
     weights = f", int8 weight range forced by {REDUCE_RANGE_ENV}={forced}" if forced else ""
-    return [f"cpu: {cpu['model']} ({cpu['vendor']}), flags {cpu['flags']}, {cpu['cores']} usable cores{weights}"]
+    capped = f", capped by {ISA_CAP_ENV}={isa_cap()}" if isa_cap() else ""
+    line = f"cpu: {cpu['model']} ({cpu['vendor']}), flags {cpu['flags']}{capped}, {cpu['cores']} usable cores{weights}"
+    return [line]
 
 
 @pytest.fixture(autouse=True, scope="session")

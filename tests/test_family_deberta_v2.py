@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from test_export import int8_tol
 from torch.utils.flop_counter import FlopCounterMode
 from transformers import AutoModelForSequenceClassification
 
@@ -212,14 +213,15 @@ def test_attribution_runs_the_whole_encoder_when_a_conv_follows_layer_0(monkeypa
 
 @pytest.mark.parametrize("variant", ["unshared", "v2 conv"])
 def test_onnx_export_parity(tmp_path: Path, variant: str) -> None:
-    """fp32 and optimised graphs within 1e-4 of PyTorch (int8 within 0.1) with every unit kind removed."""
+    """fp32 and optimised graphs within 1e-4 of PyTorch (int8 within its simulated deviation's bound) with every unit
+    kind removed."""
     model_dir = save_pruned(combined(variant), tmp_path / "model")
     check = [tiny_batch(batch=4, seq=11, seed=s) for s in range(2)]
     if base(variant).config.type_vocab_size:
         check = [b | {"token_type_ids": (torch.rand(b["input_ids"].shape) > 0.5).long()} for b in check]
     result = ex.export_onnx(model_dir, tmp_path / "onnx", ["fp32", "optimized", "int8"], check)
     assert result["fp32"]["max_abs_diff"] <= 1e-4 and result["optimized"]["max_abs_diff"] <= 1e-4
-    assert result["int8"]["max_abs_diff"] < 0.1 and result["int8"]["agreement"] >= 0.75
+    assert result["int8"]["max_abs_diff"] < int8_tol(model_dir, check) and result["int8"]["agreement"] >= 0.75
     assert result["optimized"]["attention_fusion"].startswith("n/a") and result["optimized"]["attention_layers"] == 2
     names = ex.OnnxClassifier(tmp_path / "onnx" / "fp32").input_names
     assert ("token_type_ids" in names) is bool(base(variant).config.type_vocab_size)

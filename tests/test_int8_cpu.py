@@ -40,6 +40,31 @@ def test_int8_features_in_words(flags, expected):
     assert int8_features({**SAPPHIRE, "flags": flags}) == expected
 
 
+@pytest.mark.parametrize(
+    ("cap", "vnni", "expected"),
+    [
+        ("", True, ["avx2", "avx512f", "avx512_vnni", "avx_vnni", "amx_int8"]),
+        ("avx2", False, ["avx2"]),
+        ("AVX2_VNNI", True, ["avx2", "avx_vnni"]),
+        ("AVX512_CORE", False, ["avx2", "avx512f"]),
+        ("AVX512_CORE_VNNI", True, ["avx2", "avx512f", "avx512_vnni"]),
+    ],
+)
+def test_under_an_isa_cap_compressor_sees_the_cpu_it_caps_to(tmp_path, monkeypatch, cap, vnni, expected):
+    """A Sapphire Rapids flags line read under `ONEDNN_MAX_CPU_ISA`: the flags, VNNI and the int8 weight range are
+    those of the CPU it caps to, and the identity that keys latency tables names the cap."""
+    from compressor.core.machine import cpu_has_vnni, cpu_identity, cpu_summary
+    from compressor.deploy.quantize import REDUCE_RANGE_ENV, resolve_reduce_range
+
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("model name\t: Xeon (test)\nflags\t\t: sse2 avx avx2 fma " + " ".join(SAPPHIRE["flags"]) + "\n")
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", cap)
+    monkeypatch.delenv(REDUCE_RANGE_ENV, raising=False)
+    assert cpu_summary(cpuinfo)["flags"] == expected and cpu_has_vnni(cpuinfo) is vnni
+    assert resolve_reduce_range("auto", cpuinfo)[0] is not vnni
+    assert cpu_identity(cpuinfo).endswith(f"capped at {cap.upper()}" if cap else "]")
+
+
 def test_int8_features_default_to_this_machine():
     assert int8_features() == int8_features(cpu_summary())
 

@@ -45,10 +45,33 @@ def _cpuinfo_field(cpuinfo: Path, key: str) -> str | None:
     return None
 
 
+# oneDNN's ISA cap (read by PyTorch's oneDNN and by OpenVINO's CPU plugin): a CPU run with it set is treated as the
+# CPU it caps to, so compressor's own choices (int8 weight range, which int8 runtimes can pay) match the kernels.
+ISA_CAP_ENV = "ONEDNN_MAX_CPU_ISA"
+_ABOVE_AVX2 = ("avx512", "avx_vnni", "amx")
+# Per cap value: the flag prefixes a CPU run under it no longer has (oneDNN's ISAs are masks: the AVX-512 ones below
+# AMX do not include AVX-VNNI).
+_ISA_CAPS: dict[str, tuple[str, ...]] = {
+    "SSE41": ("avx", "fma", *_ABOVE_AVX2),
+    "AVX": ("avx2", "fma", *_ABOVE_AVX2),
+    "AVX2": _ABOVE_AVX2,
+    "AVX2_VNNI": ("avx512", "amx"),
+    "AVX2_VNNI_2": ("avx512", "amx"),
+    "AVX512_CORE": ("avx512_vnni", "avx512_bf16", "avx512_fp16", "avx_vnni", "amx"),
+    "AVX512_CORE_VNNI": ("avx512_bf16", "avx512_fp16", "avx_vnni", "amx"),
+    "AVX512_CORE_BF16": ("avx512_fp16", "avx_vnni", "amx"),
+    "AVX512_CORE_FP16": ("avx_vnni", "amx"),
+}
+
+
 def cpu_flags(cpuinfo: Path = CPUINFO) -> set[str] | None:
-    """This CPU's x86 feature flags; None when it cannot tell (no /proc/cpuinfo, or not an x86 flags list)."""
+    """This CPU's x86 feature flags, less those above `$ONEDNN_MAX_CPU_ISA` where it is set (a cap this CPU's math
+    libraries run under); None when it cannot tell (no /proc/cpuinfo, or not an x86 flags list)."""
     flags = set((_cpuinfo_field(cpuinfo, "flags") or "").split())
-    return flags if {"avx2", "sse2"} & flags else None
+    if not {"avx2", "sse2"} & flags:
+        return None
+    removed = _ISA_CAPS.get(isa_cap() or "", ())
+    return {flag for flag in flags if not flag.startswith(removed)}
 
 
 def cpu_has_vnni(cpuinfo: Path = CPUINFO) -> bool | None:
@@ -76,7 +99,14 @@ def cpu_identity(cpuinfo: Path = CPUINFO) -> str:
     latency tables are only comparable between machines whose identity is equal."""
     flags = cpu_flags(cpuinfo)
     known = "flags unknown" if flags is None else " ".join(f for f in SPEED_FLAGS if f in flags) or "no AVX2"
-    return f"{cpu_model()} [{known}]"
+    cap = isa_cap()
+    return f"{cpu_model()} [{known}]" + (f" capped at {cap}" if cap else "")
+
+
+def isa_cap() -> str | None:
+    """The ISA `$ONEDNN_MAX_CPU_ISA` caps this process's math libraries to, where it names one this module knows."""
+    cap = os.environ.get(ISA_CAP_ENV, "").strip().upper()
+    return cap if cap in _ISA_CAPS else None
 
 
 def cpu_generation(cpuinfo: Path = CPUINFO) -> str | None:

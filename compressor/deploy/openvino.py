@@ -41,7 +41,15 @@ import numpy as np
 from compressor.core.errors import UserError
 from compressor.core.runtimes import engine_variants
 from compressor.deploy.inference import check_parity, compare, evaluate_variant, graph_feed, onnx_file
-from compressor.deploy.quantize import Fallback, Int8Options, gate, search_fallback, status
+from compressor.deploy.quantize import (
+    Fallback,
+    Int8Options,
+    ReduceRange,
+    gate,
+    resolve_reduce_range,
+    search_fallback,
+    status,
+)
 
 log = logging.getLogger(__name__)
 
@@ -141,10 +149,18 @@ def convert(onnx_graph: Path, dest: Path) -> Path:
     return dest / IR_FILE
 
 
-def nncf_int8(model, feeds: Sequence[Mapping[str, np.ndarray]], keep_fp32: Sequence[str] = ()):
+def nncf_int8(
+    model, feeds: Sequence[Mapping[str, np.ndarray]], keep_fp32: Sequence[str] = (), reduce_range: ReduceRange = "auto"
+):
     """NNCF int8 of an in-memory `openvino.Model` (`ModelType.TRANSFORMER`), calibrated on `feeds` (its inputs,
-    ready), with the `keep_fp32` nodes in its ignored scope."""
+    ready), with the `keep_fp32` nodes in its ignored scope.
+
+    `reduce_range` is ONNX Runtime's int8 setting, resolved the same way (`deploy.quantize.resolve_reduce_range`):
+    where it holds (a CPU without VNNI, by default), NNCF's overflow fix gives every layer 7-bit weights, since
+    OpenVINO's AVX2 int8 kernels sum u8 x s8 pairs in 16 bits and saturate with full-range weights (NNCF's default
+    fixes the first layer only); elsewhere NNCF's default stands."""
     import nncf
+    from nncf.quantization.advanced_parameters import AdvancedQuantizationParameters
 
     nncf_log = logging.getLogger("nncf")
     previous = nncf_log.level
@@ -156,9 +172,18 @@ def nncf_int8(model, feeds: Sequence[Mapping[str, np.ndarray]], keep_fp32: Seque
             model_type=nncf.ModelType.TRANSFORMER,
             subset_size=max(1, len(feeds)),
             ignored_scope=nncf.IgnoredScope(names=list(keep_fp32)) if keep_fp32 else None,
+            advanced_parameters=AdvancedQuantizationParameters(overflow_fix=overflow_fix(reduce_range)),
         )
     finally:
         nncf_log.setLevel(previous)
+
+
+def overflow_fix(reduce_range: ReduceRange):
+    """NNCF's `OverflowFix` for the int8 setting `reduce_range`: ENABLE (7-bit weights in every layer) where it
+    resolves on, FIRST_LAYER (NNCF's default) where it resolves off."""
+    from nncf.quantization.advanced_parameters import OverflowFix
+
+    return OverflowFix.ENABLE if resolve_reduce_range(reduce_range)[0] else OverflowFix.FIRST_LAYER
 
 
 def _quantized_model(fp32: Path, options: Int8Options, ignored: Sequence[str] = ()):
@@ -170,7 +195,8 @@ def _quantized_model(fp32: Path, options: Int8Options, ignored: Sequence[str] = 
     names = [i.get_any_name() for i in model.inputs]
     present = {op.get_friendly_name() for op in model.get_ops()}
     keep = [n for n in dict.fromkeys([*options.exclude_nodes, *ignored]) if n in present]
-    return nncf_int8(model, [graph_feed(batch, names, fp32) for batch in options.calibration], keep)
+    feeds = [graph_feed(batch, names, fp32) for batch in options.calibration]
+    return nncf_int8(model, feeds, keep, options.reduce_range)
 
 
 def quantize(fp32: Path, dest: Path, options: Int8Options, ignored: Sequence[str] = ()) -> str:
@@ -182,9 +208,11 @@ def quantize(fp32: Path, dest: Path, options: Int8Options, ignored: Sequence[str
     dest.mkdir(parents=True, exist_ok=True)
     ov.save_model(_quantized_model(fp32, options, ignored), str(dest / IR_FILE), compress_to_fp16=False)
     examples = sum(len(b["input_ids"]) for b in options.calibration)
+    reduced, why = resolve_reduce_range(options.reduce_range)
+    weights = f"7-bit range in every layer ({why})" if reduced else "8-bit range (7-bit in the first layer)"
     return (
-        "int8 NNCF (ModelType.TRANSFORMER: SmoothQuant, mixed preset), weights per channel, activations static, "
-        f"calibrated on {examples} training examples"
+        f"int8 NNCF (ModelType.TRANSFORMER: SmoothQuant, mixed preset), weights per channel, {weights}, "
+        f"activations static, calibrated on {examples} training examples"
     )
 
 
