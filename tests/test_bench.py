@@ -299,9 +299,7 @@ def test_onnx_candidate_agrees_with_pytorch(models, batches, tmp_path):
 
 
 def test_onnx_candidate_through_export_module(models, tmp_path):
-    export = pytest.importorskip("compressor.deploy.export")
-    if not hasattr(export, "OnnxClassifier") or not hasattr(export, "export_onnx"):
-        pytest.skip("compressor.deploy.export has no OnnxClassifier/export_onnx yet")
+    from compressor.deploy import export
     from compressor.surgery.checkpoint import save_pruned
 
     _, pruned = models
@@ -319,7 +317,6 @@ def test_onnx_candidate_through_export_module(models, tmp_path):
 
 
 def test_onnx_candidate_missing_dir(tmp_path):
-    pytest.importorskip("compressor.deploy.export")
     with pytest.raises((FileNotFoundError, UserError)):
         bench.onnx_candidate("x", tmp_path / "absent", 1)
 
@@ -650,3 +647,77 @@ def test_ort_default_threads_matches_the_threads_a_default_session_starts(tmp_pa
     started = len(os.listdir("/proc/self/task")) - before
     assert session.get_session_options().intra_op_num_threads == 0  # ORT itself does not say how many it uses
     assert bench.ort_default_threads() == started + 1  # its pool plus the calling thread
+
+
+# ------------------------------------------------------------------------------------------------ stopping rule
+
+
+def synthetic_timer(monkeypatch, seconds: dict[str, list[float]]) -> list[str]:
+    """Replace the clock of the timing protocol: a visit of candidate `name` takes `seconds[name][i]` on its i-th
+    timed visit (warm-up calls are not timed). Returns the log of timed visits."""
+    from compressor.core import timing
+
+    visits: list[str] = []
+    calls = {name: iter(times) for name, times in seconds.items()}
+
+    def fake_time_call(fn, min_time_s, min_calls=3):
+        name = fn.func.__name__  # the candidate's predict, named after it (`named`)
+        visits.append(name)
+        return next(calls[name]), min_calls
+
+    monkeypatch.setattr(timing, "time_call", fake_time_call)
+    return visits
+
+
+def named(name: str) -> bench.Candidate:
+    def predict(batch):
+        return np.zeros((batch["input_ids"].shape[0], 2))
+
+    predict.__name__ = name
+    return bench.Candidate(name, predict, 1, None, "pytorch")
+
+
+def test_a_settled_candidate_leaves_the_rounds_and_its_ratio_keeps_its_pairing(monkeypatch):
+    """On a synthetic timer: a steady 2x candidate settles after the 3 rounds every candidate gets; a clearly slower
+    one (0.5x) settles too; a noisy one is timed every round; the original is timed while any is. Each ratio pairs a
+    candidate's i-th time with the original's i-th."""
+    rounds = 8
+    noisy = [0.5, 0.9, 0.4, 1.0, 0.45, 0.8, 0.5, 0.95]
+    visits = synthetic_timer(
+        monkeypatch,
+        {"original": [1.0] * rounds, "steady": [0.5, 0.5, 0.505] + [9.0] * 5, "slow": [2.0, 2.1, 2.0] + [9.0] * 5,
+         "noisy": noisy},
+    )  # fmt: skip
+    cands = [named(n) for n in ("original", "steady", "slow", "noisy")]
+    out = bench.measure_throughput(
+        cands, [4], [8], rounds=rounds, warmup=0, min_time_s=0.0, precision=0.03, reference="original"
+    )
+    assert visits.count("steady") == visits.count("slow") == 3, "settled after the minimum rounds"
+    assert visits.count("noisy") == visits.count("original") == rounds
+    speedups = bench.paired_speedups(out, "original")
+    assert speedups["steady"]["8"]["4"]["per_round"] == pytest.approx([2.0, 2.0, 1 / 0.505])
+    assert speedups["noisy"]["8"]["4"]["per_round"] == pytest.approx([1 / t for t in noisy])
+    assert "95% interval" in out["setup"]["stopping"] and out["setup"]["precision"] == 0.03
+
+
+def test_without_precision_every_candidate_gets_every_round(monkeypatch):
+    visits = synthetic_timer(monkeypatch, {"original": [1.0] * 4, "steady": [0.5] * 4})
+    bench.measure_throughput([named("original"), named("steady")], [4], [8], rounds=4, warmup=0, min_time_s=0.0)
+    assert visits.count("steady") == visits.count("original") == 4
+
+
+@pytest.mark.parametrize(
+    ("ratios", "settled"),
+    [
+        ([2.0, 2.0], False),  # fewer than the minimum rounds
+        ([2.0, 2.01, 1.99], True),  # tight
+        ([2.0, 1.6, 2.4], False),  # wide, and above 1
+        ([0.5, 0.52, 0.48], True),  # tight
+        ([0.5, 0.7, 0.4, 0.6], True),  # wide but wholly below 1: never a speed-up
+        ([0.9, 1.3, 0.8], False),  # straddles 1
+    ],
+)
+def test_settled_ratio(ratios, settled):
+    from compressor.bench.timing import settled_ratio
+
+    assert settled_ratio(ratios, 0.03) is settled

@@ -122,3 +122,25 @@ def test_the_original_quantized_is_on_every_frontier_by_default():
     assert with_quantize_only(parse_recipe({"export": {"enabled": False}}), []) == []
     with pytest.raises(RecipeError, match=r"bench\.quantize_only: .*'pytorch' runs no export"):
         parse_recipe({"bench": {"quantize_only": ["pytorch"]}})
+
+
+@pytest.mark.parametrize(("vnni", "unpaid"), [(False, {"openvino-int8"}), (True, set()), (None, set())])
+def test_a_runtime_whose_int8_cannot_pay_here_is_left_out_of_the_bench_in_one_line(monkeypatch, vnni, unpaid):
+    """OpenVINO's int8 needs VNNI or AMX: on a CPU known to lack them its candidates leave the bench (one line, naming
+    the CPU's features); a speed-up budget measured on it keeps it (the user asked); unknown flags keep it."""
+    from types import SimpleNamespace
+
+    from compressor.core import machine
+    from compressor.core.runtimes import NAMES, cannot_pay
+    from compressor.pipeline.family import unpaid_runtimes
+
+    monkeypatch.setattr(machine, "cpu_has_vnni", lambda: vnni)
+    assert {name for name in NAMES if cannot_pay(name)} == unpaid
+    for name in unpaid:
+        assert "need VNNI or AMX" in cannot_pay(name) and "\n" not in cannot_pay(name)
+        assert f"({machine.int8_features()})" in cannot_pay(name)
+    run = SimpleNamespace(recipe=parse_recipe({"prune": {"budget": {"kind": "heads", "value": 0.5}}}))
+    assert set(unpaid_runtimes(run)) == unpaid
+    budget = {"kind": "speedup", "value": 2.0, "runtime": "openvino-int8"}
+    asked = parse_recipe({"prune": {"units": ["heads"], "budget": budget}, "export": {"variants": ["openvino-int8"]}})
+    assert unpaid_runtimes(SimpleNamespace(recipe=asked)) == {}

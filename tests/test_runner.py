@@ -19,6 +19,7 @@ from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 from compressor.core.errors import UserError
 from compressor.core.machine import int8_features
+from compressor.core.runtimes import cannot_pay
 from compressor.deploy.openvino import missing as openvino_missing
 from compressor.pipeline.runner import run_recipe
 from compressor.recipe import parse_recipe
@@ -182,9 +183,16 @@ def test_run_all_stages(tmp_path, tiny_model_dir, tiny_csv, cache_dir) -> None:
     summary = report["bench"]["summary"]
     assert {"pytorch-original", "pytorch-pruned", "onnx-fp32", "onnx-int8"} <= set(summary)
     assert summary["onnx-fp32"]["agreement"] == 1.0
-    # The original quantized (bench.quantize_only's default: ORT int8, OpenVINO int8 where installed) beside them.
-    quantized = {"onnx-int8-original", *(["openvino-int8-original"] if openvino_missing() is None else [])}
+    # The original quantized (bench.quantize_only's default: ORT int8, OpenVINO int8 where installed and where its
+    # int8 can pay, i.e. the CPU has VNNI or AMX; else left out in one line) beside them.
+    unpaid = cannot_pay("openvino-int8")
+    openvino = openvino_missing() is None and unpaid is None
+    quantized = {"onnx-int8-original", *(["openvino-int8-original"] if openvino else [])}
     assert quantized <= set(summary) and "onnx-fp32-original" not in summary
+    assert report["bench"]["skipped"] == ([unpaid] if unpaid else [])
+    assert not any(name.endswith("openvino-int8") for name in summary) or openvino
+    if unpaid:
+        assert f"Left out: {unpaid}." in (out / "bench" / "report.md").read_text()
     originals = {r["runtime"]: r for r in report["frontier"] if r["role"] == "original"}
     assert set(originals) == {"pytorch", *(n.removesuffix("-original") for n in quantized)}
     assert originals["onnx-int8"]["cpu_int8_features"] == int8_features()

@@ -162,12 +162,14 @@ def bench(
     out_dir: str | Path | None,
     reference: str = "pytorch-original",
     compare: Sequence[tuple[str, str]] = (),
+    skipped: Sequence[str] = (),
 ) -> dict:
     """Quality (when `batches` are given) and throughput per `spec` (a `compressor.recipe.BenchSpec`), with ratios
     against `reference`; writes report.json, report.md and plots into `out_dir` when given (atomically: the whole
     directory is replaced, so it must be empty or hold only an earlier benchmark's files); `compare`: further
-    (candidate, versus) pairs whose accuracies are compared on the same examples (`quality["pairs"]`). Returns the
-    result."""
+    (candidate, versus) pairs whose accuracies are compared on the same examples (`quality["pairs"]`); `skipped`:
+    one line per runtime left out of it and why (`core.runtimes.cannot_pay`), kept in the result and its report.
+    Returns the result."""
     check_names(candidates)
     if reference not in [c.name for c in candidates]:
         raise UserError(f"bench: reference '{reference}' is not among the candidates {[c.name for c in candidates]}")
@@ -183,6 +185,8 @@ def bench(
         warmup=spec.warmup,
         min_time_s=spec.min_time_s,
         threads=spec.threads,
+        precision=spec.precision,
+        reference=reference,
     )
     cpu = cpu_summary()
     result = {
@@ -195,6 +199,7 @@ def bench(
         "quality": quality,
         "throughput": throughput["results"],
         "speedups": paired_speedups(throughput, reference),
+        "skipped": list(skipped),
     }
     if out_dir is not None:
         result["files"] = [str(p) for p in write_bench_report(result, out_dir)]

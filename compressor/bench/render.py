@@ -147,6 +147,9 @@ def render_bench_md(result: dict) -> str:
     ]
     for name, note in setup.get("candidate_threads_notes", {}).items():
         lines.append(f"Threads of `{name}`: {note}.")
+    if setup.get("stopping"):
+        lines.append(f"Rounds are a maximum: {setup['stopping']}.")
+    lines += [f"Left out: {line}." for line in result.get("skipped", [])]
     lines += [
         f"Machine: {m['processor']}, {m['cpu_count']} CPUs, load average at the end {m['load_average']}; "
         f"torch {m['torch']}, onnxruntime {m['onnxruntime']}. Absolute times depend on the machine and its load; "

@@ -78,6 +78,8 @@ def measure_throughput(
     seed: int = 0,
     min_calls: int = 3,
     desc: str = "bench rounds",
+    precision: float | None = None,
+    reference: str | None = None,
 ) -> dict:
     """Interleaved timing of every candidate at every (sequence length, batch size), by `core.timing.timed_rounds`.
 
@@ -88,7 +90,9 @@ def measure_throughput(
     over rounds (see the module docstring for what it does not count).
     Returns {"setup": ..., "results": {name: {str(seq_len): {str(batch): {...}}}}} with per-round seconds,
     median/IQR/min/max of ms per batch and examples/s, and the peak-RSS growth (median and per round); `desc` names
-    the progress bar over the rounds. The protocol's settings are keyword arguments (not a `BenchSpec`) because
+    the progress bar over the rounds. With `precision` and `reference`, `rounds` is a maximum: a candidate stops
+    being timed at a shape once its paired ratio to `reference` is settled (`settled_ratio`), and the reference once
+    every other candidate at that shape has. The protocol's settings are keyword arguments (not a `BenchSpec`) because
     `compressor bench`, the run's bench, the budget check and the benchmarks/ scripts each call it with their own.
     """
     check_names(candidates)
@@ -107,7 +111,8 @@ def measure_throughput(
     calls = {(c.name, shape): partial(c.predict, inputs[shape]) for shape in shapes for c in candidates}
     groups = [[(c.name, shape) for c in candidates] for shape in shapes]  # every shape's candidates, rotated
     log.info("bench: timing %d candidates at %d shapes, %d rounds", len(candidates), len(shapes), rounds)
-    secs = timed_rounds(calls, rounds, min_time_s, min_calls, warmup, groups, with_memory, desc=desc)
+    settled = None if precision is None or reference is None else partial(_settled, reference, precision)
+    secs = timed_rounds(calls, rounds, min_time_s, min_calls, warmup, groups, with_memory, desc=desc, settled=settled)
     setup = {
         "batch_sizes": list(batch_sizes),
         "seq_lens": lengths,
@@ -118,12 +123,51 @@ def measure_throughput(
         "warmup": warmup,
         "min_time_s": min_time_s,
         "min_calls": min_calls,
+        "precision": precision,
+        "stopping": None if settled is None else STOPPING_NOTE.format(MIN_ROUNDS, precision),
         "torch_threads": used_threads,
         **_threads_setup(candidates, used_threads),
         "memory": MEMORY_NOTE,
         "seed": seed,
     }
     return {"setup": setup, "results": _results(candidates, shapes, secs, memory)}
+
+
+MIN_ROUNDS = 3  # rounds every candidate gets before its ratio may be called settled
+STOPPING_NOTE = (
+    "a candidate stops being timed at a shape after {} rounds or more once the 95% interval of its paired ratio to "
+    "the reference is within ±{:.0%} of it, or lies wholly below 1 (slower than the reference: never a recommended "
+    "speed-up); the reference is timed while any candidate of its shape is"
+)
+
+
+def settled_ratio(ratios: Sequence[float], precision: float, min_rounds: int = MIN_ROUNDS) -> bool:
+    """Whether paired per-round speed-ups `ratios` need no more rounds: at least `min_rounds` of them, and the 95%
+    t-interval of their mean log is within ±`precision` (relative) or wholly below 1.
+
+    Logs, because a ratio's errors multiply; a t-interval, because the rounds are few."""
+    if len(ratios) < max(2, min_rounds):
+        return False
+    from scipy import stats
+
+    logs = np.log(np.asarray(ratios, dtype=float))
+    half = stats.t.ppf(0.975, len(logs) - 1) * logs.std(ddof=1) / np.sqrt(len(logs))
+    return bool(half <= np.log1p(precision) or logs.mean() + half < 0.0)
+
+
+def _settled(reference: str, precision: float, per_round: dict) -> set:
+    """The (candidate, shape) keys of `per_round` whose paired ratio to `reference` is settled, and each shape's
+    reference key once every other candidate at that shape is."""
+    done = set()
+    for (name, shape), times in per_round.items():
+        if name != reference:
+            ref = per_round[(reference, shape)][: len(times)]
+            if settled_ratio([r / t for r, t in zip(ref, times, strict=True)], precision):
+                done.add((name, shape))
+    for name, shape in per_round:
+        if name == reference and all(k in done for k in per_round if k[1] == shape and k[0] != reference):
+            done.add((name, shape))
+    return done
 
 
 MEMORY_NOTE = (
@@ -175,8 +219,9 @@ def paired_speedups(throughput: dict, reference: str) -> dict:
         for s, per_batch in per_seq.items():
             out[name][s] = {}
             for b, row in per_batch.items():
-                ref = results[reference][s][b]["seconds_per_round"]
-                ratios = [r / x for r, x in zip(ref, row["seconds_per_round"], strict=True)]
+                times = row["seconds_per_round"]  # a settled candidate has fewer rounds, paired with the first ones
+                ref = results[reference][s][b]["seconds_per_round"][: len(times)]
+                ratios = [r / x for r, x in zip(ref, times, strict=True)]
                 out[name][s][b] = {"per_round": ratios, **_spread(ratios)}
     return out
 

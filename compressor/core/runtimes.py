@@ -11,7 +11,10 @@ A `Runtime` says, as data, everything the stages need to know about one way of r
   rejected, and is never recommended or picked);
 - `budget`: whether a speed-up budget may be measured on it (the latency table and the in-run check can time it);
 - `quantize_only`: whether the unpruned original on it is a point of every frontier by default (`bench.quantize_only`:
-  what a user gets by quantizing the original instead of pruning it).
+  what a user gets by quantizing the original instead of pruning it);
+- `needs_vnni`: whether its int8 kernels pay only with a VNNI-class int8 dot product (VNNI, AVX-VNNI, AMX): on a CPU
+  without one the bench leaves its candidates out and says so (`cannot_pay`), since there it runs slower than fp32
+  and can never be the choice.
 
 The declarations live in `core`, the lowest layer, so every reader may import them: the recipe schema (its allowed
 `runtime` and `variants` values), `deploy` (which variants exist), `pruning.latency` (what it can time), `bench`
@@ -41,6 +44,7 @@ class Runtime:
     budget: bool = False
     description: str = ""
     quantize_only: bool = False
+    needs_vnni: bool = False
 
 
 RUNTIMES: tuple[Runtime, ...] = (
@@ -72,6 +76,7 @@ RUNTIMES: tuple[Runtime, ...] = (
         budget=True,
         description="OpenVINO, NNCF static int8 calibrated on training examples (optional: compressor[openvino])",
         quantize_only=True,
+        needs_vnni=True,
     ),
 )
 BY_NAME = {r.name: r for r in RUNTIMES}
@@ -92,6 +97,19 @@ def runtime(name: str, field: str = "runtime") -> Runtime:
     if name not in BY_NAME:
         raise UserError(f"{field}: expected one of {', '.join(NAMES)}, got {name!r}")
     return BY_NAME[name]
+
+
+def cannot_pay(name: str) -> str | None:
+    """Why runtime `name` cannot pay on this CPU, in one line, or None: a `needs_vnni` runtime on a CPU known to lack
+    a VNNI-class int8 dot product (under `$ONEDNN_MAX_CPU_ISA`, the CPU it caps to)."""
+    from compressor.core.machine import cpu_has_vnni, int8_features
+
+    if not runtime(name).needs_vnni or cpu_has_vnni() is not False:
+        return None
+    return (
+        f"{name} not benchmarked: its int8 kernels need VNNI or AMX, which this CPU ({int8_features()}) lacks, "
+        "so it runs slower than fp32 here and can never be the choice"
+    )
 
 
 def for_variant(variant: str) -> Runtime:

@@ -75,6 +75,7 @@ def timed_rounds(
     visit: Callable[[K, Callable[[], float]], float] | None = None,
     desc: str | None = None,
     quiet: Quiet | None = None,
+    settled: Callable[[Mapping[K, list[float]]], set[K]] | None = None,
 ) -> dict[K, list[float]]:
     """Seconds per call of each of `calls`, one figure per round: the timing protocol of the benchmark and of the
     latency table.
@@ -87,7 +88,9 @@ def timed_rounds(
     given, runs each visit's `measure()` (returning its seconds) and returns them, to observe something around it
     (the benchmark's peak memory). `desc` shows a progress bar over the rounds. A round during which other processes
     kept more of the CPU busy than `quiet` allows (default `Quiet()`) is timed again once they are gone, within its
-    limits, and the log says so.
+    limits, and the log says so. `settled(per_round)`, when given, is asked after every round which calls need no
+    more rounds (their figure is known well enough): they are left out of the rounds after it, so a call's list may
+    be shorter than `rounds`, and its i-th figure was still timed in the same round as every other call's i-th.
     """
     groups = [list(group) for group in groups] if groups is not None else [list(calls)]
     quiet = Quiet() if quiet is None else quiet
@@ -96,10 +99,12 @@ def timed_rounds(
             calls[key]()
     per_round: dict[K, list[float]] = {key: [] for group in groups for key in group}
 
+    done: set[K] = set()
+
     def one_round(r: int) -> dict[K, float]:
         seconds = {}
         for group in groups:
-            for key in group[r % len(group) :] + group[: r % len(group)]:
+            for key in _rotated([k for k in group if k not in done], r):
 
                 def measure(key: K = key) -> float:
                     return time_call(calls[key], min_time_s, min_calls)[0]
@@ -110,9 +115,19 @@ def timed_rounds(
     for r in tqdm(range(rounds), desc=desc, leave=False, disable=desc is None):
         for key, value in _alone(lambda r=r: one_round(r), quiet).items():
             per_round[key].append(value)
+        if settled is not None:
+            done |= settled(per_round)
+            if len(done) == len(per_round):
+                break
     if (line := quiet.summary(rounds)) is not None:
         log.log(logging.WARNING if quiet.contended else logging.INFO, line)
     return per_round
+
+
+def _rotated(keys: list, r: int) -> list:
+    """`keys` rotated `r` places: the order a round `r` visits them in."""
+    shift = r % len(keys) if keys else 0
+    return keys[shift:] + keys[:shift]
 
 
 ORT_DEFAULT_NOTE = "not set: ONNX Runtime's default, one intra-op thread per physical core"

@@ -26,7 +26,7 @@ from compressor import bench
 from compressor.bench.frontier import Point, frontier, pick, reference_points, relative_to_run
 from compressor.bench.references import reference_candidates
 from compressor.core.candidates import ORIGINAL, ORIGINAL_NAME, SINGLE, CandidateName, name_of
-from compressor.core.runtimes import for_variant, runtime
+from compressor.core.runtimes import NAMES, cannot_pay, for_variant, runtime
 from compressor.pipeline.stages import (
     STAGES,
     RunState,
@@ -187,25 +187,42 @@ def original_variants(run: RunState) -> list[str]:
 def run_bench(run: RunState, sections: list[dict]) -> tuple[dict, list[Point], list]:
     """One benchmark of the original (PyTorch and its exports, `original_variants`), every member on every runtime,
     and each member's layer-drop baseline; returns the bench result, the frontier's point descriptions and the
-    candidates (the budget checks time some of them again)."""
+    candidates (the budget checks time some of them again). Runtimes that cannot pay on this CPU
+    (`unpaid_runtimes`) are left out, the original is not exported to them, and the result's `skipped` says why."""
     spec = bench_spec_for(run.recipe)
     seq = spec.seq_lens
+    skipped = unpaid_runtimes(run)
     original = bench.runtime_candidate(ORIGINAL_NAME, "pytorch", as_deployed(run.original), seq)
     candidates, points = [original], [Point.of(CandidateName.original(), None)]
     for m in sections:
         candidates += _member_candidates(m, spec, points)
-    for variant, info in export_original(run, with_quantize_only(run.recipe, original_variants(run))).items():
+    variants = [v for v in with_quantize_only(run.recipe, original_variants(run)) if for_variant(v).name not in skipped]
+    for variant, info in export_original(run, variants).items():
         cid = CandidateName.original(for_variant(variant).name)
         candidates.append(bench.runtime_candidate(cid.name, cid.runtime, info["dir"], seq, spec.threads, original))
         points.append(Point.of(cid, info["dir"], rejected=info.get("status") == "rejected"))
     for section in run.report.get("references", []):
         candidates += reference_candidates(section, run.data, run.recipe.data.max_length, spec)
         points += reference_points(section)
+    kept = [(c, p) for c, p in zip(candidates, points, strict=True) if p.runtime not in skipped]
+    candidates, points = [c for c, _ in kept], [p for _, p in kept]
+    for line in skipped.values():
+        log.info("bench: %s", line)
     test = run.splits["test"]
     batches = sample_batches(test, run.tokenizer, spec.eval_examples or len(test), 32, seed=0)
     compare = [(m.name, r.name) for m in points if m.role == "member" for r in points if r.role == "reference"]
-    result = bench.bench(candidates, batches, spec, run.out / "bench", reference=ORIGINAL_NAME, compare=compare)
+    result = bench.bench(
+        candidates, batches, spec, run.out / "bench", ORIGINAL_NAME, compare, skipped=list(skipped.values())
+    )
     return {**result, "max_drop": spec.max_drop}, points, candidates
+
+
+def unpaid_runtimes(run: RunState) -> dict[str, str]:
+    """{runtime: why} for the runtimes whose int8 cannot pay on this CPU (`core.runtimes.cannot_pay`), except the
+    runtime a speed-up budget is measured on: the user asked for that one."""
+    budget = run.recipe.prune.resolved_budget
+    asked = budget.runtime if budget.kind == "speedup" else None
+    return {name: why for name in NAMES if name != asked and (why := cannot_pay(name)) is not None}
 
 
 def _member_candidates(member: dict, spec, points: list[Point]) -> list:

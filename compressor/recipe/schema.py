@@ -188,7 +188,16 @@ class BenchSpec(Strict):
     seq_lens: list[int] = Field(
         default_factory=lambda: [64], min_length=1, description="tokens per synthetic timing example, 8 to 4096"
     )
-    rounds: int = Field(5, ge=1, le=1000, description="interleaved timing rounds; the median is reported")
+    rounds: int = Field(
+        5, ge=1, le=1000, description="interleaved timing rounds (at most, with precision); the median is reported"
+    )
+    precision: float | None = Field(
+        0.03,
+        gt=0,
+        le=1,
+        description="a candidate stops being timed after 3 rounds once the 95% interval of its paired speed-up is "
+        "within this fraction of it, or wholly below 1 (null: every candidate gets every round)",
+    )
     warmup: int = Field(2, ge=0, le=1000, description="untimed calls before timing")
     min_time_s: float = Field(0.5, gt=0, le=3600, description="minimum timed duration of one measurement")
     threads: int | None = Field(None, ge=1, le=4096, description="intra-op threads; null = the runtime's default")
