@@ -9,6 +9,8 @@ and returns its section of the report. The bench, the budget check and the analy
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import time
 from collections.abc import Callable, Iterator
@@ -197,6 +199,7 @@ def export_original(state: RunState, variants: list[str]) -> dict:
     the optimised graph when the recipe asks for it), so a ratio between them measures pruning alone."""
     import tempfile
 
+    from compressor.deploy.cache import cached_export, export_key
     from compressor.deploy.export import export_onnx
 
     if not variants:
@@ -204,9 +207,21 @@ def export_original(state: RunState, variants: list[str]) -> dict:
     spec = state.recipe.export
     checks = sample_batches(state.splits["validation"], state.tokenizer, 128, 32, seed=1)
     wanted, int8 = _original_variants(state, variants)
-    with tempfile.TemporaryDirectory() as tmp:
-        save_pruned(state.original, Path(tmp) / "model", state.tokenizer)
-        out = export_onnx(Path(tmp) / "model", state.out / "onnx-original", wanted, checks, spec.atol, spec.opset, int8)
+
+    def build(out_dir: Path) -> dict:
+        with tempfile.TemporaryDirectory() as tmp:
+            save_pruned(state.original, Path(tmp) / "model", state.tokenizer)
+            return export_onnx(Path(tmp) / "model", out_dir, wanted, checks, spec.atol, spec.opset, int8)
+
+    read = [*checks, *(int8.calibration if int8 else ()), *(int8.validation if int8 else ())]
+    vocab = json.dumps(state.tokenizer.get_vocab(), sort_keys=True)  # the tokenizer files the variants carry
+    settings = {
+        "variants": wanted,
+        "export": spec.model_dump(mode="json"),
+        "int8": repr(int8),
+        "tokenizer": [type(state.tokenizer).__name__, hashlib.sha256(vocab.encode()).hexdigest()],
+    }
+    out = cached_export(export_key(state.original, read, settings), state.out / "onnx-original", build)
     return {variant: out[variant] for variant in variants if variant in out}
 
 
