@@ -223,11 +223,13 @@ def test_a_reference_joins_the_frontier_on_its_own_tokenizer_and_is_cached(
     assert f"reference {label}: kept from an earlier try" in (tmp_path / "second" / "run.log").read_text()
 
 
-def _row(name, model, role, runtime, speed, acc, rejected=False):
+def _row(name, model, role, runtime, speed, acc, rejected=False, val=None):
+    """A frontier row; its validation accuracy is `val`, else the same as its test accuracy `acc`."""
+    val = acc if val is None else val
     return {"name": name, "model": model, "role": role, "runtime": runtime, "path": f"{model}/{runtime}",
             "rejected": rejected, "speedup": speed, "speedup_by_batch": {"32": speed}, "batch": 32, "seq_len": 64,
-            "accuracy": acc, "drop_points": 100 * (0.86 - acc), "mcnemar_p": 0.5, "size_bytes": 1,
-            "pareto": True}  # fmt: skip
+            "accuracy": acc, "drop_points": 100 * (0.86 - acc), "val_accuracy": val,
+            "val_drop_points": 100 * (0.86 - val), "mcnemar_p": 0.5, "size_bytes": 1, "pareto": True}  # fmt: skip
 
 
 ROWS = [
@@ -258,7 +260,47 @@ def test_versus_references_names_the_best_member_as_fast_or_none():
     assert fast["best"] is None and fast["best_same_runtime"] is None  # 4x/onnx-int8 is faster but rejected
     near = fast["nearest_same_runtime"]  # the fastest PyTorch member, short of the reference's speed
     assert near["name"] == "4x/pytorch" and near["speed_ratio"] == pytest.approx(4.1 / 6.9)
-    assert near["points"] == pytest.approx(2.0) and near["mcnemar_p"] is None and near["beats"]
+    assert near["points"] == pytest.approx(2.0) and near["mcnemar_p"] is None
+    assert near["verdict"] == "level" and not near["beats"], "a gap without a paired test is level"
+
+
+def test_choices_read_validation_and_report_test():
+    """Where validation and test disagree, `pick` and `versus_references` follow validation: the member that is
+    worse on test but within the drop on validation is picked, and its test figure is what the row reports."""
+    rows = [
+        _row("pytorch-original", "original", "original", "pytorch", 1.0, 0.86),
+        _row("2x/pytorch", "2x", "member", "pytorch", 2.0, 0.80, val=0.855),  # bad on test, fine on validation
+        _row("3x/pytorch", "3x", "member", "pytorch", 3.0, 0.859, val=0.83),  # fine on test, bad on validation
+        _row("reference/r/pytorch", "r", "reference", "pytorch", 1.5, 0.85),
+    ]
+    chosen = pick(rows, 1.0)
+    assert chosen["name"] == "2x/pytorch" and chosen["chosen_on"] == "validation"
+    assert chosen["drop_points"] == pytest.approx(6.0), "test is reported for what was chosen"
+    assert pick([{**r, "val_drop_points": None} for r in rows], 1.0) is None, "no validation, no choice"
+    (entry,) = versus_references(rows, [{"candidate": "2x/pytorch", "versus": "reference/r/pytorch",
+                                         "mcnemar": {"p_value": 0.001}}])  # fmt: skip
+    assert entry["best"]["name"] == "2x/pytorch", "the most accurate member on validation"
+    assert entry["best"]["verdict"] == "behind" and not entry["best"]["beats"]
+
+
+@pytest.mark.parametrize(("points", "p", "expected"), [(1.5, 0.15, "level"), (1.5, 0.01, "ahead"),
+                                                        (-2.0, 0.01, "behind"), (-2.0, 0.3, "level"),
+                                                        (1.0, None, "level")])  # fmt: skip
+def test_ahead_needs_a_significant_paired_test(points, p, expected):
+    from compressor.bench.frontier import verdict
+
+    assert verdict(points, p) == expected
+
+
+def test_an_optimised_graph_slower_than_its_source_is_never_picked():
+    rows = [
+        _row("pytorch-original", "original", "original", "pytorch", 1.0, 0.86),
+        _row("2x/onnx-fp32", "2x", "member", "onnx-fp32", 2.0, 0.86),
+        _row("2x/onnx-optimized", "2x", "member", "onnx-optimized", 1.9, 0.86),
+    ]
+    assert pick(rows, 1.0)["name"] == "2x/onnx-fp32"
+    rows[2] = _row("2x/onnx-optimized", "2x", "member", "onnx-optimized", 2.2, 0.86)
+    assert pick(rows, 1.0)["name"] == "2x/onnx-optimized"
 
 
 def test_report_says_how_far_short_the_nearest_member_falls():

@@ -5,15 +5,18 @@ from __future__ import annotations
 import pytest
 
 from compressor.recipe import RecipeError, parse_recipe
-from compressor.report.summary import _budget_lines, _recommendation_line, recommendation
+from compressor.report.recommendation import _recommendation_line, recommendation
+from compressor.report.summary import _budget_lines
 
 
 def _report(accuracies: dict[str, float], max_drop: float | None = 0.01, rejected: tuple[str, ...] = ()) -> dict:
     """A report whose bench has the original at 85% and the given variants (faster in the order given)."""
-    summary = {"pytorch-original": {"accuracy": 0.85, "headline_speedup": 1.0, "headline_batch": 32}}
+    summary = {"pytorch-original": {"accuracy": 0.85, "val_accuracy": 0.85, "headline_speedup": 1.0,
+                                    "headline_batch": 32}}  # fmt: skip
     for speed, (name, acc) in enumerate(accuracies.items(), start=2):
         summary[name] = {
             "accuracy": acc,
+            "val_accuracy": acc,
             "headline_speedup": float(speed),
             "headline_batch": 32,
             "headline_seq_len": 64,
@@ -29,7 +32,22 @@ def test_the_fastest_variant_within_the_gate_is_recommended() -> None:
     rec = recommendation(report)
     assert rec["variant"] == "onnx-fp32" and rec["speedup"] == 3.0 and rec["max_drop"] == 0.01
     line = _recommendation_line(rec)
-    assert "**Recommendation: `onnx-fp32`**" in line and "within 1.00 points" in line
+    assert "**Recommendation: `onnx-fp32`**" in line and "within 1.00 validation points" in line
+    assert "(chosen on validation; test reported)" in line
+
+
+def test_the_recommendation_reads_validation_and_reports_test() -> None:
+    """onnx-int8 is 3 points down on test but within the gate on validation: it is recommended, and the report
+    gives its test accuracy; a report from before validation was scored still gates on test, and says so."""
+    report = _report({"pytorch-pruned": 0.845, "onnx-fp32": 0.845, "onnx-int8": 0.82})
+    report["bench"]["summary"]["onnx-int8"]["val_accuracy"] = 0.845
+    rec = recommendation(report)
+    assert rec["variant"] == "onnx-int8" and rec["accuracy"] == 0.82 and rec["chosen_on"] == "validation"
+    for row in report["bench"]["summary"].values():
+        del row["val_accuracy"]
+    old = recommendation(report)
+    assert old["variant"] == "onnx-fp32" and old["chosen_on"] == "test"
+    assert "(chosen on test; test reported)" in _recommendation_line(old)
 
 
 def test_the_gate_is_inclusive_and_the_int8_gate_still_applies() -> None:
@@ -43,16 +61,16 @@ def test_no_variant_accurate_enough_is_said_in_one_line() -> None:
     rec = recommendation(report)
     assert rec["variant"] is None
     assert rec["reason"] == (
-        "no shipped variant's test accuracy is within 1.00 points of the original's 85.00% (bench.max_drop 0.01); "
-        "the best is pytorch-pruned at 57.70%"
+        "no shipped variant's validation accuracy is within 1.00 points of the original's 85.00% "
+        "(bench.max_drop 0.01); the best is pytorch-pruned at 57.70%"
     )
     first, *why_not = _recommendation_line(recommendation(report)).splitlines()
     assert first.startswith("**Recommendation: none**: no shipped variant")
     assert why_not == [
-        "- not recommended: onnx-int8: 3.00× but 27.90 points below the original on test; the gate allows 1.00 "
+        "- not recommended: onnx-int8: 3.00× but 27.90 points below the original on validation; the gate allows 1.00 "
         "(bench.max_drop).",
-        "- not recommended: pytorch-pruned: 2.00× but 27.30 points below the original on test; the gate allows 1.00 "
-        "(bench.max_drop).",
+        "- not recommended: pytorch-pruned: 2.00× but 27.30 points below the original on validation; the gate allows "
+        "1.00 (bench.max_drop).",
     ]
 
 
@@ -73,7 +91,7 @@ def test_each_faster_variant_passed_over_says_why_in_one_line() -> None:
     report["bench"]["summary"]["onnx-int8"]["headline_speedup"] = 4.5
     reasons = [r["reason"] for r in recommendation(report)["not_recommended"]]
     assert reasons[1] == (
-        "onnx-int8: 4.50× but 1.02 points below the original on test; the gate allows 1.00 (bench.max_drop)"
+        "onnx-int8: 4.50× but 1.02 points below the original on validation; the gate allows 1.00 (bench.max_drop)"
     )
     lines = _recommendation_line(recommendation(report)).splitlines()
     assert lines[0].startswith("**Recommendation: `onnx-fp32`**") and len(lines) == 3

@@ -22,8 +22,8 @@ PRUNED = {
 ROW = {
     "name": "2x/pytorch", "model": "2x", "role": "member", "runtime": "pytorch", "path": "members/2x/model",
     "rejected": False, "speedup": 2.1, "speedup_by_batch": {"32": 2.1}, "batch": 32, "seq_len": 64, "accuracy": 0.8,
-    "drop_points": 0.5, "mcnemar_p": 0.3, "size_bytes": 10, "recovery": "finetune", "cpu_int8_features": None,
-    "pareto": True,
+    "drop_points": 0.5, "val_accuracy": 0.81, "val_drop_points": 0.4, "mcnemar_p": 0.3, "size_bytes": 10,
+    "recovery": "finetune", "cpu_int8_features": None, "pareto": True,
 }  # fmt: skip
 
 

@@ -106,13 +106,32 @@ def is_int8(name: str) -> bool:
     return cid is not None and runtime(cid.runtime).gated
 
 
+def validation_quality(candidates: Sequence[Candidate], validation: Sequence[Batch], reference: str) -> dict:
+    """`measure_quality` on the validation batches: of every candidate that can read them (one with its own
+    tokenisation brings its own `val_batches`; without them it is left out)."""
+    import dataclasses
+
+    readers = [
+        c if c.eval_batches is None else dataclasses.replace(c, eval_batches=c.val_batches)
+        for c in candidates
+        if c.eval_batches is None or c.val_batches is not None
+    ]
+    return measure_quality(readers, validation, reference)
+
+
 def summarize(
-    candidates: Sequence[Candidate], throughput: dict, quality: dict | None, reference: str, cpu: dict | None = None
+    candidates: Sequence[Candidate],
+    throughput: dict,
+    quality: dict | None,
+    reference: str,
+    cpu: dict | None = None,
+    val_quality: dict | None = None,
 ) -> dict:
     """Per candidate: size, heads, FLOPs and ratios vs the reference, measured and FLOP-ideal, per sequence length
     (and batch size); the one headline figure is at the headline batch and the first sequence length. An int8
     candidate's entry names the CPU's int8 features (`cpu`: a `cpu_summary`, this machine's by default), since its
-    speed-up depends on them."""
+    speed-up depends on them. With `val_quality`, each entry has its validation accuracy too (`val_accuracy`, None
+    for a candidate it did not score)."""
     features = int8_features(cpu)
     speedups = paired_speedups(throughput, reference)
     by_name = {c.name: c for c in candidates}
@@ -151,6 +170,8 @@ def summarize(
             q = quality["results"][c.name]
             entry |= {k: q.get(k) for k in ("accuracy", "accuracy_ci95", "accuracy_delta", "agreement")}
             entry["mcnemar_p"] = q.get("mcnemar", {}).get("p_value")
+        if val_quality is not None:
+            entry["val_accuracy"] = val_quality["results"].get(c.name, {}).get("accuracy")
         summary[c.name] = entry
     return summary
 
@@ -163,13 +184,15 @@ def bench(
     reference: str = "pytorch-original",
     compare: Sequence[tuple[str, str]] = (),
     skipped: Sequence[str] = (),
+    validation: Sequence[Batch] | None = None,
 ) -> dict:
     """Quality (when `batches` are given) and throughput per `spec` (a `compressor.recipe.BenchSpec`), with ratios
     against `reference`; writes report.json, report.md and plots into `out_dir` when given (atomically: the whole
     directory is replaced, so it must be empty or hold only an earlier benchmark's files); `compare`: further
     (candidate, versus) pairs whose accuracies are compared on the same examples (`quality["pairs"]`); `skipped`:
-    one line per runtime left out of it and why (`core.runtimes.cannot_pay`), kept in the result and its report.
-    Returns the result."""
+    one line per runtime left out of it and why (`core.runtimes.cannot_pay`), kept in the result and its report;
+    `validation`: labelled batches of the validation split, scored like the test batches (`validation_quality`) so
+    that choices are made on validation and test is only reported (`bench.frontier.pick`). Returns the result."""
     check_names(candidates)
     if reference not in [c.name for c in candidates]:
         raise UserError(f"bench: reference '{reference}' is not among the candidates {[c.name for c in candidates]}")
@@ -177,6 +200,7 @@ def bench(
         check_out_dir(out_dir)  # before minutes of measuring
     set_threads(spec.threads)
     quality = measure_quality(candidates, batches, reference, compare) if batches else None
+    val_quality = validation_quality(candidates, validation, reference) if validation else None
     throughput = measure_throughput(
         candidates,
         spec.batch_sizes,
@@ -195,8 +219,9 @@ def bench(
         "machine": machine_info(),
         "cpu": {**cpu, "int8_features": int8_features(cpu)},
         "setup": throughput["setup"],
-        "summary": summarize(candidates, throughput, quality, reference, cpu),
+        "summary": summarize(candidates, throughput, quality, reference, cpu, val_quality),
         "quality": quality,
+        "validation_quality": val_quality,
         "throughput": throughput["results"],
         "speedups": paired_speedups(throughput, reference),
         "skipped": list(skipped),

@@ -35,7 +35,9 @@ class Candidate:
     unknown); flops_by_seq_len: encoder FLOPs per sequence length, when known for several.
     threads: intra-op threads of its runtime when fixed at construction (ONNX Runtime sessions), else None.
     eval_batches: its own tokenised evaluation batches, for a model with another tokenizer than the bench's (the
-    same examples in the same order, so the paired comparisons hold); None: the bench's batches.
+    same examples in the same order, so the paired comparisons hold); None: the bench's batches. val_batches: the
+    same for the validation examples (where it has eval_batches; without them such a candidate has no validation
+    accuracy).
     """
 
     name: str
@@ -49,6 +51,7 @@ class Candidate:
     extra: dict = field(default_factory=dict)
     flops_by_seq_len: dict[int, int] = field(default_factory=dict)
     eval_batches: Sequence[Batch] | None = None
+    val_batches: Sequence[Batch] | None = None
 
     def flops_at(self, seq_len: int, headline_seq_len: int) -> int | None:
         """Encoder FLOPs per example at `seq_len`; `flops_per_example` alone counts as the headline length's."""

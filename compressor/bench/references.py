@@ -20,11 +20,14 @@ from compressor.sources.batches import sample_batches, tokenize
 
 def reference_candidates(section: dict, data: TaskData, max_length: int, spec) -> list[Candidate]:
     """The candidates of the reference whose report section is `section`, in `reference_points` order, on the test
-    split of `data` tokenised by its own tokenizer (at most `spec.eval_examples`, sampled as the bench samples)."""
+    split of `data` tokenised by its own tokenizer (at most `spec.eval_examples`, sampled as the bench samples), and
+    its whole validation split likewise (the bench's validation batches, `pipeline.family.run_bench`)."""
     model_dir = Path(section["model_dir"])
     tokenizer = load_tokenizer(ModelSpec(source=str(model_dir)))
     test = tokenize(data.test, tokenizer, data.text_fields, max_length)
     own = sample_batches(test, tokenizer, spec.eval_examples or len(test), 32, seed=0)
+    validation = tokenize(data.validation, tokenizer, data.text_fields, max_length)
+    own_val = sample_batches(validation, tokenizer, len(validation), 32, seed=0)
     pytorch, *exported = reference_points(section)
     candidates = [runtime_candidate(pytorch.name, pytorch.runtime, model_dir, spec.seq_lens)]
     for point in exported:
@@ -32,5 +35,5 @@ def reference_candidates(section: dict, data: TaskData, max_length: int, spec) -
             runtime_candidate(point.name, point.runtime, point.path, spec.seq_lens, spec.threads, candidates[0])
         )
     for candidate in candidates:
-        candidate.eval_batches = own
+        candidate.eval_batches, candidate.val_batches = own, own_val
     return candidates

@@ -56,6 +56,16 @@ def check_choice(rows: list[dict], runtime: str | None, batch: int | None) -> No
         raise UserError(f"--batch-size: the run measured batch sizes {batches}; expected one of them, got {batch}")
 
 
+def check_validation(rows: list[dict], drop: float | None) -> None:
+    """A drop limit needs the rows' validation accuracy (choices are made on validation, never on test): a run
+    benchmarked before the bench scored validation is refused in one line."""
+    if drop is not None and all(r.get("val_drop_points") is None for r in rows):
+        raise UserError(
+            "RUN_DIR: its report.json has no validation accuracy (benchmarked before choices were made on "
+            "validation); expected a run benchmarked by this version: rerun it, or pass --max-drop none"
+        )
+
+
 def copy_choice(source: Path, out: Path) -> Path:
     """Copy the picked model or ONNX variant directory to `out` (which must not exist or be empty), whole or not at
     all: into a sibling temporary directory first, renamed when complete."""
@@ -75,13 +85,14 @@ def copy_choice(source: Path, out: Path) -> Path:
 @one_line_errors
 def pick(
     run_dir: Path = typer.Argument(..., help="a finished run's output_dir"),
-    max_drop: str = typer.Option("1.0", help="accuracy points below the original allowed, or 'none'"),
+    max_drop: str = typer.Option("1.0", help="validation accuracy points below the original allowed, or 'none'"),
     runtime: str | None = typer.Option(None, help=f"only this runtime: one of {', '.join(NAMES)}"),
     batch_size: int | None = typer.Option(None, help="compare speed at this batch size (default: the run's)"),
     out: Path | None = typer.Option(None, help="copy the picked model (or ONNX variant) directory here"),
     as_json: bool = typer.Option(False, "--json", help="print the picked frontier row as JSON"),
 ) -> None:
-    """Print the fastest model and runtime of a run within --max-drop points of the original; exit 1 if none. The
+    """Print the fastest model and runtime of a run within --max-drop validation points of the original (chosen on
+    validation; its test accuracy is reported); exit 1 if none. The
     fastest may be a reference (`bench.references`: another model fine-tuned on the task) or the original exported
     to a runtime (quantize-only, no pruning), which the line says."""
     from compressor.bench.frontier import not_a_member
@@ -89,11 +100,12 @@ def pick(
 
     rows = read_frontier(run_dir)
     drop = parse_drop(max_drop)
+    check_validation(rows, drop)
     check_choice(rows, runtime, batch_size)
     chosen = choose(rows, drop, batch_size, runtime)
     if chosen is None:
         typer.echo(f"no member, reference or exported original{' on ' + runtime if runtime else ''} is within "
-                   f"{max_drop} points of the original", err=True)  # fmt: skip
+                   f"{max_drop} validation points of the original", err=True)  # fmt: skip
         raise typer.Exit(NOTHING_QUALIFIES)
     source = Path(chosen["path"])
     source = source if source.is_absolute() else run_dir / source
@@ -107,9 +119,15 @@ def pick(
     what = f" ({words})" if (words := not_a_member(chosen)) else ""
     typer.echo(
         f"{chosen['name']}{what}: {chosen['speedup']:.2f}x the PyTorch original at batch {chosen['batch']}, "
-        f"{chosen['seq_len']} tokens; test accuracy {100 * chosen['accuracy']:.2f}% "
-        f"({-chosen['drop_points']:+.2f} points; McNemar p {p_value}){int8_cpu(chosen)}; {source}{copied}"
+        f"{chosen['seq_len']} tokens; chosen on validation ({_points(chosen.get('val_drop_points'))}); test "
+        f"accuracy {100 * chosen['accuracy']:.2f}% ({-chosen['drop_points']:+.2f} points; McNemar p {p_value})"
+        f"{int8_cpu(chosen)}; {source}{copied}"
     )
+
+
+def _points(drop: float | None) -> str:
+    """A drop from the original in signed points, or why there is none."""
+    return "not measured" if drop is None else f"{-drop:+.2f} points"
 
 
 def int8_cpu(row: dict) -> str:

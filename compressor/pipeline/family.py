@@ -210,9 +210,10 @@ def run_bench(run: RunState, sections: list[dict]) -> tuple[dict, list[Point], l
         log.info("bench: %s", line)
     test = run.splits["test"]
     batches = sample_batches(test, run.tokenizer, spec.eval_examples or len(test), 32, seed=0)
+    validation = sample_batches(run.splits["validation"], run.tokenizer, len(run.splits["validation"]), 32, seed=0)
     compare = [(m.name, r.name) for m in points if m.role == "member" for r in points if r.role == "reference"]
     result = bench.bench(
-        candidates, batches, spec, run.out / "bench", ORIGINAL_NAME, compare, skipped=list(skipped.values())
+        candidates, batches, spec, run.out / "bench", ORIGINAL_NAME, compare, list(skipped.values()), validation
     )
     return {**result, "max_drop": spec.max_drop}, points, candidates
 

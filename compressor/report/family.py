@@ -50,8 +50,8 @@ def _frontier_table(rows: list[dict]) -> list[str]:
 
 def _pick_line(chosen: dict | None, max_drop: float | None) -> str:
     """The recommendation (the family's pick): the fastest shippable member (or reference, or exported original)
-    within `bench.max_drop` of the original."""
-    within = "any accuracy" if max_drop is None else f"within {100 * max_drop:.2f} points of the original"
+    within `bench.max_drop` of the original on validation (test reported)."""
+    within = "any accuracy" if max_drop is None else f"within {100 * max_drop:.2f} validation points of the original"
     if chosen is None:
         return f"**Recommendation: none**: no model on any runtime is {within} (bench.max_drop)."
     words = not_a_member(chosen)
@@ -59,7 +59,8 @@ def _pick_line(chosen: dict | None, max_drop: float | None) -> str:
     return (
         f"**Recommendation: `{chosen['name']}`**, the fastest {what} {within}: {chosen['speedup']:.2f}× the PyTorch "
         f"original at batch {chosen['batch']}, {chosen['seq_len']} tokens, test accuracy {_pct(chosen['accuracy'])}% "
-        f"({-chosen['drop_points']:+.2f}). Same choice from the command line: `compressor pick <run dir> --max-drop "
+        f"({-chosen['drop_points']:+.2f}; chosen on validation, test reported). Same choice from the command line: "
+        f"`compressor pick <run dir> --max-drop "
         f"{'none' if max_drop is None else f'{100 * max_drop:g}'} --out DIR`."
     )
 

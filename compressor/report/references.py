@@ -1,21 +1,23 @@
 """The report's comparison with the reference models (`bench.references`), shared by the family and one-target
-reports: per reference point, the most accurate member at equal or higher measured speed
-(`bench.frontier.versus_references`)."""
+reports: per reference point, the member most accurate on validation at equal or higher measured speed, and its test
+gap: ahead, level or behind by McNemar's test (`bench.frontier.versus_references`)."""
 
 from __future__ import annotations
 
+from compressor.bench.frontier import verdict as gap_verdict
 from compressor.bench.frontier import versus_references
 
 
 def references_lines(entries: list[dict]) -> list[str]:
-    """Per reference point: the most accurate member at equal or higher measured speed, on any runtime and on the
-    reference's own, and by how much it beats the reference (or falls short), with McNemar's p between the two;
+    """Per reference point: the member most accurate on validation at equal or higher measured speed, on any runtime
+    and on the reference's own, its test gap to the reference with McNemar's p and the verdict (ahead, level, behind);
     when none is as fast on its own runtime, the fastest member there and how far short of its speed it falls."""
     lines = [
         "Each reference is another model fine-tuned on the same split (with `bench.reference_finetune`, else the "
         "recipe's base fine-tune settings), exported and benchmarked like a member. Per reference and runtime: the "
-        "most accurate member at equal or higher measured speed, Δ = member − reference in test accuracy points, "
-        "McNemar's exact p between the two on the same test examples. Where no member is as fast on the reference's "
+        "member most accurate on validation at equal or higher measured speed (chosen on validation; test is only "
+        "reported), Δ = member − reference in test accuracy points, McNemar's exact p between the two on the same "
+        "test examples; ahead or behind only where p < 0.05, else level. Where no member is as fast on the reference's "
         "runtime, the nearest is the fastest member there, at its fraction of the reference's speed.",
         "",
         "| reference | runtime | speed-up | test acc (%) | best member as fast (any runtime) | Δ (p) "
@@ -28,7 +30,7 @@ def references_lines(entries: list[dict]) -> list[str]:
             if best is None:
                 cells += ["none as fast", "–"]
                 continue
-            verdict = "beats it" if best["beats"] else "does not beat it"
+            verdict = best.get("verdict") or gap_verdict(best["points"], best["mcnemar_p"])  # reports before verdicts
             cells += [f"`{best['name']}` ({best['speedup']:.2f}×, {verdict})", _delta(best)]
         if (near := e.get("nearest_same_runtime")) is not None:  # reports from before it have no such key
             nearest = f"none as fast; nearest `{near['name']}` at {near['speed_ratio']:.2f}× its speed"

@@ -100,7 +100,8 @@ class Budget(Section):
 
 class FrontierRow(Section):
     """One benchmarked candidate as a choice (`compressor.bench.frontier`): speed-up against the PyTorch original,
-    test accuracy, drop in points, McNemar's p, Pareto mark, and what `compressor pick` copies (`path`)."""
+    test accuracy and drop in points, the same on validation (what choices read; None in reports from before),
+    McNemar's p, Pareto mark, and what `compressor pick` copies (`path`)."""
 
     name: str
     model: str
@@ -114,6 +115,8 @@ class FrontierRow(Section):
     seq_len: int | None = None
     accuracy: float | None = None
     drop_points: float | None = None
+    val_accuracy: float | None = None
+    val_drop_points: float | None = None
     mcnemar_p: float | None = None
     pareto: bool = False
     recovery: str | None = None

@@ -9,8 +9,9 @@ from pathlib import Path
 from compressor.bench.plots import plot_frontier
 from compressor.core import atomic
 from compressor.report.family import FRONTIER_PNG, render_family
+from compressor.report.recommendation import recommendation
 from compressor.report.schema import RunReport
-from compressor.report.summary import distillation, recommendation, render
+from compressor.report.summary import distillation, render
 
 
 def write_report(report: dict, out: Path) -> RunReport:
