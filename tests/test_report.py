@@ -126,3 +126,12 @@ def test_a_speedup_budget_shows_the_bench_spread_beside_the_steps_timing() -> No
     assert "| 6.18× (5.72–7.30) |" in text and "| 7.22× |" in text and "NOT within 10%" in text
     del budget["measured_iqr"]  # a report written before the spread was recorded
     assert "| 6.18× |" in "\n".join(_budget_lines(budget))
+
+
+def test_an_optimised_graph_slower_than_its_fp32_graph_is_passed_over_with_its_reason() -> None:
+    report = _report({"pytorch-pruned": 0.85, "onnx-fp32": 0.85, "onnx-optimized": 0.85})
+    report["bench"]["summary"]["onnx-optimized"]["headline_speedup"] = 2.5  # fp32 runs 3.0x
+    rec = recommendation(report)
+    assert rec["variant"] == "onnx-fp32"
+    (over,) = [r for r in rec["not_recommended"] if r["variant"] == "onnx-optimized"]
+    assert over["reason"] == "onnx-optimized: 2.50x, slower than onnx-fp32 (3.00x) it was built from"

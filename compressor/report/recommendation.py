@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from compressor.bench.frontier import DERIVED
+from compressor.bench.frontier import slower_than_source
 from compressor.bench.render import _pct
 from compressor.core.candidates import ORIGINAL_NAME, SINGLE, CandidateName, name_of
 from compressor.core.runtimes import for_variant, runtime
@@ -14,14 +14,14 @@ DEFAULT_MAX_DROP = 0.01  # `bench.max_drop`'s default, for reports written befor
 
 
 def recommendation(report: dict) -> dict | None:
-    """The fastest benchmarked variant of the pruned model that passes every gate, at the benchmark's headline
-    batch size and sequence length: fp32 and optimised graphs passed their parity gate (or the export would have
-    failed), int8 variants must not be `rejected`, an optimised graph must not be slower than the graph it was built
-    from (`bench.frontier.DERIVED`), and every variant's validation accuracy must be within `bench.max_drop` of the
-    original's (test accuracy for reports benchmarked before the bench scored validation; null disables it); test
-    accuracy is reported for the choice, never read to make it. When no variant is accurate enough the
-    answer is `{"variant": None, "reason": ...}`: a collapsed model is never recommended for its speed. None without
-    a benchmark."""
+    """The fastest benchmarked variant of the pruned model that passes every gate, at the benchmark's headline batch size
+    and sequence length: fp32 and optimised graphs passed their parity gate (or the export would have failed), int8
+    variants must not be `rejected`, an optimised graph must not be slower than the graph it was built from
+    (`bench.frontier.slower_than_source`, said in `not_recommended`), and every variant's validation accuracy must be
+    within `bench.max_drop` of the original's (test accuracy for reports benchmarked before the bench scored validation;
+    null disables it); test accuracy is reported for the choice, never read to make it. When no variant is accurate
+    enough the answer is `{"variant": None, "reason": ...}`: a collapsed model is never recommended for its speed. None
+    without a benchmark."""
     bench = report.get("bench", {})
     summary, exported = bench.get("summary", {}), report.get("export", {})
     rejected = {_shipped_name(n) for n, e in exported.items() if e.get("status") == "rejected"}
@@ -31,16 +31,16 @@ def recommendation(report: dict) -> dict | None:
         for name, row in summary.items()
         if name in shipped and name not in rejected and row.get("headline_speedup") is not None
     }
-    for derived, source in DERIVED:  # an optimised graph slower than its source is never recommended
-        mine, theirs = (speeds.get(name_of(SINGLE, "member", r)) for r in (derived, source))
-        if mine is not None and theirs is not None and mine < theirs:
-            speeds.pop(name_of(SINGLE, "member", derived))
+    slower = slower_than_source([_row(name, speed) for name, speed in speeds.items()])
+    speeds = {name: speed for name, speed in speeds.items() if name not in slower}
     if not speeds:
         return None
     gate = _accuracy_gate(report, bench.get("max_drop", DEFAULT_MAX_DROP))
     passing = {name: speed for name, speed in speeds.items() if gate.passes(summary[name].get(gate.field))}
     best = max(passing, key=passing.get) if passing else None
     passed_over = _passed_over(summary, exported, shipped, rejected, gate, passing.get(best, 0.0))
+    passed_over += [{"variant": name, "speedup": summary[name]["headline_speedup"], "reason": why}
+                    for name, why in slower.items()]  # fmt: skip
     if best is None:
         reason = gate.failure(summary, speeds)
         return {"variant": None, "reason": reason, "rejected": sorted(rejected), "not_recommended": passed_over}
@@ -57,6 +57,12 @@ def recommendation(report: dict) -> dict | None:
         "rejected": sorted(rejected),
         "not_recommended": passed_over,
     }
+
+
+def _row(name: str, speed: float) -> dict:
+    """The frontier row `bench.frontier.slower_than_source` reads, of the bench candidate `name` at `speed`."""
+    cid = CandidateName.parse(name)
+    return {"name": name, "model": cid.model, "role": cid.kind, "runtime": cid.runtime, "speedup": speed}
 
 
 def _shipped_name(variant: str) -> str:
