@@ -14,7 +14,7 @@ DEFAULT_MAX_DROP = 0.01  # `bench.max_drop`'s default, for reports written befor
 
 
 def recommendation(report: dict) -> dict | None:
-    """The fastest benchmarked variant of the pruned model that passes every gate, at the benchmark's headline batch size
+    """The fastest benchmarked variant of the pruned model that passes every gate, at the benchmark's headline batch
     and sequence length: fp32 and optimised graphs passed their parity gate (or the export would have failed), int8
     variants must not be `rejected`, an optimised graph must not be slower than the graph it was built from
     (`bench.frontier.slower_than_source`, said in `not_recommended`), and every variant's validation accuracy must be
