@@ -197,3 +197,10 @@ def pruned_section(heads_left: int, ffn_neurons: int | None, model_dir: str) -> 
         "model_dir": model_dir, "plan": {}, "parameters": 1, "encoder_flops_per_example": 1, "flop_ratio": 1.0,
         "ffn_neurons": ffn_neurons,
     }  # fmt: skip
+
+
+@pytest.fixture
+def uncapped(monkeypatch):
+    """No `ONEDNN_MAX_CPU_ISA`: for tests that read a CPU description of their own (a written cpuinfo), which
+    `make test-avx2`'s cap would otherwise trim as it trims this machine's."""
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)

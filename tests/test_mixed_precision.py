@@ -73,6 +73,7 @@ def test_auto_takes_bf16_only_where_the_cpu_multiplies_it_natively(native, monke
     assert runner.precision_words("no", "no") == "fp32"
 
 
+@pytest.mark.usefixtures("uncapped")
 def test_cpu_bf16_flags_are_read_from_cpuinfo(tmp_path):
     from compressor.core.machine import cpu_has_bf16
 

@@ -21,6 +21,7 @@ def cpuinfo(tmp_path: Path, text: str) -> Path:
     return path
 
 
+@pytest.mark.usefixtures("uncapped")
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
@@ -40,6 +41,7 @@ def test_cpu_has_vnni_without_cpuinfo_is_unknown(tmp_path):
     assert cpu_has_vnni(tmp_path / "absent") is None
 
 
+@pytest.mark.usefixtures("uncapped")
 def test_reduce_range_auto_follows_vnni_and_explicit_settings_win(tmp_path, monkeypatch):
     monkeypatch.delenv(REDUCE_RANGE_ENV, raising=False)  # the suite may run with the weight range forced
     avx2 = cpuinfo(tmp_path, f"flags\t: {X86_FLAGS}\n")
@@ -118,6 +120,7 @@ def test_recipe_reduce_range_field(value, ok):
     assert "\n" not in str(err.value)
 
 
+@pytest.mark.usefixtures("uncapped")
 def test_cpu_summary_names_vendor_and_the_flags_that_matter(tmp_path):
     from compressor.core.machine import cpu_summary
 
@@ -133,6 +136,7 @@ def test_cpu_summary_names_vendor_and_the_flags_that_matter(tmp_path):
     assert cpu_summary(tmp_path / "absent")["flags"] is None and cpu_summary(tmp_path / "absent")["generation"] is None
 
 
+@pytest.mark.usefixtures("uncapped")
 def test_cpu_identity_tells_apart_cpus_that_share_a_model_name(tmp_path):
     from compressor.core.machine import cpu_identity
 
