@@ -39,7 +39,7 @@ from torch import nn
 from compressor.core import atomic
 from compressor.core.errors import UserError
 from compressor.core.runtimes import VARIANTS as DECLARED_VARIANTS
-from compressor.deploy.graph import attention_nodes, attention_scopes, optimize_graph, pin_head_counts
+from compressor.deploy.graph import attention_nodes, attention_scopes, node_count, optimize_graph, pin_head_counts
 from compressor.deploy.inference import (
     ONNX_FILE,
     ExportParityError,
@@ -167,6 +167,7 @@ def _variant_entry(name: str, file: Path, stats: dict, extra: dict, out_dir: Pat
         "dir": str(out_dir / name),
         "file": str(out_dir / name / file.name),
         "size_bytes": graph_size(file),
+        "graph_nodes": node_count(file),
         **stats,
         "fused_attention_nodes": sum(len(v) for v in nodes.values()),
         "attention_heads_per_node": [h for v in nodes.values() for h in v],
@@ -196,12 +197,14 @@ def _build_optimized(
     info = optimize_graph(fp32, dest / ONNX_FILE, fuse_attention=fuses, model_type=model_type)
     stats = _check(dest / ONNX_FILE, batches, reference)
     fused = sum(len(v) for v in attention_nodes(dest / ONNX_FILE).values())
-    if attention_layers == 0:
-        fusion = "n/a (no layer has heads left)"
-    elif not fuses:
-        fusion = "n/a (ONNX Runtime has no fusion for this family's attention)"
-    else:
-        fusion = "full" if fused == attention_layers else ("partial" if fused else "none")
+    fusion = _fusion_label(attention_layers, fused, fuses)
+    if fusion in ("partial", "none"):
+        log.warning(
+            "export: ORT fused attention in %d of the %d layers with heads; the optimised graph may be no faster"
+            " than fp32",
+            fused,
+            attention_layers,
+        )
     if not stats["max_abs_diff"] <= atol:
         log.warning(
             "export: fused attention breaks parity (%.3g > %g); keeping the optimised graph without attention fusion",
@@ -213,6 +216,16 @@ def _build_optimized(
         stats = _check(dest / ONNX_FILE, batches, reference)
         check_parity("optimized", stats, atol)
     return stats, {**info, "attention_fusion": fusion, "attention_layers": attention_layers}
+
+
+def _fusion_label(attention_layers: int, fused: int, fuses: bool) -> str:
+    """How the optimised graph's attention fused: "full" (one node per layer with heads), "partial", "none", or
+    "n/a (why)" where there is nothing ORT could fuse."""
+    if attention_layers == 0:
+        return "n/a (no layer has heads left)"
+    if not fuses:
+        return "n/a (ONNX Runtime has no fusion for this family's attention)"
+    return "full" if fused == attention_layers else ("partial" if fused else "none")
 
 
 def export_onnx(
@@ -235,8 +248,11 @@ def export_onnx(
     temp directory renamed to `out_dir` when complete (a previous export there is replaced).
 
     Returns `{variant: {"dir", "file", "size_bytes", "max_abs_diff", "agreement", "check_accuracy",
-    "pytorch_check_accuracy", "check_examples", "fused_attention_nodes", "attention_heads_per_node", ...}}`;
-    "optimized" adds "attention_fusion" ("full", "partial", "none" or "unfused (...)") and "fused_ops".
+    "pytorch_check_accuracy", "check_examples", "graph_nodes", "fused_attention_nodes", "attention_heads_per_node",
+    ...}}`; "optimized" adds "attention_fusion" ("full", "partial", "none", "n/a (...)" or "unfused (...)"),
+    "attention_layers" and "fused_ops" (`{op_type: count}` of the optimizer's fusions: Attention,
+    SkipLayerNormalization, EmbedLayerNormalization, BiasGelu, ...); the int8 variants add "quantized_from" (the
+    graph they quantise: "optimized" when it was built, its fused Attention becoming QAttention, else "fp32").
     """
 
     names = check_variants(variants)
