@@ -16,9 +16,9 @@ from compressor.report.summary import distillation, render
 
 def write_report(report: dict, out: Path) -> RunReport:
     """Check the assembled `report` against `RunReport` and write `out/report.md` (and a family's frontier chart);
-    returns the typed report for report.json. Fills `distillation` and `recommendation` (a family's: its pick, the
-    call `compressor pick` makes; a one-target run's: the fastest shipped variant passing every gate,
-    `summary.recommendation`)."""
+    returns the typed report for report.json. Fills `distillation` and `recommendation`: `bench.frontier.pick`, the
+    call `compressor pick` makes, chosen on validation (a family's is its `pick`; a one-target run's is the same
+    call on its frontier with the choices it passed over and why, `recommendation.recommendation`)."""
     family = report.get("family")
     report.setdefault("distillation", distillation(report))
     report.setdefault("recommendation", family.get("pick") if family is not None else recommendation(report))
