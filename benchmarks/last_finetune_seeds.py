@@ -1,6 +1,8 @@
 """Seeds and schedule on both sides of issue 37's gap, anywhere: the deepest member's last fine-tune and the
 reference's, each over several seeds and epoch counts, from a portable payload, so the study can run where the
-family's base model is not installed (a lent GPU, whose transfers are capped).
+family's base model is not installed (a lent GPU, whose transfers are capped). It redraws only the last
+fine-tunes (the member's and the reference's), not the pipeline: the pruning steps, their scoring batches and their
+fine-tunes stay the packed run's; `compressor run RECIPE --seeds 0,1,2` redraws everything after the base fine-tune.
 
 `--pack RUN --step N --payload DIR`: from a finished family run's checkpoint of the step that closes its last member
 (`state/step_NNN`), write a payload: that member before its last fine-tune, physically pruned (`Masks.pruned_copy`,
@@ -17,8 +19,8 @@ run's own reference (McNemar p); the summary, the mean and spread per side and e
 The result is written after every fine-tune, so a study cut short keeps what it finished.
 
 Usage:
-    .venv/bin/python benchmarks/seed_gap.py --pack runs/mpnet_rt_family --step 7 --payload PAYLOAD --half
-    python benchmarks/seed_gap.py --payload PAYLOAD --seeds 0 1 2 3 --epochs 2 5 --else-running "nothing" \
+    .venv/bin/python benchmarks/last_finetune_seeds.py --pack runs/mpnet_rt_family --step 7 --payload PAYLOAD --half
+    python benchmarks/last_finetune_seeds.py --payload PAYLOAD --seeds 0 1 2 3 --epochs 2 5 --else-running "nothing" \
         --out benchmarks/results/seed_gap_gpu.json
 """
 
