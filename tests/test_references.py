@@ -14,7 +14,7 @@ from test_budget_run import BENCH, FINETUNE
 from typer.testing import CliRunner
 
 from compressor.bench import measure_quality, pytorch_candidate
-from compressor.bench.frontier import pick, versus_references
+from compressor.bench.frontier import pick, verdict, versus_references
 from compressor.cli import app
 from compressor.core.errors import UserError
 from compressor.pipeline.finetune import finetune_key
@@ -202,7 +202,8 @@ def test_a_reference_joins_the_frontier_on_its_own_tokenizer_and_is_cached(
         for best in (entry["best"], entry["best_same_runtime"]):
             if best is not None:
                 assert (best["name"], entry["name"]) in pairs and best["speedup"] >= entry["speedup"]
-                assert best["mcnemar_p"] is not None and best["beats"] == (best["points"] > 0)
+                assert best["mcnemar_p"] is not None and best["verdict"] == verdict(best["points"], best["mcnemar_p"])
+                assert best["beats"] == (best["verdict"] == "ahead")
     md = (out / "report.md").read_text()
     assert f"| reference {label} | pytorch |" in md and "## Against the references" in md
     assert "bench.reference_distill" not in md and ref["distilled"] is False  # fine-tuned only
@@ -287,8 +288,6 @@ def test_choices_read_validation_and_report_test():
                                                         (-2.0, 0.01, "behind"), (-2.0, 0.3, "level"),
                                                         (1.0, None, "level")])  # fmt: skip
 def test_ahead_needs_a_significant_paired_test(points, p, expected):
-    from compressor.bench.frontier import verdict
-
     assert verdict(points, p) == expected
 
 
@@ -301,6 +300,48 @@ def test_an_optimised_graph_slower_than_its_source_is_never_picked():
     assert pick(rows, 1.0)["name"] == "2x/onnx-fp32"
     rows[2] = _row("2x/onnx-optimized", "2x", "member", "onnx-optimized", 2.2, 0.86)
     assert pick(rows, 1.0)["name"] == "2x/onnx-optimized"
+
+
+def test_pick_follows_validation_where_test_disagrees_and_says_so(tmp_path):
+    """`compressor pick` on a frontier whose test and validation disagree: the member within the drop on validation
+    is picked though it is 6 points down on test (the figure it prints), the one within it on test only is not."""
+    rows = [
+        _row("pytorch-original", "original", "original", "pytorch", 1.0, 0.86),
+        _row("2x/pytorch", "2x", "member", "pytorch", 2.0, 0.80, val=0.855),
+        _row("3x/pytorch", "3x", "member", "pytorch", 3.0, 0.859, val=0.83),
+    ]
+    run = _family_run(tmp_path, rows)
+    (run / "2x" / "pytorch").mkdir(parents=True)
+    result = CliRunner().invoke(app, ["pick", str(run), "--max-drop", "1"])
+    assert result.exit_code == 0, result.output
+    assert result.output.startswith("2x/pytorch: 2.00x")
+    assert "chosen on validation (-0.50 points); test accuracy 80.00% (-6.00 points" in result.output
+    result = CliRunner().invoke(app, ["pick", str(run), "--max-drop", "none"])
+    assert result.output.startswith("3x/pytorch: 3.00x") and "the fastest at any accuracy" in result.output
+
+
+def test_pick_refuses_a_report_without_validation_figures_in_one_line(tmp_path):
+    """A report.json benchmarked before the bench scored validation: a drop limit cannot be judged on validation,
+    so `compressor pick` says so in one line (exit 2) rather than choosing on test; without a limit it picks."""
+    rows = [{k: v for k, v in row.items() if not k.startswith("val_")} for row in ROWS]
+    run = _family_run(tmp_path, rows)
+    result = CliRunner().invoke(app, ["pick", str(run), "--max-drop", "1"])
+    assert result.exit_code == 2 and len(result.output.strip().splitlines()) == 1
+    assert "report.json has no validation accuracy" in result.output and "rerun" in result.output
+    result = CliRunner().invoke(app, ["pick", str(run), "--max-drop", "none", "--json"])
+    assert result.exit_code == 0 and json.loads(result.output)["name"] == "reference/minilm-l6/pytorch"
+
+
+def _family_run(tmp_path, rows: list[dict]):
+    """A finished family run's directory whose report.json has the frontier `rows` (no pick stored)."""
+    run = tmp_path / "run"
+    run.mkdir()
+    report = {"schema_version": 1, "status": "complete", "name": "r", "model_source": "m", "data_source": "d",
+              "labels": LABELS, "steps": [], "original": {"test": {"accuracy": 0.86}}, "bench": {"max_drop": 0.01},
+              "family": {"targets": [2.0], "kind": "speedup", "runtime": "pytorch", "members": [],
+                         "frontier": rows}}  # fmt: skip
+    (run / "report.json").write_text(json.dumps(report))
+    return run
 
 
 def test_report_says_how_far_short_the_nearest_member_falls():
@@ -334,6 +375,7 @@ def test_pick_returns_a_reference_when_it_wins_and_says_so(tmp_path):
     assert json.loads(result.output)["role"] == "reference"
     result = CliRunner().invoke(app, ["pick", str(run), "--max-drop", "2"])
     assert result.output.startswith("4x/pytorch: 4.10x")
+    assert "chosen on validation (-2.00 points); test accuracy 84.00% (-2.00 points" in result.output
     md = render_family(RunReport.of(report))
     assert "**Recommendation: `reference/minilm-l6/pytorch`**" in md and "not a pruned member" in md
     assert "| reference minilm-l6 | pytorch | 6.90× |" in md and "none as fast" in md

@@ -119,15 +119,18 @@ def pick(
     what = f" ({words})" if (words := not_a_member(chosen)) else ""
     typer.echo(
         f"{chosen['name']}{what}: {chosen['speedup']:.2f}x the PyTorch original at batch {chosen['batch']}, "
-        f"{chosen['seq_len']} tokens; chosen on validation ({_points(chosen.get('val_drop_points'))}); test "
+        f"{chosen['seq_len']} tokens; {_chosen(drop, chosen.get('val_drop_points'))}; test "
         f"accuracy {100 * chosen['accuracy']:.2f}% ({-chosen['drop_points']:+.2f} points; McNemar p {p_value})"
         f"{int8_cpu(chosen)}; {source}{copied}"
     )
 
 
-def _points(drop: float | None) -> str:
-    """A drop from the original in signed points, or why there is none."""
-    return "not measured" if drop is None else f"{-drop:+.2f} points"
+def _chosen(limit: float | None, drop: float | None) -> str:
+    """How the choice was made, in words: on validation with its validation drop in signed points ("chosen on
+    validation (-0.40 points)"), or, without a limit (`--max-drop none`), as the fastest at any accuracy."""
+    if limit is None:
+        return "the fastest at any accuracy (--max-drop none)"
+    return f"chosen on validation ({'not measured' if drop is None else f'{-drop:+.2f} points'})"
 
 
 def int8_cpu(row: dict) -> str:

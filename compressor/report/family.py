@@ -24,10 +24,12 @@ FRONTIER_PNG = "frontier.png"
 
 
 def _frontier_table(rows: list[dict]) -> list[str]:
-    """Every point, fastest first: model, runtime, speed-up, accuracy, drop, McNemar p, Pareto mark."""
+    """Every point, fastest first: model, runtime, speed-up, test accuracy and drop, McNemar p, the validation drop
+    (what the recommendation reads; "–" in reports from before the bench scored validation), Pareto mark."""
     lines = [
-        "| model | runtime | speed-up | test accuracy (%) | Δ vs original (points) | McNemar p | Pareto | where |",
-        "|---|---|---:|---:|---:|---:|:---:|---|",
+        "| model | runtime | speed-up | test accuracy (%) | Δ vs original (points) | McNemar p | validation Δ "
+        "(points) | Pareto | where |",
+        "|---|---|---:|---:|---:|---:|---:|:---:|---|",
     ]
     for r in rows:
         model = {"baseline": f"layer-drop at {r['model']}", "reference": f"reference {r['model']}"}.get(
@@ -37,12 +39,13 @@ def _frontier_table(rows: list[dict]) -> list[str]:
             untrained = r["recovery"] in ("rescale", "none")
             model += f" ({r['recovery']}, no training)" if untrained else f" ({r['recovery']})"
         drop = "–" if r["drop_points"] is None else f"{-r['drop_points']:+.2f}"
+        val_drop = "–" if r.get("val_drop_points") is None else f"{-r['val_drop_points']:+.2f}"
         p = "–" if r["mcnemar_p"] is None else f"{r['mcnemar_p']:.3g}"
         status = " (int8 gate failed: never picked)" if r["rejected"] else ""
         where = f"`{r['path']}`" if r["path"] else "–"
         runtime = f"{r['runtime']}{int8_mark(r)}{status}"
         lines.append(
-            f"| {model} | {runtime} | {_x(r['speedup'])} | {_pct(r['accuracy'])} | {drop} | {p} | "
+            f"| {model} | {runtime} | {_x(r['speedup'])} | {_pct(r['accuracy'])} | {drop} | {p} | {val_drop} | "
             f"{'✓' if r['pareto'] else ''} | {where} |"
         )
     return lines
@@ -129,7 +132,8 @@ def render_family(report: RunReport) -> str:
             "unpruned model: the alternative that needs no pruning), each member's layer-drop baseline and each "
             "reference (another model fine-tuned on the task, `bench.references`), timed in the same interleaved "
             "rounds. Speed-ups are against the PyTorch original; McNemar's exact test is "
-            "against the original on the same test examples.",
+            "against the original on the same test examples. The recommendation reads the validation Δ (chosen on "
+            "validation); the test figures are reported, never used to choose.",
             "",
             *cpu_line(report.bench or {}),
             *_frontier_table(rows),
