@@ -44,7 +44,7 @@ def family() -> dict:
     member = {"target": 2.0, "label": "2x", "step": 1, "pruned": PRUNED, "budget": {"target": 2.0, "flop_ratio": 1.5}}
     report = {k: v for k, v in one_target().items() if k not in ("pruned", "export", "frontier", "budget")}
     section = {"targets": [2.0], "kind": "speedup", "runtime": "pytorch", "members": [member], "frontier": [ROW],
-               "pick": ROW}  # fmt: skip
+               "pick": ROW | {"chosen_on": "validation"}}  # fmt: skip
     return report | {"family": section}
 
 
@@ -58,6 +58,8 @@ def test_a_report_round_trips_with_exactly_its_keys(make, tmp_path) -> None:
     assert back.dump() == report
     assert [r.name for r in back.frontier_rows()] == ["2x/pytorch"]
     assert back.original.test.accuracy == 0.8 and back.steps[0]["heads_left"] == 3
+    if back.family is not None:  # the pick says which split chose it, typed
+        assert back.family.pick.chosen_on == "validation" and back.family.pick.val_drop_points == 0.4
 
 
 def test_plan_keys_are_layer_numbers_in_the_model_and_strings_in_the_file() -> None:

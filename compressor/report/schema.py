@@ -101,7 +101,8 @@ class Budget(Section):
 class FrontierRow(Section):
     """One benchmarked candidate as a choice (`compressor.bench.frontier`): speed-up against the PyTorch original,
     test accuracy and drop in points, the same on validation (what choices read; None in reports from before),
-    McNemar's p, Pareto mark, and what `compressor pick` copies (`path`)."""
+    McNemar's p, Pareto mark, and what `compressor pick` copies (`path`). A picked row (`Family.pick`) says which
+    split chose it (`chosen_on`: "validation"; absent in reports from before, whose pick read test)."""
 
     name: str
     model: str
@@ -121,6 +122,7 @@ class FrontierRow(Section):
     pareto: bool = False
     recovery: str | None = None
     cpu_int8_features: str | None = None
+    chosen_on: str | None = None
 
 
 class MemberSection(Section):
