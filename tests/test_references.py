@@ -291,13 +291,20 @@ def test_ahead_needs_a_significant_paired_test(points, p, expected):
     assert verdict(points, p) == expected
 
 
-def test_an_optimised_graph_slower_than_its_source_is_never_picked():
+def test_an_optimised_graph_slower_than_its_source_is_never_picked(tmp_path):
     rows = [
         _row("pytorch-original", "original", "original", "pytorch", 1.0, 0.86),
         _row("2x/onnx-fp32", "2x", "member", "onnx-fp32", 2.0, 0.86),
         _row("2x/onnx-optimized", "2x", "member", "onnx-optimized", 1.9, 0.86),
     ]
     assert pick(rows, 1.0)["name"] == "2x/onnx-fp32"
+    assert pick(rows, None, runtime="onnx-optimized") is None, "not even when its runtime is asked for"
+    run = _family_run(tmp_path, rows)
+    result = CliRunner().invoke(app, ["pick", str(run), "--max-drop", "none", "--runtime", "onnx-optimized"])
+    assert result.exit_code == 1 and result.output.strip() == (
+        "no member, reference or exported original on onnx-optimized qualifies at any accuracy (2x/onnx-optimized: "
+        "1.90x, slower than 2x/onnx-fp32 (2.00x) it was built from: never picked)"
+    )
     rows[2] = _row("2x/onnx-optimized", "2x", "member", "onnx-optimized", 2.2, 0.86)
     assert pick(rows, 1.0)["name"] == "2x/onnx-optimized"
 

@@ -104,8 +104,7 @@ def pick(
     check_choice(rows, runtime, batch_size)
     chosen = choose(rows, drop, batch_size, runtime)
     if chosen is None:
-        typer.echo(f"no member, reference or exported original{' on ' + runtime if runtime else ''} is within "
-                   f"{max_drop} validation points of the original", err=True)  # fmt: skip
+        typer.echo(nothing_qualifies(rows, drop, batch_size, runtime), err=True)
         raise typer.Exit(NOTHING_QUALIFIES)
     source = Path(chosen["path"])
     source = source if source.is_absolute() else run_dir / source
@@ -123,6 +122,20 @@ def pick(
         f"accuracy {100 * chosen['accuracy']:.2f}% ({-chosen['drop_points']:+.2f} points; McNemar p {p_value})"
         f"{int8_cpu(chosen)}; {source}{copied}"
     )
+
+
+def nothing_qualifies(rows: list[dict], drop: float | None, batch: int | None, runtime: str | None) -> str:
+    """The line when `pick` returns nothing: the limit no choice met, and each optimised graph on the asked runtime
+    that was passed over for running slower than the graph it was built from (`frontier.slower_than_source`)."""
+    from compressor.bench.frontier import slower_than_source
+
+    where = f" on {runtime}" if runtime else ""
+    limit = "qualifies at any accuracy" if drop is None else f"is within {drop:g} validation points of the original"
+    by_name = {r["name"]: r for r in rows}
+    slower = [why for name, why in slower_than_source(rows, batch).items()
+              if runtime is None or by_name[name]["runtime"] == runtime]  # fmt: skip
+    never = f" ({'; '.join(slower)}: never picked)" if slower else ""
+    return f"no member, reference or exported original{where} {limit}{never}"
 
 
 def _chosen(limit: float | None, drop: float | None) -> str:
