@@ -47,6 +47,17 @@ def paired_difference_interval(better: int, worse: int, n: int, confidence: floa
     return diff - half, diff + half
 
 
+def hits_string(correct: np.ndarray) -> str:
+    """Per-example correctness as a string of "0"/"1", one character per example in the bench's order: what a
+    repeat over seeds needs to resample test examples (`compressor.report.seeds`), small in JSON."""
+    return "".join("1" if c else "0" for c in np.asarray(correct, dtype=bool).tolist())
+
+
+def read_hits(hits: str) -> np.ndarray:
+    """The boolean vector `hits_string` wrote."""
+    return np.frombuffer(hits.encode("ascii"), dtype=np.uint8) == ord("1")
+
+
 def collect_logits(candidate: Candidate, batches: Sequence[Batch]) -> np.ndarray:
     return np.concatenate([np.asarray(candidate.predict(model_inputs(b)), dtype=np.float32) for b in batches])
 
@@ -80,7 +91,11 @@ def paired_comparison(candidate_correct: np.ndarray, reference_correct: np.ndarr
 
 
 def measure_quality(
-    candidates: Sequence[Candidate], batches: Sequence[Batch], reference: str, compare: Sequence[tuple[str, str]] = ()
+    candidates: Sequence[Candidate],
+    batches: Sequence[Batch],
+    reference: str,
+    compare: Sequence[tuple[str, str]] = (),
+    keep_hits: bool = True,
 ) -> dict:
     """Accuracy (95% Wilson CI) of every candidate on the same examples, and paired comparison with `reference`.
 
@@ -88,7 +103,9 @@ def measure_quality(
     a candidate with its own `eval_batches` (another tokenizer) is evaluated on those, the same examples.
     Per candidate: accuracy, interval, agreement with the reference's predictions, max |Δlogit| (None where the
     tokenisations differ), exact McNemar p-value and a 95% interval for the accuracy difference. `compare`: further
-    (candidate, versus) pairs compared the same way, under "pairs".
+    (candidate, versus) pairs compared the same way, under "pairs". With labels and `keep_hits`, each row also
+    keeps which examples it got right (`hits`, `hits_string`), so runs repeated over seeds can be compared example by
+    example.
     """
     from compressor.sources.metrics import load_metric
 
@@ -125,6 +142,7 @@ def measure_quality(
             low, high = wilson_interval(correct, n)
             row |= {"accuracy": float(acc), "accuracy_ci95": [low, high]}
             row |= paired_comparison(p == labels, preds[reference] == labels)
+            row |= {"hits": hits_string(p == labels)} if keep_hits else {}
         out[c.name] = row
     pairs = []
     for a, b in compare if labels is not None else ():
