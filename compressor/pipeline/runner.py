@@ -138,7 +138,7 @@ def base_model(run: RunState) -> tuple[torch.nn.Module, dict]:
     r = run.recipe
     if r.model.task_tuned:
         return load_model(r.model, run.data.label_names, attention="eager"), {"cached": None}
-    return cached_finetune(run, r.model, run.tokenizer, run.splits["train"])
+    return cached_finetune(run, r.model, run.tokenizer, run.splits["train"], seed=r.base_finetune_seed)
 
 
 def _base_phase(base_info: dict) -> str:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 
 class Strict(BaseModel):
@@ -19,6 +19,41 @@ class Strict(BaseModel):
     never a quoted `"0.5"` or a `true`), a flag takes `true`/`false` only, a list a YAML list."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False, strict=True)
+
+
+MAX_SEED = 1000  # the largest repeat seed `seeds` accepts (`compressor.pipeline.seeds` spaces their draws apart)
+MAX_SEEDS = 100  # the most repeats one recipe asks for
+
+
+class Repeats(Strict):
+    """The recipe's seeds, a base of `Recipe`: `seed`, the base fine-tune's own seed (a repeat holds it at the
+    first run's while its `seed` moves), and the seeds to repeat the run over (`compressor.pipeline.seeds`)."""
+
+    seed: int = Field(0, ge=0, lt=2**32, description="seed of every random choice (shuffling, initialisation)")
+    base_seed: int | None = Field(
+        None, ge=0, lt=2**32, description="seed of the base fine-tune only (null = seed); repeats over seeds share it"
+    )
+    seeds: list[int] | None = Field(
+        None,
+        min_length=1,
+        max_length=MAX_SEEDS,
+        description=f"repeat the run over these seeds (distinct, 0..{MAX_SEED}; 0 = this recipe's own run): the base "
+        "fine-tune is shared, everything after it redrawn, each repeat under <output_dir>/seed-<k>/ "
+        "(`compressor run --seeds` overrides it)",
+    )
+
+    @field_validator("seeds")
+    @classmethod
+    def _distinct_seeds(cls, seeds: list[int] | None) -> list[int] | None:
+        """Repeats are told apart by their seed: each in range, none twice."""
+        if seeds is not None and (any(not 0 <= k <= MAX_SEED for k in seeds) or len(set(seeds)) != len(seeds)):
+            raise ValueError(f"expected distinct integers from 0 to {MAX_SEED}, got {seeds}")
+        return seeds
+
+    @property
+    def base_finetune_seed(self) -> int:
+        """The base fine-tune's seed: `base_seed`, else the recipe's `seed`."""
+        return self.seed if self.base_seed is None else self.base_seed
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from compressor.core.runtimes import NAMES, QUANTIZE_ONLY, VARIANTS, runtime
-from compressor.recipe.base import Strict
+from compressor.recipe.base import Repeats, Strict
 from compressor.recipe.prune import PruneSpec, TrainSpec
 from compressor.recipe.yamlio import RecipeError, format_validation_error, read_yaml, short, short_key
 
@@ -319,9 +319,8 @@ class AccelerateSpec(Strict):
     )
 
 
-class Recipe(Strict):
+class Recipe(Repeats):
     name: str = Field("run", max_length=200, description="the run's name in its report")
-    seed: int = Field(0, ge=0, lt=2**32, description="seed of every random choice (shuffling, initialisation)")
     output_dir: str = Field(
         "runs/out", min_length=1, max_length=4096, description="where the run writes (relative to the working dir)"
     )
