@@ -14,14 +14,26 @@ def run(
     recipe: Path = typer.Argument(..., help="YAML recipe"),
     force: bool = typer.Option(False, "--force", help="overwrite a finished run in the output directory"),
     output_dir: str = typer.Option(None, "--output-dir", help="override the recipe's output_dir"),
+    seeds: str = typer.Option(
+        None,
+        "--seeds",
+        help="repeat the run over these seeds, e.g. 0,1,2 (overrides the recipe's `seeds`): the base fine-tune is "
+        "shared, the rest redrawn; each under OUTPUT_DIR/seed-K/, then seeds.json and seeds.md",
+    ),
 ) -> None:
     """Run a recipe end to end (resumes an interrupted run in the same output directory)."""
     from compressor.pipeline.runner import run_recipe
+    from compressor.pipeline.seeds import SEEDS_MD, parse_seeds, run_seeds
     from compressor.recipe import load_recipe
 
+    repeats = None if seeds is None else parse_seeds(seeds)  # a bad value fails before the recipe is read
     overrides = {"output_dir": output_dir} if output_dir else None
     parsed = load_recipe(recipe, overrides)
-    if run_recipe(parsed, force=force):  # empty on the processes that only helped (accelerate launch)
+    repeats = repeats or parsed.seeds
+    if repeats:
+        if run_seeds(parsed, repeats, force=force):  # empty on the processes that only helped
+            typer.echo(f"seeds: {Path(parsed.output_dir) / SEEDS_MD}")
+    elif run_recipe(parsed, force=force):  # empty on the processes that only helped (accelerate launch)
         typer.echo(f"report: {Path(parsed.output_dir) / 'report.md'}")
 
 
