@@ -17,6 +17,7 @@ import yaml
 from conftest import tiny_recipe
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
+from compressor.bench.frontier import pick
 from compressor.core.errors import UserError
 from compressor.core.machine import int8_features
 from compressor.core.runtimes import cannot_pay
@@ -197,6 +198,11 @@ def test_run_all_stages(tmp_path, tiny_model_dir, tiny_csv, cache_dir) -> None:
     assert set(originals) == {"pytorch", *(n.removesuffix("-original") for n in quantized)}
     assert originals["onnx-int8"]["cpu_int8_features"] == int8_features()
     assert "onnx-int8-original" in (out / "report.md").read_text()
+    # The bench scored validation too; the recommendation is the pick on it (the call `compressor pick` makes).
+    assert all(r["val_accuracy"] is not None and r["accuracy"] is not None for r in report["frontier"])
+    chosen = pick(report["frontier"], 100 * report["bench"]["max_drop"])
+    assert report["recommendation"]["variant"] == (chosen["name"] if chosen else None)
+    assert report["recommendation"].get("chosen_on", "validation") == "validation"
     assert [s["step"] for s in report["analysis"]["pruning_steps"]] == [1, 2]
     assert report["analysis"]["pruning_steps"][-1]["heads_removed"] == 6
     md = (out / "report.md").read_text()
