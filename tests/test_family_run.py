@@ -130,6 +130,8 @@ def test_family_run_saves_each_member_and_its_frontier(tmp_path, tiny_model_dir,
     assert report["recommendation"]["name"] == family["pick"]["name"]
     md = (out / "report.md").read_text()
     assert "## Frontier" in md and "## Members" in md and (out / "frontier.png").exists()
+    assert family["pick"]["chosen_on"] == "validation" and "| validation Δ (points) |" in md
+    assert all(r["val_accuracy"] is not None for r in family["frontier"]), "the bench scored validation for every row"
     assert "budget check" in report["timings"]
     for member in family["members"]:  # the budget check's speed-up with its spread over rounds, and the step's own
         bench, at_step = member["budget"], report["steps"][member["step"] - 1]["measured_speedup"]
