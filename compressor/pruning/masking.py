@@ -26,11 +26,14 @@ from compressor.surgery.arch import (
     layers,
     num_layers,
     original_ffn_size,
+    original_hidden,
     original_num_heads,
     present_heads,
+    present_hidden,
     present_neurons,
     removed_layers,
 )
+from compressor.surgery.width import head_writers, stream_norms
 
 
 def full_gates(model: nn.Module, value: float = 1.0) -> torch.Tensor:
@@ -98,16 +101,25 @@ def _skip_hook(heads: torch.Tensor, neurons: torch.Tensor, layer: int, ids: tupl
 
 @contextmanager
 def gated(
-    model: nn.Module, gates: torch.Tensor | None, neurons: torch.Tensor | None = None
+    model: nn.Module,
+    gates: torch.Tensor | None,
+    neurons: torch.Tensor | None = None,
+    hidden: torch.Tensor | None = None,
 ) -> Iterator[torch.Tensor | None]:
     """Apply head `gates` ([layers, original heads]) and FFN `neurons` gates ([layers, original FFN width]) to
     `model` inside the block; `None` leaves that unit kind ungated (both None: a no-op).
 
     The tensors are read at every forward, so callers may update them in place (or let autograd track them).
     With neuron gates given, a layer whose present heads and neurons are all gated to 0 is skipped (identity).
+    `hidden` ([original width] bool) keeps those residual channels: every stream LayerNorm normalises over them
+    and outputs 0 elsewhere, and the head's hidden Linear is zeroed elsewhere (`narrowed`), as a width cut computes.
     """
-    if gates is None and neurons is None:
+    if gates is None and neurons is None and hidden is None:
         yield None
+        return
+    if gates is None and neurons is None:
+        with narrowed(model, hidden):
+            yield None
         return
     if gates is not None:
         _check_shape("gates", gates, (num_layers(model), original_num_heads(model)))
@@ -127,7 +139,50 @@ def gated(
             hook = _skip_hook(head_gates, neurons, layer, (heads, cells))
             handles.append(module.register_forward_hook(hook, with_kwargs=True, prepend=True))  # before output capture
     try:
-        yield gates if gates is not None else neurons
+        with narrowed(model, hidden):
+            yield gates if gates is not None else neurons
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def _masked_norm(keep: torch.Tensor):
+    """Forward hook: a LayerNorm's output recomputed over the stream positions `keep` only, 0 at the others."""
+
+    def hook(module: nn.LayerNorm, args: tuple, output: torch.Tensor) -> torch.Tensor:
+        x, index = args[0], keep.to(args[0].device)
+        weight = None if module.weight is None else module.weight.index_select(0, index)
+        bias = None if module.bias is None else module.bias.index_select(0, index)
+        kept = nn.functional.layer_norm(x.index_select(-1, index), (len(index),), weight, bias, module.eps)
+        return torch.zeros_like(output).index_copy(-1, index, kept.to(output.dtype))
+
+    return hook
+
+
+def _zeroed(keep: torch.Tensor):
+    """Forward hook: a Linear's output with every stream position outside `keep` set to 0."""
+
+    def hook(_module: nn.Module, _args: tuple, output: torch.Tensor) -> torch.Tensor:
+        mask = torch.zeros(output.shape[-1], dtype=output.dtype, device=output.device)
+        return output * mask.index_fill(0, keep.to(output.device), 1)
+
+    return hook
+
+
+@contextmanager
+def narrowed(model: nn.Module, hidden: torch.Tensor | None) -> Iterator[None]:
+    """Inside the block, `model` computes as if cut to the residual channels `hidden` keeps ([original width]
+    bool; None: unchanged): what `surgery.width.prune_hidden` then makes exact."""
+    if hidden is None or bool(hidden[present_hidden(model)].all()):
+        yield
+        return
+    _check_shape("hidden", hidden.unsqueeze(0), (1, original_hidden(model)))
+    present = present_hidden(model)
+    keep = torch.tensor([pos for pos, channel in enumerate(present) if hidden[channel]], dtype=torch.long)
+    handles = [norm.register_forward_hook(_masked_norm(keep)) for norm in stream_norms(model)]
+    handles += [linear.register_forward_hook(_zeroed(keep)) for linear in head_writers(model)]
+    try:
+        yield
     finally:
         for handle in handles:
             handle.remove()

@@ -36,8 +36,10 @@ from compressor.surgery.arch import (
     original_ffn_size,
     original_num_heads,
     present_heads,
+    present_hidden,
     present_neurons,
     pruned_heads,
+    pruned_hidden,
     pruned_neurons,
     removed_layers,
     supported_attention,
@@ -78,6 +80,7 @@ def save_pruned(
         "empty_layers": empty_layers(model),
         "pruned_neurons": {str(k): v for k, v in pruned_neurons(model).items()},
         "removed_layers": removed_layers(model),
+        "pruned_hidden": pruned_hidden(model),
         "ffn_size": original_ffn_size(model),
         "metadata": metadata or {},
     }
@@ -101,7 +104,7 @@ def layout(model: nn.Module) -> dict:
     """The `compressor_layout` of `model`: family paths, original sizes and per-layer heads / FFN neurons left."""
     gone = set(removed_layers(model))
     units = enumerate(zip(present_heads(model), present_neurons(model), strict=True))
-    return {
+    out = {
         "version": LAYOUT_VERSION,
         "family": arch_spec(model).portable(),
         "head_size": head_size(model),
@@ -109,11 +112,14 @@ def layout(model: nn.Module) -> dict:
         "ffn_size": original_ffn_size(model),
         "blocks": [{"removed": True} if i in gone else {"heads": len(h), "ffn": len(n)} for i, (h, n) in units],
     }
+    if pruned_hidden(model):  # only where the stream was cut, so other layouts stay as they were
+        out["hidden"] = len(present_hidden(model))
+    return out
 
 
 def is_pruned(model: nn.Module) -> bool:
     """Whether any unit was removed (a plain transformers directory is enough otherwise)."""
-    return bool(pruned_heads(model) or pruned_neurons(model) or removed_layers(model))
+    return bool(pruned_heads(model) or pruned_neurons(model) or removed_layers(model) or pruned_hidden(model))
 
 
 def _stock_class(model: nn.Module) -> type:
@@ -247,12 +253,14 @@ def read_unit_plan(model_dir: str | Path) -> dict:
             "pruned_heads": getattr(config, "pruned_heads", None) or {},
             "pruned_neurons": getattr(config, "pruned_neurons", {}),
             "removed_layers": getattr(config, "removed_layers", []),
+            "pruned_hidden": getattr(config, "pruned_hidden", []),
             "ffn_size": getattr(config, "compressor_ffn_size", None),
         }
     return {
         "heads": {int(k): v for k, v in data["pruned_heads"].items()},
         "neurons": {int(k): v for k, v in (data.get("pruned_neurons") or {}).items()},
         "layers": [int(i) for i in data.get("removed_layers") or []],
+        "hidden": sorted(int(i) for i in data.get("pruned_hidden") or []),
         "ffn_size": data.get("ffn_size"),
     }
 
@@ -279,7 +287,8 @@ def _build(config, attn_implementation: str, dtype: torch.dtype) -> nn.Module:
     return AutoModelForSequenceClassification.from_config(config, attn_implementation=implementation, dtype=dtype)
 
 
-_SAVED_KEYS = ("pruned_heads", "pruned_neurons", "removed_layers", "compressor_ffn_size", LAYOUT_KEY, "auto_map")
+_SAVED_KEYS = ("pruned_heads", "pruned_neurons", "removed_layers", "pruned_hidden", "compressor_ffn_size", LAYOUT_KEY,
+               "auto_map")  # fmt: skip
 
 
 def _original_shape(config, ffn_size: int | None) -> None:
@@ -310,6 +319,8 @@ def load_pruned(
     model.config.pruned_heads = {k: sorted(v) for k, v in sorted(plan["heads"].items()) if v}
     model.config.pruned_neurons = {k: sorted(v) for k, v in sorted(plan["neurons"].items()) if v}
     model.config.removed_layers = sorted(plan["layers"])
+    if plan["hidden"]:
+        model.config.pruned_hidden = plan["hidden"]
     shapes = layout(model)
     if saved_layout is not None:
         if saved_layout.get("version") != LAYOUT_VERSION:
@@ -317,7 +328,7 @@ def load_pruned(
                 f"{model_dir}: config.json's {LAYOUT_KEY} has version {saved_layout.get('version')!r}, not "
                 f"{LAYOUT_VERSION}; update compressor"
             )
-        if saved_layout.get("blocks") != shapes["blocks"]:
+        if saved_layout.get("blocks") != shapes["blocks"] or saved_layout.get("hidden") != shapes.get("hidden"):
             raise ValueError(f"{model_dir}: config.json's {LAYOUT_KEY} does not match {PLAN_FILE}")
     apply_layout(model, shapes)
     for key, tensor in model.state_dict().items():  # zero-size markers of removed layers, absent from 4.57-era saves

@@ -232,6 +232,94 @@ def shrink_ffn(layer: nn.Module, family: dict, width: int) -> None:
     set_path(layer, family["ffn_out"], empty_linear(width, second.out_features, second))
 
 
+def stream_paths(model: nn.Module, family: dict) -> dict[str, list[str]]:
+    """Where the residual stream of `model` (a classifier of a post-norm family) is read and written, as dotted paths
+    from `model`: "tables" (the embedding tables of the stream's width), "norms" (every LayerNorm over it),
+    "readers" (Linears whose input columns are the stream: each layer's Q/K/V and FFN-in, the head's Linears) and
+    "writers" (Linears whose output rows are: each layer's W_O and FFN-out, the head's hidden Linear, whose
+    output is cut alike so that the head stays one index set; also listed as "head"). A Linear may be both a
+    reader and a writer (the pooler's dense).
+
+    The width is that of the input embeddings; outside the encoder layers a Linear is the stream's by its shape, so
+    a head whose label count equals the width is refused (`width_refusal` in compressor). One traversal serves the
+    cut of a trained model and the rebuild of a saved one, so both give the same modules."""
+    width = model.get_input_embeddings().embedding_dim
+    names = {id(m): name for name, m in model.named_modules()}
+    embeddings = model.get_input_embeddings()
+    owner = next(m for m in model.modules() if any(c is embeddings for c in m.children()))
+    out: dict[str, list[str]] = {"tables": [], "norms": [], "readers": [], "writers": [], "head": []}
+    out["tables"] = [names[id(m)] for m in owner.modules() if isinstance(m, nn.Embedding) and m.embedding_dim == width]
+    norms = [(n, m) for n, m in model.named_modules() if isinstance(m, nn.LayerNorm)]
+    out["norms"] = [name for name, norm in norms if norm.normalized_shape == (width,)]
+    stack = get_path(model.base_model, family["layers"])
+    inside = {id(m) for m in stack.modules()}
+    attn_names = dict.fromkeys((family["query"], family["key"], family["value"]))
+    for layer in stack:
+        prefix = names[id(layer)] + "."
+        try:
+            attn = get_path(layer, family["self_attn"])
+            out["readers"] += [prefix + family["self_attn"] + "." + q for q in attn_names if hasattr(attn, q)]
+        except AttributeError:  # a layer without heads (EmptyAttention) or removed whole (SkippedLayer)
+            pass
+        sides = ((family["ffn_in"], "readers"), (family["out_proj"], "writers"), (family["ffn_out"], "writers"))
+        for path, kind in sides:
+            try:
+                get_path(layer, path)
+            except AttributeError:
+                continue
+            out[kind].append(prefix + path)
+    for name, module in model.named_modules():
+        if isinstance(module, nn.Linear) and id(module) not in inside:
+            if module.in_features == width:
+                out["readers"].append(name)
+            if module.out_features == width:
+                out["writers"].append(name)
+                out["head"].append(name)
+    return out
+
+
+def _narrowed(module: nn.Module, width: int, index: torch.Tensor | None, rows: bool, cols: bool) -> nn.Module:
+    """`module` (Embedding, LayerNorm or Linear) at stream width `width`: with `index`, holding its weights at those
+    channels (an Embedding's and a LayerNorm's along the stream; a Linear's `rows` and/or `cols`); without, an
+    empty module of that shape (a rebuild whose weights load after)."""
+    if isinstance(module, nn.Embedding):
+        new, dims = nn.Embedding(module.num_embeddings, width, padding_idx=module.padding_idx), {"weight": (1,)}
+    elif isinstance(module, nn.LayerNorm):
+        new = nn.LayerNorm(width, eps=module.eps, elementwise_affine=module.elementwise_affine,
+                           bias=module.bias is not None)  # fmt: skip
+        dims = {"weight": (0,), "bias": (0,)}
+    else:
+        new = empty_linear(width if cols else module.in_features, width if rows else module.out_features, module)
+        dims = {"weight": (0,) * rows + (1,) * cols, "bias": (0,) * rows}
+    new = new.to(device=module.weight.device, dtype=module.weight.dtype)
+    if index is None:
+        return new
+    with torch.no_grad():
+        for key, along in dims.items():
+            source = getattr(module, key, None)
+            if source is None:
+                continue
+            kept = source.detach()
+            for dim in along:
+                kept = kept.index_select(dim, index.to(kept.device))
+            getattr(new, key).copy_(kept)
+            getattr(new, key).requires_grad_(source.requires_grad)
+    return new
+
+
+def narrow_stream(model: nn.Module, family: dict, width: int, index: torch.Tensor | None = None) -> nn.Module:
+    """Give `model`'s residual stream `width` channels, in place: with `index` (positions in the current stream,
+    sorted), keeping those channels' weights; without, as empty modules for a saved model's weights to load into."""
+    paths = stream_paths(model, family)
+    readers, writers = set(paths["readers"]), set(paths["writers"])
+    for path in paths["tables"] + paths["norms"]:
+        set_path(model, path, _narrowed(get_path(model, path), width, index, rows=False, cols=False))
+    for path in dict.fromkeys(paths["readers"] + paths["writers"]):
+        linear = get_path(model, path)
+        set_path(model, path, _narrowed(linear, width, index, rows=path in writers, cols=path in readers))
+    return model
+
+
 def apply_layout(model: nn.Module, layout: dict) -> nn.Module:
     """Give a freshly built (full-size) `model` the per-layer shapes of `layout`, in place; weights load after."""
     if layout.get("version") != LAYOUT_VERSION:
@@ -251,6 +339,8 @@ def apply_layout(model: nn.Module, layout: dict) -> nn.Module:
             shrink_attention(stack[index], family, int(block["heads"]), size)
         if int(block["ffn"]) != full_ffn:
             shrink_ffn(stack[index], family, int(block["ffn"]))
+    if "hidden" in layout:  # the residual stream's width, where it was cut (absent otherwise)
+        narrow_stream(model, family, int(layout["hidden"]))
     return model
 
 

@@ -107,3 +107,20 @@ def neuron_presence_mask(model: nn.Module) -> torch.Tensor:
     for layer, ids in enumerate(present_neurons(model)):
         mask[layer, ids] = True
     return mask
+
+
+def original_hidden(model: nn.Module) -> int:
+    """The residual stream's width before any pruning (the config's, which surgery never changes)."""
+    cfg = model.config
+    return int(getattr(cfg, "hidden_size", None) or cfg.dim)
+
+
+def pruned_hidden(model: nn.Module) -> list[int]:
+    """Residual channels removed from the whole stream, as original ids (`config.pruned_hidden`)."""
+    return sorted(int(i) for i in (getattr(model.config, "pruned_hidden", None) or []))
+
+
+def present_hidden(model: nn.Module) -> list[int]:
+    """The original ids of the residual channels still in the model, in weight order."""
+    dead = set(pruned_hidden(model))
+    return [i for i in range(original_hidden(model)) if i not in dead]
