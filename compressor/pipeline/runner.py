@@ -31,6 +31,7 @@ from compressor.pipeline.references import check_references, prepare_references
 from compressor.pipeline.stages import RunState
 from compressor.pruning.budget import check_budget, max_steps
 from compressor.pruning.selection import check_against_model
+from compressor.pruning.width import check_width
 from compressor.recipe import Recipe, RecipeError, dump_recipe, parse_recipe
 from compressor.recovery.baseline import LayerDropBaseline, baseline_examples, layer_drop_baseline
 from compressor.recovery.checkpoints import StepCheckpoints
@@ -115,6 +116,7 @@ def preflight(recipe: Recipe, force: bool) -> Path:
     layers, heads = config_head_counts(config)
     check_against_model(recipe, layers * heads, max_positions(config))
     check_budget(config, recipe.prune)
+    check_width(config, recipe.prune)
     check_task_head(recipe.model, config)
     return out
 

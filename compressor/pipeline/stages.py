@@ -87,11 +87,16 @@ class Stage:
 
 
 def surgery_check(
-    model: nn.Module, pruned: nn.Module, gates: torch.Tensor, batch: dict, neurons: torch.Tensor | None = None
+    model: nn.Module,
+    pruned: nn.Module,
+    gates: torch.Tensor,
+    batch: dict,
+    neurons: torch.Tensor | None = None,
+    hidden: torch.Tensor | None = None,
 ) -> float:
-    """Max |Δlogit| between `model` masked by head `gates` (and FFN `neurons` gates) and `pruned`; raises when
-    above `SURGERY_ATOL`."""
-    with torch.inference_mode(), gated(model, gates, neurons):
+    """Max |Δlogit| between `model` masked by head `gates` (and FFN `neurons` gates, residual channels `hidden`)
+    and `pruned`; raises when above `SURGERY_ATOL`."""
+    with torch.inference_mode(), gated(model, gates, neurons, hidden):
         masked_logits = model(**model_inputs(batch)).logits
     with torch.inference_mode():
         diff = float((pruned(**model_inputs(batch)).logits - masked_logits).abs().max())
@@ -109,7 +114,7 @@ def save_stage(state: RunState) -> dict:
     state.pruned = result.pruned()
     batch = next(iter(sample_batches(state.splits["validation"], state.tokenizer, 64, 64, seed=0)))
     masks = result.masks
-    diff = surgery_check(result.model, state.pruned, masks.head_gates(), batch, masks.neuron_gates())
+    diff = surgery_check(result.model, state.pruned, masks.head_gates(), batch, masks.neuron_gates(), masks.hidden)
     log.info("surgery: removed %d heads, masked vs pruned max |Δlogit| = %.2e", int((~masks.heads).sum()), diff)
     test = evaluate(state.pruned, state.splits["test"], state.tokenizer)
     original_test = state.report["original"]["test"]["accuracy"]

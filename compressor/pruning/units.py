@@ -29,10 +29,12 @@ from compressor.surgery.arch import (
     neuron_presence_mask,
     num_layers,
     original_ffn_size,
+    original_hidden,
     original_num_heads,
     presence_mask,
 )
 from compressor.surgery.slicing import cut_positions, prune_heads, prune_neurons, write_back
+from compressor.surgery.width import prune_hidden
 
 UNIT_KINDS = ("heads", "neurons")
 UnitPlan = dict[str, dict[int, list[int]]]
@@ -51,17 +53,22 @@ class Masks(Mapping[str, torch.Tensor]):
 
     heads: torch.Tensor
     neurons: torch.Tensor | None = None
+    hidden: torch.Tensor | None = None  # [original width] bool: the residual channels kept (None: not pruned). Not
+    # one of the mapping's kinds: it is one set for the whole stream, not a row per layer
 
     @classmethod
     def full(cls, model: nn.Module, units: Sequence[str] = ("heads",)) -> Masks:
-        """Everything alive; a neuron mask only when `units` includes "neurons"."""
+        """Everything alive; a neuron mask only when `units` includes "neurons", a width mask with "hidden"."""
         neurons = torch.ones(num_layers(model), original_ffn_size(model), dtype=torch.bool)
         heads = torch.ones(num_layers(model), original_num_heads(model), dtype=torch.bool)
-        return cls(heads=heads, neurons=neurons if "neurons" in units else None)
+        hidden = torch.ones(original_hidden(model), dtype=torch.bool) if "hidden" in units else None
+        return cls(heads=heads, neurons=neurons if "neurons" in units else None, hidden=hidden)
 
     @classmethod
     def of(cls, alive: Mapping[str, torch.Tensor]) -> Masks:
-        """The masks of a `{kind: mask}` mapping (it must have "heads")."""
+        """The masks of a `{kind: mask}` mapping (it must have "heads"); masks given as `Masks` keep their width."""
+        if isinstance(alive, Masks):
+            return alive
         return cls(heads=alive["heads"], neurons=alive.get("neurons"))
 
     def __getitem__(self, kind: str) -> torch.Tensor:
@@ -82,7 +89,8 @@ class Masks(Mapping[str, torch.Tensor]):
 
     def clone(self) -> Masks:
         """New tensors, the same units."""
-        return Masks(self.heads.clone(), None if self.neurons is None else self.neurons.clone())
+        copies = (None if mask is None else mask.clone() for mask in (self.neurons, self.hidden))
+        return Masks(self.heads.clone(), *copies)
 
     def without(self, plan: UnitPlan) -> Masks:
         """These masks with every unit of `plan` switched off (new tensors)."""
@@ -111,6 +119,24 @@ class Masks(Mapping[str, torch.Tensor]):
         """Float FFN neuron gates for `masking.gated(model, heads, neurons)`, None when neurons are not pruned."""
         return None if self.neurons is None else self.neurons.float()
 
+    def width(self) -> int | None:
+        """Residual channels kept (None when the width is not pruned)."""
+        return None if self.hidden is None else int(self.hidden.sum())
+
+    def narrowed(self, hidden: torch.Tensor) -> Masks:
+        """These masks with the residual channels `hidden` keeps (new tensors)."""
+        out = self.clone()
+        out.hidden = hidden.clone()
+        return out
+
+    def cut(self, model: nn.Module) -> nn.Module:
+        """Physically remove every dead unit from `model` in place: heads, neurons, empty layers, then the residual
+        channels the width mask drops."""
+        apply_unit_plan(model, self.unit_plan())
+        if self.hidden is not None and not bool(self.hidden.all()):
+            prune_hidden(model, (~self.hidden).nonzero().flatten().tolist())
+        return model
+
     def unit_plan(self) -> UnitPlan:
         """The cumulative unit plan (original ids) of every dead unit."""
         return masks_to_plan(self)
@@ -120,14 +146,13 @@ class Masks(Mapping[str, torch.Tensor]):
 
     def pruned_copy(self, model: nn.Module) -> nn.Module:
         """A copy of `model` with the dead units sliced out and empty layers removed (`model` is untouched)."""
-        return pruned_units_copy(model, self.unit_plan()).eval()
+        return self.cut(copy.deepcopy(model)).eval()
 
     def write_back(self, model: nn.Module, trained: nn.Module) -> None:
         """Copy the weights of `trained` (`self.pruned_copy(model)`, since trained) into the slots of `model` they
         were cut from, in place; the dead units' slots keep their weights (under these masks they are never read).
         So a masked model can be trained at the pruned model's cost and stay the run's one representation."""
-        plan = self.unit_plan()
-        write_back(model, trained, cut_positions(model, lambda ids: apply_unit_plan(ids, plan)))
+        write_back(model, trained, cut_positions(model, self.cut))
 
 
 def alive_units(model: nn.Module) -> Masks:

@@ -171,11 +171,19 @@ class PruneSpec(Strict):
     target: float | None = Field(
         None, gt=0, lt=1, description="fraction of all heads removed at the end (default 0.5 without a budget)"
     )
-    units: list[Literal["heads", "neurons", "layers"]] = Field(
+    units: list[Literal["heads", "neurons", "layers", "hidden"]] = Field(
         default_factory=lambda: ["heads"],
         min_length=1,
         description="unit kinds that compete for the budget; 'layers' (with heads and neurons, allocation "
-        "'measured') also proposes removing whole layers, ranked by the measured loss of dropping each",
+        "'measured') also proposes removing whole layers, ranked by the measured loss of dropping each; 'hidden' "
+        "also narrows the residual stream, step by step, to hidden_size channels",
+    )
+    hidden_size: int | None = Field(
+        None, ge=1, le=65536, description="units 'hidden': the residual width the last step keeps (a multiple of "
+        "hidden_multiple, below the model's); the steps narrow to it in equal shares of hidden_multiple channels",
+    )  # fmt: skip
+    hidden_multiple: int = Field(
+        64, ge=1, le=4096, description="units 'hidden': every width a step keeps is a multiple of it (fast kernels)"
     )
     budget: BudgetSpec | None = Field(None, description="one budget for the whole model instead of `target`")
     uniform_ffn: bool = Field(
@@ -251,6 +259,25 @@ class PruneSpec(Strict):
             raise ValueError("units: 'layers' needs units heads and neurons too and allocation 'measured'")
         if self.resolved_budget.kind == "heads" or self.uniform_ffn:
             raise ValueError("units: 'layers' needs a flops or speedup budget and uniform_ffn off")
+
+    def _hidden_fit(self) -> None:
+        """A width cut names its width, on the multiple's grid, and is repaired by training (no rescale fit)."""
+        if "hidden" not in self.units:
+            if self.hidden_size is not None:
+                raise ValueError("hidden_size: only applies when units include 'hidden'")
+            return
+        if self.hidden_size is None:
+            raise ValueError("hidden_size: units include 'hidden'; expected the residual width to keep, e.g. 384")
+        if self.hidden_size % self.hidden_multiple:
+            raise ValueError(
+                f"hidden_multiple: {self.hidden_multiple} does not divide hidden_size {self.hidden_size}; expected a "
+                "width that is a multiple of it"
+            )
+        if self.rescales or self.recovery_finetune is None:
+            raise ValueError(
+                "recovery: units 'hidden' are repaired by fine-tuning; expected finetune, got "
+                f"'{self.resolved_recovery}'"
+            )
 
     @property
     def resolved_recovery(self) -> str:
@@ -328,8 +355,9 @@ class PruneSpec(Strict):
             raise ValueError("uniform_ffn: only applies when units include 'neurons'")
         if "layers" in self.units:
             self._layers_fit()
+        self._hidden_fit()
         for unit in self.units:
-            if unit != "layers" and unit not in criteria().units_of(self.criterion.name):
+            if unit not in ("layers", "hidden") and unit not in criteria().units_of(self.criterion.name):
                 raise ValueError(
                     f"criterion.name: '{self.criterion.name}' cannot score {unit}; expected one of "
                     f"{criteria().scoring(unit)}"

@@ -46,6 +46,8 @@ class StepCheckpoints:
         if state.masks.neurons is not None:
             records["neurons"] = torch.stack([r.masks.neurons for r in state.steps])
             records["neuron_scores"] = torch.stack([r.neuron_scores.float().cpu() for r in state.steps])
+        if state.masks.hidden is not None:
+            records["hidden"] = torch.stack([r.masks.hidden for r in state.steps])
         meta = {"step": len(state.steps) - 1, "alive": state.masks.heads.int().tolist(), "log": state.log}
         final = self.root / f"step_{len(state.steps) - 1:03d}"
         with atomic.directory(final) as tmp:
@@ -64,9 +66,11 @@ class StepCheckpoints:
         log.info("resuming after step %d from %s", meta["step"] + 1, last)
         scores, heads = _records(last, meta["log"], fresh.masks.heads)
         neurons, neuron_scores = _neuron_records(last, len(heads), fresh.masks.neurons is not None)
+        widths = _width_records(last, len(heads), fresh.masks.hidden is not None)
+        rows = zip(meta["log"], scores, heads, neurons, neuron_scores, widths, strict=True)
         steps = [
-            StepRecord(e, s, Masks(h, n), ns, _weights_of(self.root / f"step_{i:03d}", e))
-            for i, (e, s, h, n, ns) in enumerate(zip(meta["log"], scores, heads, neurons, neuron_scores, strict=True))
+            StepRecord(e, s, Masks(h, n, w), ns, _weights_of(self.root / f"step_{i:03d}", e))
+            for i, (e, s, h, n, ns, w) in enumerate(rows)
         ]
         return PruneState(steps[-1].masks, steps)
 
@@ -86,6 +90,16 @@ def _neuron_records(step_dir: Path, count: int, pruned: bool) -> tuple[list, lis
     if "neurons" not in records:
         raise UserError(f"output_dir: checkpoint '{step_dir}' holds no neuron masks; pass --force to start over")
     return list(records["neurons"]), list(records["neuron_scores"])
+
+
+def _width_records(step_dir: Path, count: int, pruned: bool) -> list:
+    """Per finished step: the residual channels kept (None each when the run does not prune the width)."""
+    if not pruned:
+        return [None] * count
+    records = load_file(str(step_dir / RECORDS_FILE))
+    if "hidden" not in records:
+        raise UserError(f"output_dir: checkpoint '{step_dir}' holds no width masks; pass --force to start over")
+    return list(records["hidden"])
 
 
 def _records(step_dir: Path, steps_log: list[dict], full: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

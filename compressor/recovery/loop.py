@@ -34,8 +34,10 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from compressor.pruning.budget import max_steps, plan_budget
+from compressor.pruning.masking import narrowed
 from compressor.pruning.selection import mask_to_plan
 from compressor.pruning.units import Masks, score_all
+from compressor.pruning.width import channel_scores, narrow, width_at
 from compressor.recipe import PruneSpec
 from compressor.recovery.choice import LoopInputs, select, settle
 from compressor.recovery.distill import TeacherTargets, teacher_targets
@@ -262,6 +264,19 @@ def _score(loop: LoopInputs, masks: Masks, step: int, index: int) -> tuple[dict[
     return scores, {k: v for k, v in extras.items() if k != "special_token_ids"}  # e.g. l0's sparsity reached
 
 
+def _narrow_width(loop: LoopInputs, masks: Masks, index: int) -> tuple[Masks, dict]:
+    """Units 'hidden': `masks` narrowed to the width goal `index` keeps (`pruning.width`), and the step log's
+    entries for it ({} when the width is not pruned)."""
+    if masks.hidden is None:
+        return masks, {}
+    model, p = loop.accelerator.unwrap_model(loop.model), loop.config
+    width = width_at(len(masks.hidden), p.hidden_size, p.hidden_multiple, index, len(loop.budget.goals))
+    if width < int(masks.hidden.sum()):
+        masks, removed = narrow(masks, channel_scores(model, masks, loop.score_batches), width)
+        log.info("step: residual width %d (%d channels removed)", width, len(removed))
+    return masks, {"hidden_size": int(masks.hidden.sum())}
+
+
 def _validate(loop: LoopInputs, masks: Masks) -> dict | None:
     if loop.validation is None:
         return None
@@ -278,7 +293,9 @@ def _step(loop: LoopInputs, masks: Masks, step: int, index: int) -> StepRecord:
     t_score = time.perf_counter()
     log.info("step %d: scoring %s with %s on %d batches", step + 1, "+".join(masks), p.criterion.name,
              len(loop.score_batches))  # fmt: skip
-    scores, diagnostics = _score(loop, masks, step, index)
+    masks, width = _narrow_width(loop, masks, index)
+    with narrowed(loop.accelerator.unwrap_model(loop.model), masks.hidden):
+        scores, diagnostics = _score(loop, masks, step, index)
     score_seconds = time.perf_counter() - t_score
     plan, slices = select(loop, index, scores, masks, step)
     before, masks, measured = masks, masks.without(plan), {}
@@ -294,6 +311,7 @@ def _step(loop: LoopInputs, masks: Masks, step: int, index: int) -> StepRecord:
     }
     if masks.neurons is not None:
         entry |= unit_entry(masks.heads, masks.neurons, plan)
+    entry |= width
     if p.resolved_budget.kind != "heads":  # FLOP and speed-up budgets log their progress, with or without neurons
         entry |= measured | loop.budget.progress(masks)
     if (after_prune := _validate(loop, masks)) is not None:

@@ -44,13 +44,15 @@ class UnitCosts:
 
 
 def _hidden(model: nn.Module) -> int:
+    """The residual width `model` has now (the config's, less the channels cut: `config.pruned_hidden`)."""
     cfg = model.config
-    return int(cfg.hidden_size)  # DistilBERT's config maps hidden_size to its `dim`
+    return int(cfg.hidden_size) - len(getattr(cfg, "pruned_hidden", None) or [])  # DistilBERT maps hidden_size
 
 
-def unit_costs(model: nn.Module, seq_len: int) -> UnitCosts:
-    """FLOPs per example of one head, one FFN neuron and one whole original layer of `model` at `seq_len`."""
-    hidden, d, t = _hidden(model), head_size(model), int(seq_len)
+def unit_costs(model: nn.Module, seq_len: int, width: int | None = None) -> UnitCosts:
+    """FLOPs per example of one head, one FFN neuron and one whole original layer of `model` at `seq_len`, with the
+    residual stream at `width` channels (default: the model's own)."""
+    hidden, d, t = width or _hidden(model), head_size(model), int(seq_len)
     head = 2 * (4 * t * hidden * d + 2 * t * t * d)
     spec = declared(getattr(model.config, "model_type", ""))  # a bare config (latency tables): plain BERT costs
     if spec is not None and spec.extra_head_flops is not None:
@@ -63,8 +65,9 @@ def unit_costs(model: nn.Module, seq_len: int) -> UnitCosts:
 def masked_flops(model: nn.Module, alive: Mapping[str, torch.Tensor], seq_len: int) -> int:
     """Encoder FLOPs per example of `model` with only the units in `alive` ({"heads": .., "neurons": ..} bool
     masks over original ids) kept: what physically removing the rest would leave. A kind missing from `alive`
-    counts as fully present."""
-    costs = unit_costs(model, seq_len)
+    counts as fully present; a residual width mask (`Masks.hidden`, where `alive` carries one) narrows every unit."""
+    width = getattr(alive, "hidden", None)
+    costs = unit_costs(model, seq_len, None if width is None else int(width.sum()))
     heads = alive.get("heads")
     neurons = alive.get("neurons")
     n_heads = int(heads.sum()) if heads is not None else sum(len(h) for h in present_heads(model))

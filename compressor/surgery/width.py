@@ -28,17 +28,18 @@ class WidthError(ValueError):
     """A width cut that names channels out of range or would leave the stream empty (raised before any change)."""
 
 
-def width_refusal(model: nn.Module) -> str | None:
-    """Why `model`'s residual width cannot be cut exactly, in words (None when it can)."""
-    spec, cfg = arch_spec(model), model.config
-    kind = cfg.model_type
+def width_refusal(config) -> str | None:
+    """Why a model of `config` cannot have its residual width cut exactly, in words (None when it can). Read from
+    the config alone, so a run refuses before any weights load."""
+    kind = config.model_type
+    spec, width = arch_spec(kind), int(getattr(config, "hidden_size", None) or config.dim)
     if spec.pre_norm:
         return f"{kind} normalises before each sublayer (pre-norm), so its residual stream is never re-normalised"
     if spec.head_rows:
         return f"{kind}'s relative-position embeddings form a second stream of the same width"
-    if model.get_input_embeddings().embedding_dim != original_hidden(model):
+    if int(getattr(config, "embedding_size", None) or width) != width:
         return f"{kind}'s embeddings are narrower than its layers (a factorised embedding)"
-    if int(getattr(cfg, "num_labels", 0)) == original_hidden(model):
+    if int(getattr(config, "num_labels", 0)) == width:
         return f"{kind} with as many labels as residual channels: its classifier cannot be told from its head"
     return None
 
@@ -47,7 +48,7 @@ def prune_hidden(model: nn.Module, remove: Iterable[int]) -> nn.Module:
     """Remove the residual channels `remove` (original ids) from `model` in place and record them in
     `config.pruned_hidden`. Channels already removed are ignored (a cumulative list replays idempotently); a
     channel out of range, a cut that leaves nothing, or a family that cannot be cut is refused before any change."""
-    reason = width_refusal(model)
+    reason = width_refusal(model.config)
     if reason is not None:
         raise WidthError(f"prune.units: 'hidden' cannot be cut here: {reason}")
     total, present = original_hidden(model), present_hidden(model)

@@ -1,0 +1,174 @@
+"""Residual width (`prune.units: [..., hidden]`): one kept channel set for the whole stream. Masked (every stream
+LayerNorm over the kept channels) == pruned == reloaded (compressor and plain transformers) == ONNX for every family
+that accepts it; the others, and bad recipes, are refused in one line; a tiny run narrows step by step, saves a model
+that reloads, and resumes."""
+
+from __future__ import annotations
+
+import copy
+import shutil
+
+import numpy as np
+import pytest
+import torch
+from conftest import make_tokenizer_dir, tiny_recipe
+from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+from compressor.core import outdir
+from compressor.deploy import export as ex
+from compressor.pipeline.runner import run_recipe
+from compressor.pruning.masking import gated
+from compressor.pruning.units import Masks
+from compressor.pruning.width import check_width, narrow, width_at
+from compressor.recipe import RecipeError, dump_recipe, parse_recipe
+from compressor.surgery.arch import present_hidden
+from compressor.surgery.checkpoint import load_pruned, save_pruned
+from compressor.surgery.slicing import prune_heads
+from compressor.surgery.width import WidthError, prune_hidden, width_refusal
+from compressor.testing import ARCHS, randomize, tiny_batch, tiny_model
+
+CUTTABLE = [arch for arch in ARCHS if width_refusal(tiny_model(arch).config) is None]
+REFUSED = [arch for arch in ARCHS if arch not in CUTTABLE]
+
+
+def _inputs(model, batch: dict) -> dict:
+    return {name: batch[name] for name in ex.graph_inputs(model) if name in batch}
+
+
+def _logits(model, batch: dict, hidden: torch.Tensor | None = None) -> torch.Tensor:
+    with torch.no_grad(), gated(model, None, None, hidden):
+        return model(**_inputs(model, batch)).logits
+
+
+def _keep(width: int, drop: int, seed: int = 0) -> torch.Tensor:
+    keep = torch.ones(width, dtype=torch.bool)
+    keep[torch.randperm(width, generator=torch.Generator().manual_seed(seed))[:drop]] = False
+    return keep
+
+
+def test_the_families_that_cut_width_are_the_post_norm_ones():
+    """BERT-like, MPNet and DistilBERT cut; pre-norm ModernBERT and DeBERTa (a second stream) are refused."""
+    assert {"bert", "roberta", "mpnet", "distilbert"} <= set(CUTTABLE)
+    assert set(REFUSED) == {"deberta-v2", "modernbert"}
+
+
+@pytest.mark.parametrize("arch", CUTTABLE)
+def test_masked_equals_pruned_equals_reloaded_equals_onnx(arch, tmp_path):
+    """Half the channels cut (with uneven heads first): the masked model, the cut one, `load_pruned`, plain
+    transformers with the shipped modeling file and the ONNX export give the same logits; the full model differs."""
+    model = randomize(prune_heads(tiny_model(arch), {0: [1], 2: [0, 3]}))
+    keep = _keep(model.config.hidden_size, model.config.hidden_size // 2)
+    batch = tiny_batch(batch=3, seq=9)
+    masked, full = _logits(model, batch, keep), _logits(model, batch)
+    cut = prune_hidden(copy.deepcopy(model), (~keep).nonzero().flatten().tolist())
+    assert present_hidden(cut) == keep.nonzero().flatten().tolist()
+    assert cut.get_input_embeddings().embedding_dim == int(keep.sum())
+    pruned = _logits(cut, batch)
+    assert (masked - pruned).abs().max() <= 1e-5 and (full - masked).abs().max() > 1e-2
+    tokenizer = AutoTokenizer.from_pretrained(make_tokenizer_dir(tmp_path / "tok"))
+    model_dir = save_pruned(cut, tmp_path / "model", tokenizer)
+    assert (_logits(load_pruned(model_dir, attn_implementation="eager"), batch) - pruned).abs().max() <= 1e-5
+    plain = AutoModelForSequenceClassification.from_pretrained(model_dir, trust_remote_code=True).eval()
+    assert (_logits(plain, batch) - pruned).abs().max() <= 1e-5
+    result = ex.export_onnx(model_dir, tmp_path / "onnx", ["fp32"], [batch])
+    assert result["fp32"]["max_abs_diff"] <= 1e-4
+    onnx_logits = ex.OnnxClassifier(tmp_path / "onnx" / "fp32")(batch)
+    assert np.abs(onnx_logits - pruned.numpy()).max() <= 1e-4
+
+
+def test_cuts_compose_and_replay_idempotently():
+    """Two cuts by original ids equal one cut by their union; replaying a cut changes nothing."""
+    model = randomize(tiny_model("bert"))
+    batch = tiny_batch()
+    twice = prune_hidden(prune_hidden(copy.deepcopy(model), [0, 5, 9]), [5, 9, 20, 31])
+    once = prune_hidden(copy.deepcopy(model), [0, 5, 9, 20, 31])
+    assert (_logits(twice, batch) - _logits(once, batch)).abs().max() == 0
+    assert present_hidden(prune_hidden(twice, [0, 20])) == present_hidden(once)
+
+
+@pytest.mark.parametrize("arch", REFUSED)
+def test_a_family_that_cannot_cut_width_is_refused_in_one_line(arch):
+    model = tiny_model(arch)
+    with pytest.raises(WidthError, match=r"^prune\.units: 'hidden' cannot be cut here: .+") as err:
+        prune_hidden(model, [0])
+    assert "\n" not in str(err.value)
+    spec = parse_recipe(tiny_recipe("m", "d.csv", "out", prune=_prune(hidden_size=16))).prune
+    with pytest.raises(RecipeError, match=r"^prune\.units: 'hidden' cannot be cut on this model"):
+        check_width(model.config, spec)
+
+
+def test_bad_cuts_are_refused_before_any_change():
+    model = tiny_model("bert")
+    before = copy.deepcopy(model.state_dict())
+    for remove, text in (([32], "out of range"), (list(range(32)), "at least one")):
+        with pytest.raises(WidthError, match=text):
+            prune_hidden(model, remove)
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+def _prune(**extra) -> dict:
+    finetune = {"epochs": 1, "lr": 5e-4, "batch_size": 16, "max_examples": 96}
+    base = {"criterion": {"name": "taylor"}, "target": 0.5, "steps": 2, "score_examples": 64,
+            "units": ["heads", "hidden"], "hidden_multiple": 8, "finetune": finetune}  # fmt: skip
+    return {**base, **extra}
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ({"hidden_size": 20}, r"^recipe: prune\.hidden_multiple: 8 does not divide hidden_size 20"),
+        ({"hidden_size": None}, r"^recipe: prune\.hidden_size: units include 'hidden'; expected the residual width"),
+        ({"hidden_size": 16, "units": ["heads"]}, r"^recipe: prune\.hidden_size: only applies when units include 'hidden'"),
+        ({"hidden_size": 16, "recovery": "rescale", "finetune": None}, r"^recipe: prune\.recovery: units 'hidden' are"),
+    ],
+)
+def test_bad_width_recipes_name_the_field(extra, message):
+    with pytest.raises(RecipeError, match=message) as err:
+        parse_recipe(tiny_recipe("m", "d.csv", "out", prune=_prune(**extra)))
+    assert "\n" not in str(err.value)
+
+
+def test_a_width_above_the_models_is_refused_before_anything_is_written(tmp_path, tiny_model_dir, tiny_csv):
+    recipe = parse_recipe(tiny_recipe(tiny_model_dir, tiny_csv, tmp_path / "run", prune=_prune(hidden_size=32)))
+    with pytest.raises(RecipeError, match=r"^prune\.hidden_size: 32 is not below the model's width 32"):
+        run_recipe(recipe)
+    assert not (tmp_path / "run").exists()
+
+
+def test_width_schedule_lands_on_the_grid_and_the_target():
+    assert [width_at(768, 384, 64, goal, 4) for goal in range(4)] == [640, 576, 512, 384]
+    assert [width_at(32, 16, 8, goal, 2) for goal in range(2)] == [24, 16]
+    assert width_at(768, 384, 64, 5, 4) == 384
+
+
+def test_narrow_keeps_the_best_scored_channels_and_never_brings_one_back():
+    masks = Masks.full(tiny_model("bert"), ["heads", "hidden"])
+    scores = torch.arange(32, dtype=torch.float)
+    first, removed = narrow(masks, scores, 24)
+    assert first.width() == 24 and removed == list(range(8)) and masks.width() == 32
+    second, _ = narrow(first, torch.flip(scores, [0]), 16)  # the low ids score best now, but are gone
+    assert second.width() == 16 and not bool(second.hidden[:8].any())
+
+
+def test_a_tiny_run_narrows_step_by_step_saves_exactly_and_resumes(tmp_path, tiny_model_dir, tiny_csv, cache_dir):
+    """Units heads + hidden to 16 of 32 channels in two steps: the log shows 24 then 16; the saved model is 16 wide,
+    equals the masked one, exports, reloads; a run resumed after step 1 ends where the uninterrupted one ends."""
+    prune = _prune(hidden_size=16)
+    recipe = parse_recipe(tiny_recipe(tiny_model_dir, tiny_csv, tmp_path / "ref", prune=prune,
+                                      export={"variants": ["fp32"]}))  # fmt: skip
+    report = run_recipe(recipe)
+    assert [s["hidden_size"] for s in report["steps"]] == [24, 16]
+    assert report["pruned"]["masked_vs_pruned_max_abs_diff"] <= 1e-4
+    assert report["export"]["fp32"]["max_abs_diff"] <= 1e-4
+    reloaded = load_pruned(tmp_path / "ref" / "model")
+    assert len(present_hidden(reloaded)) == 16 and reloaded.get_input_embeddings().embedding_dim == 16
+    resumed_recipe = parse_recipe(tiny_recipe(tiny_model_dir, tiny_csv, tmp_path / "resumed", prune=prune,
+                                              export={"variants": ["fp32"]}))  # fmt: skip
+    out = tmp_path / "resumed"
+    outdir.claim(outdir.check_run_dir(str(out), False, lambda _: True), dump_recipe(resumed_recipe))
+    outdir.finish(out)
+    shutil.copytree(tmp_path / "ref" / "state" / "step_000", out / "state" / "step_000")
+    resumed = run_recipe(resumed_recipe)
+    assert "resuming after step 1" in (out / "run.log").read_text()
+    assert present_hidden(load_pruned(out / "model")) == present_hidden(reloaded)
+    assert resumed["pruned"]["test"] == pytest.approx(report["pruned"]["test"], abs=1e-6)
