@@ -225,7 +225,8 @@ def test_unpruned_model_is_saved_as_a_plain_directory(tmp_path: Path, arch: str)
     saved = config_json(path)
     assert LAYOUT_KEY not in saved and "auto_map" not in saved and "pruned_heads" not in saved
     assert not (path / REMOTE_FILE).exists()
-    assert read_unit_plan(path) == {"heads": {}, "neurons": {}, "layers": [], "ffn_size": original_ffn_size(model)}
+    empty = {"heads": {}, "neurons": {}, "layers": [], "hidden": []}
+    assert read_unit_plan(path) == {**empty, "ffn_size": original_ffn_size(model)}
     plain = AutoModelForSequenceClassification.from_pretrained(path, attn_implementation="eager").eval()
     assert type(plain) is type(model)
     for loaded in (plain, load_pruned(path, attn_implementation="eager")):

@@ -480,7 +480,7 @@ def test_criterion_that_cannot_score_neurons_is_refused() -> None:
         ({"target": 0.3, "budget": {"kind": "flops", "value": 0.5}}, "prune.budget: give target"),
         ({"uniform_ffn": True}, "prune.uniform_ffn: only applies"),
         ({"budget": {"kind": "flops", "value": 1.2}}, "prune.budget.value: for kind 'flops' expected a fraction"),
-        ({"units": ["rows"]}, "prune.units.0: Input should be 'heads', 'neurons' or 'layers'"),
+        ({"units": ["rows"]}, "prune.units.0: Input should be 'heads', 'neurons', 'layers' or 'hidden'"),
         ({"units": ["layers"]}, "prune.units: 'layers' needs units heads and neurons too"),
     ],
 )
