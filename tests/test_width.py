@@ -158,6 +158,8 @@ def test_a_tiny_run_narrows_step_by_step_saves_exactly_and_resumes(tmp_path, tin
                                       export={"variants": ["fp32"]}))  # fmt: skip
     report = run_recipe(recipe)
     assert [s["hidden_size"] for s in report["steps"]] == [24, 16]
+    assert (report["original"]["hidden_size"], report["pruned"]["hidden_size"]) == (32, 16)
+    assert "| residual width | 32 | 16 |" in (tmp_path / "ref" / "report.md").read_text()
     assert report["pruned"]["masked_vs_pruned_max_abs_diff"] <= 1e-4
     assert report["export"]["fp32"]["max_abs_diff"] <= 1e-4
     reloaded = load_pruned(tmp_path / "ref" / "model")

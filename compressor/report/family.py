@@ -72,10 +72,12 @@ def _members_table(members: list[MemberSection], steps: list[dict]) -> list[str]
     """One row per member: target, speed-up by its budget check and by its step's own timing, step, units, FLOP
     ratio, layer-drop comparison."""
     at_step = {s.get("step"): s.get("measured_speedup") for s in steps}
+    widths = any("hidden_size" in s for s in steps)  # units 'hidden': each member's residual width, after its heads
     lines = [
-        "| member | target | measured (IQR) | within 10% | at its step | after step | heads | FFN neurons | FLOP ratio "
-        "| test acc (%) | layer-drop acc (%) | member − layer-drop (p) |",
-        "|---|---:|---:|:---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| member | target | measured (IQR) | within 10% | at its step | after step | heads | "
+        f"{'width | ' if widths else ''}FFN neurons | FLOP ratio | test acc (%) | layer-drop acc (%) | "
+        "member − layer-drop (p) |",
+        f"|---|---:|---:|:---:|---:|---:|---:|{'---:|' if widths else ''}---:|---:|---:|---:|---:|",
     ]
     for m in members:
         p, base = m.pruned, m.baseline
@@ -87,7 +89,8 @@ def _members_table(members: list[MemberSection], steps: list[dict]) -> list[str]
         neurons = "–" if p.ffn_neurons is None else p.ffn_neurons
         lines.append(
             f"| {m.label} | {m.target:g} | {measured} | {within} | {_x(at_step.get(m.step))} | {m.step} | "
-            f"{p.heads_left} | {neurons} | {p.flop_ratio:.2f} | {_pct(p.test.accuracy)} "
+            f"{p.heads_left} | {f'{p.hidden_size} | ' if widths else ''}{neurons} | {p.flop_ratio:.2f} | "
+            f"{_pct(p.test.accuracy)} "
             f"| {_pct(base['baseline_accuracy']) if base else '–'} | {compare} |"
         )
     return [

@@ -65,6 +65,7 @@ class Original(Section):
     heads_per_layer: list[int] | None = None
     ffn_neurons: int | None = None
     layers: int | None = None
+    hidden_size: int | None = None
 
 
 class Pruned(Section):
@@ -83,6 +84,7 @@ class Pruned(Section):
     ffn_neurons: int | None = None
     ffn_neurons_per_layer: list[int] | None = None
     layers: int | None = None
+    hidden_size: int | None = None  # the residual width kept (units 'hidden'); absent in reports before it
 
 
 class Budget(Section):

@@ -199,6 +199,7 @@ def render(report: RunReport) -> str:
         "|---|---:|---:|",
         f"| test accuracy (%) | {_pct(o.test.accuracy)} | {_pct(p.test.accuracy)} |",
         f"| heads | {p.heads_total} | {p.heads_left} |",
+        *([f"| residual width | {o.hidden_size} | {p.hidden_size} |"] if o.hidden_size != p.hidden_size else []),
         f"| parameters | {o.parameters:,} | {p.parameters:,} |",
         f"| encoder FLOPs / example | {o.encoder_flops_per_example:,} | {p.encoder_flops_per_example:,} |",
         "",

@@ -104,6 +104,7 @@ def size_stats(model: nn.Module, seq_len: int) -> dict:
         "ffn_neurons": sum(neurons),
         "ffn_neurons_per_layer": neurons,
         "layers": len(heads) - len(removed_layers(model)),
+        "hidden_size": _hidden(model),
     }
 
 
