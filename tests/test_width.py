@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import make_tokenizer_dir, tiny_recipe
+from test_export import int8_tol, labelled_by
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 from compressor.core import outdir
@@ -174,3 +175,22 @@ def test_a_tiny_run_narrows_step_by_step_saves_exactly_and_resumes(tmp_path, tin
     assert "resuming after step 1" in (out / "run.log").read_text()
     assert present_hidden(load_pruned(out / "model")) == present_hidden(reloaded)
     assert resumed["pruned"]["test"] == pytest.approx(report["pruned"]["test"], abs=1e-6)
+
+
+@pytest.mark.parametrize("arch", ["bert", "mpnet"])
+def test_a_width_cut_model_passes_the_int8_gates_on_onnx_runtime_and_openvino(arch, tmp_path):
+    """The narrowed model quantised by ONNX Runtime and by NNCF: both gated, both within the deviation the int8
+    grids themselves imply (`int8_tol`, the same on any CPU)."""
+    model = randomize(prune_heads(tiny_model(arch), {1: [2]}))
+    cut = prune_hidden(model, list(range(0, 32, 2)))
+    tokenizer = AutoTokenizer.from_pretrained(make_tokenizer_dir(tmp_path / "tok"))
+    model_dir = save_pruned(cut, tmp_path / "model", tokenizer)
+    calibration = [tiny_batch(batch=16, seq=11, seed=s) for s in range(40, 44)]
+    check = [tiny_batch(batch=4, seq=11, seed=s) for s in range(3)]
+    validation = labelled_by(model_dir, [tiny_batch(batch=16, seq=11, seed=s) for s in range(20, 24)])
+    int8 = ex.Int8Options(calibration=calibration, validation=validation, max_drop=0.5)
+    variants = ["fp32", "int8", "openvino-fp32", "openvino-int8"]
+    result = ex.export_onnx(model_dir, tmp_path / "onnx", variants, check, int8=int8)
+    for name in ("int8", "openvino-int8"):
+        assert "passed" in result[name]["gate"]
+        assert 0 < result[name]["max_abs_diff"] <= int8_tol(model_dir, check, calibration), name
