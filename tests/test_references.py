@@ -22,7 +22,7 @@ from compressor.pipeline.references import prepare_reference, references
 from compressor.pipeline.runner import prepare, run_recipe
 from compressor.recipe import ModelSpec, parse_recipe
 from compressor.report.family import render_family
-from compressor.report.references import references_lines
+from compressor.report.references import references_lines, training_lines
 from compressor.report.schema import RunReport
 from compressor.sources.models import foreign_head
 from compressor.testing import tiny_config, tiny_model
@@ -208,6 +208,12 @@ def test_a_reference_joins_the_frontier_on_its_own_tokenizer_and_is_cached(
     assert f"| reference {label} | pytorch |" in md and "## Against the references" in md
     assert "bench.reference_distill" not in md and ref["distilled"] is False  # fine-tuned only
     assert f"| {label} |" not in md.split("## Members")[1]  # the members table lists members only
+    passes = {m["label"]: sum(s["finetune"]["examples"] for s in report["steps"] if s["step"] <= m["step"])
+              for m in family["members"]}  # fmt: skip
+    assert all(n > 0 for n in passes.values()) and ref["finetune"]["examples"] > 0
+    trained = md.split("Training after the base model, in example passes")[1].split("\n")[0]
+    assert all(f"member {label}: {n:,}" in trained for label, n in passes.items())
+    assert f"{label} {ref['finetune']['examples']:,} (the members had" in trained
     assert f"reference {label}: fine-tune: 8.0 epochs of" in (out / "run.log").read_text()  # reference_finetune
     cached = sorted(p.name for p in (cache_dir / "finetuned").iterdir())
     assert len(cached) == 2  # the base's fine-tune and the reference's
@@ -454,3 +460,14 @@ def test_a_one_target_run_compares_with_a_reference_that_shares_the_base_fine_tu
     assert row["name"] == name and row["model"] == label
     assert [e["name"] for e in report["versus_references"]] == [name]
     assert "## Against the references" in (out / "report.md").read_text()
+
+
+def test_training_lines_add_each_members_steps_and_last_fine_tune():
+    """Passes of the steps up to the member plus its last fine-tune, beside each reference's; nothing is said when
+    a fine-tune did not record its passes (an older cache)."""
+    steps = [{"step": 1, "finetune": {"examples": 100}}, {"step": 2, "finetune": {"examples": 100}}]
+    members = [("2x", 1, {"examples": 300}), ("4x", 2, None)]
+    (_, line) = training_lines(members, steps, [{"label": "minilm-l6", "finetune": {"examples": 200}}])
+    assert "member 2x: 400; member 4x: 200" in line and "minilm-l6 200 (the members had 1.00–2.00× its passes)" in line
+    assert training_lines(members, steps, [{"label": "old", "finetune": {"steps": 3}}]) == []
+    assert training_lines(members, steps, None) == []

@@ -70,7 +70,7 @@ def train(
     optimizer, scheduler = _optimizer(model, spec, total)
     wrapped, optimizer, dl, scheduler = accelerator.prepare(model, optimizer, dl, scheduler)
     wrapped.train()
-    start, step, running = time.perf_counter(), 0, 0.0
+    start, step, running, seen = time.perf_counter(), 0, 0.0, 0
     bar = tqdm(total=total, desc=desc, disable=not accelerator.is_local_main_process, leave=False)
     skip = passthrough_layers(model, gates, neurons) if teacher is not None and teacher.hidden else frozenset()
     with gated(model, gates, neurons):
@@ -83,6 +83,7 @@ def train(
                 scheduler.step()
                 optimizer.zero_grad()
                 step += 1
+                seen += len(batch["labels"])
                 running += loss.item()
                 bar.update(1)
                 bar.set_postfix(loss=f"{running / step:.4f}")
@@ -93,7 +94,12 @@ def train(
     accelerator.unwrap_model(wrapped, keep_fp32_wrapper=False)  # scoring, surgery and export run the fp32 forward
     model.eval()
     accelerator.free_memory()
-    stats = {"steps": step, "train_loss": running / max(step, 1), "seconds": time.perf_counter() - start}
+    stats = {
+        "steps": step,
+        "examples": seen,
+        "train_loss": running / max(step, 1),
+        "seconds": time.perf_counter() - start,
+    }  # fmt: skip  (examples: passes on this process)
     return {**stats, "distill": teacher.spec.model_dump()} if teacher is not None else stats
 
 

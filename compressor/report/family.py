@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from compressor.bench.frontier import not_a_member
 from compressor.bench.render import cpu_line, int8_mark
-from compressor.report.references import references_section
+from compressor.report.references import references_section, training_lines
 from compressor.report.schema import MemberSection, RunReport
 from compressor.report.summary import (
     _pct,
@@ -147,6 +147,8 @@ def render_family(report: RunReport) -> str:
         ]
     if section.versus_references:
         lines += references_section(section.versus_references, report.references)
+        members = [(m.label, m.step, m.member_finetune) for m in section.members]
+        lines += training_lines(members, report.steps, report.references)
         lines += ["", "Each reference's fine-tuned model and ONNX variants are under `references/<reference>/`."]
     lines += ["", "## Members", "", *_members_table(section.members, report.steps), *_finetune_lines(section.members)]
     lines += [

@@ -61,6 +61,35 @@ def references_section(entries: list[dict] | None, sections: list[dict] | None =
     return ["", "## Against the references", "", *references_lines(entries), *(["", how] if taught else [])]
 
 
+def training_lines(
+    members: list[tuple[str, int, dict | None]], steps: list[dict], sections: list[dict] | None
+) -> list[str]:
+    """How much training each member and each reference had after the base model, in example passes: a member's
+    steps up to the one that closes it (their recovery fine-tunes) plus its last fine-tune (`members`: label, step,
+    `member_finetune` info); a reference's own fine-tune. Said so that a comparison is read with its training
+    budgets beside it (empty without references, or where a fine-tune did not record its passes)."""
+    refs = [(r["label"], (r.get("finetune") or {}).get("examples")) for r in sections or []]
+    if not refs or any(n is None for _, n in refs):
+        return []
+    rows = []
+    for label, step, last in members:
+        recovery = [(s.get("finetune") or {}).get("examples") for s in steps if s.get("step", 0) <= step]
+        if any(n is None for n in recovery) or (last is not None and last.get("examples") is None):
+            return []
+        rows.append((label, sum(recovery) + (last or {}).get("examples", 0)))
+    text = "; ".join(f"member {label}: {n:,}" for label, n in rows)
+    ratios = "; ".join(f"{label} {n:,} ({_ratio(rows, n)})" for label, n in refs)
+    return ["", f"Training after the base model, in example passes (the steps' recovery fine-tunes up to the member, "
+            f"plus its last fine-tune): {text}. References (their own fine-tune): {ratios}."]  # fmt: skip
+
+
+def _ratio(rows: list[tuple[str, int]], reference: int) -> str:
+    """How many times fewer (or more) passes a reference had than the members, as a range over them."""
+    factors = sorted(n / max(reference, 1) for _, n in rows)
+    span = f"{factors[0]:.2f}×" if factors[0] == factors[-1] else f"{factors[0]:.2f}–{factors[-1]:.2f}×"
+    return f"the members had {span} its passes"
+
+
 def reference_comparison(rows: list[dict], bench: dict) -> dict:
     """`{"versus_references": ...}` when the frontier `rows` hold references, from the rows and the `bench` result's
     member-vs-reference pairs; empty otherwise."""

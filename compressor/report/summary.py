@@ -7,7 +7,7 @@ from compressor.bench.render import _pct, cpu_line, int8_mark
 from compressor.deploy.quantize import smoothing_note
 from compressor.report.card import describe_distillation
 from compressor.report.recommendation import _recommendation_line
-from compressor.report.references import references_section
+from compressor.report.references import references_section, training_lines
 from compressor.report.schema import RunReport
 
 
@@ -239,6 +239,11 @@ def render(report: RunReport) -> str:
             "Full tables and plots (all sequence lengths and batch sizes, spread, memory): "
             "[bench/report.md](bench/report.md).",
             *references_section(report.versus_references, report.references),
+            *(
+                training_lines([("pruned", len(report.steps), report.member_finetune)], report.steps, report.references)
+                if report.versus_references
+                else []
+            ),
         ]
     if report.analysis is not None:
         lines += ["", "## Head roles of kept vs removed heads", "", *_roles_table(report.analysis)]
