@@ -194,3 +194,34 @@ def test_a_width_cut_model_passes_the_int8_gates_on_onnx_runtime_and_openvino(ar
     for name in ("int8", "openvino-int8"):
         assert "passed" in result[name]["gate"]
         assert 0 < result[name]["max_abs_diff"] <= int8_tol(model_dir, check, calibration), name
+
+
+def _width_table(dims_or_config, runtime, batch_size, seq_len, **kwargs):
+    """A known latency table whose every millisecond scales with the residual width (layer = (1 + heads/10 +
+    neurons/20) × width/32, outside 0.5 × width/32), instead of timing one in a unit test."""
+    from compressor.pruning.latency import Dims, LatencyTable
+
+    dims = dims_or_config if isinstance(dims_or_config, Dims) else Dims.from_config(dims_or_config)
+    scale = dims.hidden / 32
+    heads, neurons = [0, dims.heads], [0, dims.intermediate]
+    grid = [[scale * (1 + h / 10 + n / 20) for n in neurons] for h in heads]
+    return LatencyTable(runtime, batch_size, seq_len, 1, dims, heads, neurons, grid, outside_ms=0.5 * scale)
+
+
+def test_a_speedup_budget_prices_each_scheduled_width_with_its_own_table(monkeypatch):
+    """Units 'hidden' under a speed-up budget: one table per scheduled width, and a model narrowed to 16 of 32
+    channels is predicted exactly as much faster as that width's table says against the full-width original."""
+    from compressor.pruning import budget as budget_mod
+
+    monkeypatch.setattr(budget_mod, "load_or_build", _width_table)
+    model = tiny_model("bert")
+    prune = _prune(hidden_size=16, units=["heads", "neurons", "hidden"], target=None,
+                   budget={"kind": "speedup", "value": 1.5, "batch_size": 4, "seq_len": 16})  # fmt: skip
+    spec = parse_recipe(tiny_recipe("m", "d.csv", "out", prune=prune)).prune
+    budget = budget_mod.plan_budget(model, spec)
+    assert sorted(budget.narrow) == [16, 24] and budget.narrow[16].dims.head_size == 8
+    full = Masks.full(model, spec.units)
+    half = full.narrowed(torch.arange(32) < 16)
+    assert budget.predicted_speedup(full) == pytest.approx(1.0)
+    assert budget.predicted_speedup(half) == pytest.approx(2.0)  # every millisecond scales with the width here
+    assert budget.cost(half) == pytest.approx(budget.cost(full) / 2)

@@ -16,7 +16,7 @@ top-ups left, skipping goals the masks already meet.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from compressor.pruning.by_latency import restore_by_latency, select_by_latency, widths_of
-from compressor.pruning.latency import LatencyTable, Widths, load_file, load_or_build
+from compressor.pruning.latency import LatencyTable, NarrowTable, Widths, load_file, load_or_build
 from compressor.pruning.selection import (
     check_feasible,
     check_flop_budget,
@@ -35,6 +35,7 @@ from compressor.pruning.selection import (
     select_units,
 )
 from compressor.pruning.units import Masks, UnitPlan
+from compressor.pruning.width import width_at
 from compressor.recipe import BudgetSpec, PruneSpec, RecipeError
 from compressor.surgery.arch import config_head_counts, original_ffn_size
 from compressor.surgery.cost import UnitCosts, masked_flops, unit_costs
@@ -109,16 +110,26 @@ class Budget:
     table: LatencyTable | None = None
     calibration: float = 1.0  # measured / predicted speed-up at the last check (`calibrate`); 1 until measured
     members: dict[int, float] = field(default_factory=dict)  # goal index → the target (recipe units) it reaches
+    narrow: dict[int, LatencyTable] = field(default_factory=dict)  # units 'hidden': a table per scheduled width
 
     @property
     def kind(self) -> str:
         return self.spec.resolved_budget.kind
 
+    def table_for(self, alive: Masks) -> LatencyTable | NarrowTable | None:
+        """The table that prices `alive`: the full-width one, or where `alive` narrows the residual stream the table
+        measured at its width, read against the full-width original (`NarrowTable`)."""
+        width = getattr(alive, "width", lambda: None)()
+        if self.table is None or width is None or width not in self.narrow:
+            return self.table
+        return NarrowTable(self.table, self.narrow[width])
+
     def predicted_speedup(self, alive: Masks) -> float | None:
         """The latency table's speed-up of the masked model over the original (speed-up budgets only)."""
-        if self.table is None:
+        table = self.table_for(alive)
+        if table is None:
             return None
-        return self.table.speedup(self.table.dims.full(), widths_of(alive, self.table.dims))
+        return table.speedup(table.dims.full(), widths_of(alive, table.dims))
 
     def expected_speedup(self, alive: Masks) -> float | None:
         """The table's prediction scaled by the last measured correction: what the budget's goals are held to."""
@@ -223,8 +234,8 @@ class Budget:
             return {kind: {} for kind in alive}
         removed = {kind: before[kind] & ~alive[kind] for kind in alive}
         goal = self.aim(index) / self.calibration  # the table's own scale
-        return restore_by_latency({k: v for k, v in scores.items() if k in alive}, alive, removed, self.table, goal,
-                                  self.costs)  # fmt: skip
+        return restore_by_latency({k: v for k, v in scores.items() if k in alive}, alive, removed,
+                                  self.table_for(alive), goal, self.costs)  # fmt: skip
 
     def describe(self, target: float) -> str:
         """A target in words: '2.0x', or '50%' of heads / FLOPs."""
@@ -264,7 +275,8 @@ class Budget:
             removed = self.total_flops - masked_flops(self.model, alive, self.costs.seq_len)
             return select_units(scores, alive, self.costs, int(goal) - removed, p.min_heads_per_layer, p.uniform_ffn)
         goal /= self.calibration  # the table's own scale
-        return select_by_latency(scores, alive, self.table, goal, self.costs, p.min_heads_per_layer, p.uniform_ffn)
+        table = self.table_for(alive)
+        return select_by_latency(scores, alive, table, goal, self.costs, p.min_heads_per_layer, p.uniform_ffn)
 
     def intermediate_goals(self, step: int, alive: Masks, parts: int) -> list[float]:
         """`parts` goals evenly spaced from where `alive` stands to what step `step` aims at (the last is its `aim`):
@@ -278,10 +290,11 @@ class Budget:
 
     def cost(self, alive: Masks) -> float:
         """What the budget counts for `alive`: encoder FLOPs, or predicted milliseconds under a speed-up budget."""
-        if self.table is None:
+        table = self.table_for(alive)
+        if table is None:
             return float(masked_flops(self.model, alive, self.costs.seq_len))
-        widths = widths_of(alive, self.table.dims)
-        return self.table.model_ms(widths.heads, widths.neurons)
+        widths = widths_of(alive, table.dims)
+        return table.model_ms(widths.heads, widths.neurons)
 
     def progress(self, alive: Masks) -> dict:
         """What the step log records about the budget after a step."""
@@ -310,9 +323,26 @@ def plan_budget(model: nn.Module, spec: PruneSpec, cache_dir: str | Path | None 
             if budget.latency_table
             else load_or_build(*args, cache_dir=cache_dir)
         )
-        _check_reachable(table, spec, budget)
     goals, members = _goals(spec, _heads_total(model) if budget.kind == "heads" else total)
-    return Budget(model, spec, goals, costs, total, table, members=members)
+    narrow = _narrow_tables(table, spec, len(goals), cache_dir) if table is not None else {}
+    if table is not None:  # at the narrowest scheduled width, where units 'hidden' cut it
+        _check_reachable(NarrowTable(table, narrow[min(narrow)]) if narrow else table, spec, budget)
+    return Budget(model, spec, goals, costs, total, table, members=members, narrow=narrow)
+
+
+def _narrow_tables(table: LatencyTable, spec: PruneSpec, goals: int, cache_dir) -> dict[int, LatencyTable]:
+    """Units 'hidden' under a speed-up budget: a table at every width the schedule keeps (`pruning.width.width_at`),
+    measured on the budget's runtime like the full-width one (heads at the original head size), cached alike."""
+    if "hidden" not in spec.units:
+        return {}
+    dims, budget = table.dims, spec.resolved_budget
+    widths = {width_at(dims.hidden, spec.hidden_size, spec.hidden_multiple, i, goals) for i in range(goals)}
+    return {
+        w: load_or_build(
+            replace(dims, hidden=w), budget.runtime, budget.batch_size, budget.seq_len, cache_dir=cache_dir
+        )  # fmt: skip
+        for w in sorted(widths - {dims.hidden})
+    }
 
 
 def _goals(spec: PruneSpec, total: int) -> tuple[list[float], dict[int, float]]:

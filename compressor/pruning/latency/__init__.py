@@ -11,13 +11,20 @@ cost outside the layers, and interpolates in between (`table.py`; the timing its
 """
 
 from compressor.pruning.latency.probe import DEFAULT_FRACTIONS, RUNTIMES, Dims, Runtime, Unit, Widths, check_runtime
-from compressor.pruning.latency.table import LatencyTable, default_cache_dir, load_file, load_or_build
+from compressor.pruning.latency.table import (
+    LatencyTable,
+    NarrowTable,
+    default_cache_dir,
+    load_file,
+    load_or_build,
+)
 
 __all__ = [
     "DEFAULT_FRACTIONS",
     "RUNTIMES",
     "Dims",
     "LatencyTable",
+    "NarrowTable",
     "Runtime",
     "Unit",
     "Widths",

@@ -322,3 +322,26 @@ def load_or_build(
         table = LatencyTable.build(dims, runtime, batch_size, seq_len, threads, grid, **timing)
         atomic.write_text(path, json.dumps(table.to_dict(), indent=1))
     return table
+
+
+@dataclass(frozen=True)
+class NarrowTable:
+    """A model narrowed to a residual width (units 'hidden') read against its full-width original: the original's
+    milliseconds come from the full-width table, every pruned shape's from the table measured at the narrow width
+    (its layers and outside at that width, heads at the original head size). Everything but `speedup` is the narrow
+    table's, so selection by latency prices units at the width the model has now."""
+
+    full: LatencyTable
+    narrow: LatencyTable
+
+    @property
+    def dims(self) -> Dims:
+        return self.narrow.dims
+
+    def speedup(self, original: WidthsLike, pruned: WidthsLike) -> float:
+        """The full-width `original` (timed by `full`) over `pruned` at the narrow width (timed by `narrow`)."""
+        a, b = _widths(original), _widths(pruned)
+        return self.full.model_ms(a.heads, a.neurons) / self.narrow.model_ms(b.heads, b.neurons)
+
+    def __getattr__(self, name: str):
+        return getattr(self.narrow, name)
