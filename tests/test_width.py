@@ -262,3 +262,15 @@ def test_the_demo_model_narrows_to_256_channels_end_to_end(tmp_path, cache_dir):
     batch = dict(tokenizer(["a gorgeous, witty film", "tedious and overlong"], padding=True, return_tensors="pt"))
     with torch.no_grad():
         assert torch.allclose(plain(**batch).logits, load_pruned(model_dir)(**batch).logits, atol=1e-5)
+
+
+def test_a_narrowed_model_is_timed_as_deployed_with_its_own_width():
+    """The copy the bench and the budget check time (SDPA attention, rebuilt from the config) keeps the cut."""
+    from compressor.pruning.deployed import as_deployed
+
+    model = randomize(prune_heads(tiny_model("bert"), {0: [1]}))
+    cut = prune_hidden(model, list(range(8)))
+    fast = as_deployed(cut)
+    assert present_hidden(fast) == present_hidden(cut) and fast.get_input_embeddings().embedding_dim == 24
+    batch = tiny_batch()
+    assert (_logits(fast, batch) - _logits(cut, batch)).abs().max() <= 1e-5

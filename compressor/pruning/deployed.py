@@ -14,7 +14,15 @@ import copy
 from torch import nn
 
 from compressor.pruning.units import apply_unit_plan
-from compressor.surgery.arch import original_ffn_size, original_num_heads, pruned_heads, pruned_neurons, removed_layers
+from compressor.surgery.arch import (
+    original_ffn_size,
+    original_num_heads,
+    pruned_heads,
+    pruned_hidden,
+    pruned_neurons,
+    removed_layers,
+)
+from compressor.surgery.width import prune_hidden
 
 
 def as_deployed(model: nn.Module) -> nn.Module:
@@ -31,5 +39,7 @@ def as_deployed(model: nn.Module) -> nn.Module:
         plan["heads"][layer] = list(range(original_num_heads(model)))
         plan["neurons"][layer] = list(range(original_ffn_size(model)))
     apply_unit_plan(fast, plan)
+    if pruned_hidden(model):  # a narrowed residual stream: the same channels cut
+        prune_hidden(fast, pruned_hidden(model))
     fast.load_state_dict(model.state_dict())
     return fast.eval()
