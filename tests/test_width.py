@@ -77,6 +77,21 @@ def test_masked_equals_pruned_equals_reloaded_equals_onnx(arch, tmp_path):
     assert np.abs(onnx_logits - pruned.numpy()).max() <= 1e-4
 
 
+@pytest.mark.parametrize("arch", ["bert", "mpnet", "distilbert"])
+def test_a_model_with_a_removed_layer_and_an_empty_attention_cuts_exactly(arch, tmp_path):
+    """Layers removed whole (a parameterless identity with a marker) and a layer without heads keep the cut exact
+    and reload."""
+    from compressor.surgery.slicing import remove_layers
+
+    model = remove_layers(prune_heads(randomize(tiny_model(arch)), {0: [0, 1, 2, 3]}), [1])
+    keep = _keep(32, 12, seed=3)
+    batch = tiny_batch()
+    cut = prune_hidden(copy.deepcopy(model), (~keep).nonzero().flatten().tolist())
+    assert (_logits(model, batch, keep) - _logits(cut, batch)).abs().max() <= 1e-5
+    model_dir = save_pruned(cut, tmp_path / "model")
+    assert (_logits(load_pruned(model_dir, attn_implementation="eager"), batch) - _logits(cut, batch)).abs().max() == 0
+
+
 def test_cuts_compose_and_replay_idempotently():
     """Two cuts by original ids equal one cut by their union; replaying a cut changes nothing."""
     model = randomize(tiny_model("bert"))
@@ -274,3 +289,15 @@ def test_a_narrowed_model_is_timed_as_deployed_with_its_own_width():
     assert present_hidden(fast) == present_hidden(cut) and fast.get_input_embeddings().embedding_dim == 24
     batch = tiny_batch()
     assert (_logits(fast, batch) - _logits(cut, batch)).abs().max() <= 1e-5
+
+
+@pytest.mark.slow
+def test_a_speedup_budget_run_with_width_measures_and_narrows(tmp_path, tiny_model_dir, tiny_csv, cache_dir):
+    """A speed-up budget with heads, neurons and width, its tables and its calibration measured for real on
+    PyTorch: the run narrows 32 → 24 → 16, every step is priced and timed, and the saved model equals the masked."""
+    budget = {"kind": "speedup", "value": 1.3, "batch_size": 4, "seq_len": 16}
+    prune = _prune(hidden_size=16, units=["heads", "neurons", "hidden"], target=None, budget=budget, baseline=None)
+    report = run_recipe(parse_recipe(tiny_recipe(tiny_model_dir, tiny_csv, tmp_path / "run", prune=prune)))
+    assert [s["hidden_size"] for s in report["steps"]][:2] == [24, 16]
+    assert all(s["predicted_speedup"] > 0 and s["measured_speedup"] > 0 for s in report["steps"])
+    assert report["pruned"]["masked_vs_pruned_max_abs_diff"] <= 1e-4 and report["pruned"]["hidden_size"] == 16

@@ -264,10 +264,11 @@ def stream_paths(model: nn.Module, family: dict) -> dict[str, list[str]]:
         sides = ((family["ffn_in"], "readers"), (family["out_proj"], "writers"), (family["ffn_out"], "writers"))
         for path, kind in sides:
             try:
-                get_path(layer, path)
+                found = get_path(layer, path)
             except AttributeError:
                 continue
-            out[kind].append(prefix + path)
+            if isinstance(found, nn.Linear):  # not a removed layer's marker container
+                out[kind].append(prefix + path)
     for name, module in model.named_modules():
         if isinstance(module, nn.Linear) and id(module) not in inside:
             if module.in_features == width:
