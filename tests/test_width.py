@@ -301,3 +301,27 @@ def test_a_speedup_budget_run_with_width_measures_and_narrows(tmp_path, tiny_mod
     assert [s["hidden_size"] for s in report["steps"]][:2] == [24, 16]
     assert all(s["predicted_speedup"] > 0 and s["measured_speedup"] > 0 for s in report["steps"])
     assert report["pruned"]["masked_vs_pruned_max_abs_diff"] <= 1e-4 and report["pruned"]["hidden_size"] == 16
+
+
+def test_a_family_with_width_saves_each_member_at_its_own_width(tmp_path, tiny_model_dir, tiny_csv, cache_dir):
+    """Two FLOP targets with heads, neurons and width (32 → 24 → 16): each member is saved at the width its step
+    kept, with a member's last fine-tune on its narrowed copy; the members table shows the widths; every member's
+    saved model exports at ONNX parity."""
+    finetune = {"epochs": 1, "lr": 5e-4, "batch_size": 16, "max_examples": 96}
+    prune = _prune(hidden_size=16, units=["heads", "neurons", "hidden"], target=None,
+                   budget={"kind": "flops", "values": [0.2, 0.4], "seq_len": 16},
+                   member_finetune={**finetune, "max_examples": 64})  # fmt: skip
+    bench = {"batch_sizes": [1], "seq_len": 16, "rounds": 2, "warmup": 1, "min_time_s": 0.01, "quantize_only": [],
+             "max_drop": None}  # fmt: skip
+    recipe = parse_recipe(tiny_recipe(tiny_model_dir, tiny_csv, tmp_path / "fam", prune=prune,
+                                      export={"variants": ["fp32"]}, bench=bench))  # fmt: skip
+    report = run_recipe(recipe)
+    members = report["family"]["members"]
+    assert [m["pruned"]["hidden_size"] for m in members] == [24, 16]
+    for member in members:
+        assert member["pruned"]["masked_vs_pruned_max_abs_diff"] <= 1e-4
+        assert member["export"]["fp32"]["max_abs_diff"] <= 1e-4
+        saved = load_pruned(tmp_path / "fam" / "members" / member["label"] / "model")
+        assert len(present_hidden(saved)) == member["pruned"]["hidden_size"]
+    md = (tmp_path / "fam" / "report.md").read_text()
+    assert "| heads | width | FFN neurons |" in md
