@@ -1,4 +1,4 @@
-"""`compressor run`: sequencing, resume and preflight; the only module that knows the whole order of stages.
+"""`compressor run`: sequencing and resume, the only module that knows the whole order of stages.
 
 preflight → sources → base fine-tune (cached) → `recovery.loop.prune` (loop {score → select → mask → fine-tune},
 each step checkpointed by `StepCheckpoints` under `<output_dir>/state/`) → for each member (`family`: one for a
@@ -18,7 +18,6 @@ from functools import partial
 from pathlib import Path
 
 import torch
-import yaml
 from accelerate import Accelerator
 from accelerate.utils import InitProcessGroupKwargs
 
@@ -27,12 +26,11 @@ from compressor.core.candidates import SINGLE
 from compressor.core.errors import UserError
 from compressor.core.machine import cpu_has_bf16
 from compressor.pipeline.finetune import cached_finetune
-from compressor.pipeline.references import check_references, prepare_references
+from compressor.pipeline.preflight import Checked, preflight
+from compressor.pipeline.references import prepare_references
 from compressor.pipeline.stages import RunState
-from compressor.pruning.budget import check_budget, max_steps
-from compressor.pruning.selection import check_against_model
-from compressor.pruning.width import check_width
-from compressor.recipe import Recipe, RecipeError, dump_recipe, parse_recipe
+from compressor.pruning.budget import max_steps
+from compressor.recipe import Recipe, dump_recipe
 from compressor.recovery.baseline import LayerDropBaseline, baseline_examples, layer_drop_baseline
 from compressor.recovery.checkpoints import StepCheckpoints
 from compressor.recovery.distill import TeacherTargets, load_or_compute, step_examples
@@ -43,10 +41,8 @@ from compressor.recovery.rescale import post_training_sample, recovery_summary
 from compressor.recovery.train import train, train_kept
 from compressor.report.schema import SCHEMA_VERSION
 from compressor.report.writer import write_report
-from compressor.sources import TaskData, load_model, load_task_data, load_tokenizer
+from compressor.sources import load_model, load_tokenizer
 from compressor.sources.batches import tokenize_splits
-from compressor.sources.models import check_task_head, labels_match, load_config, max_positions, model_labels
-from compressor.surgery.arch import config_head_counts
 from compressor.surgery.cost import masked_flops, size_stats
 
 log = logging.getLogger("compressor")
@@ -100,27 +96,6 @@ def make_accelerator(mixed_precision: str = "no") -> Accelerator:
         raise UserError(f"accelerate.mixed_precision: {mixed_precision} is not available here ({err})") from None
 
 
-def _same_recipe(resolved: Path, recipe: Recipe) -> bool:
-    """Whether the recipe an unfinished run was started with equals `recipe`, compared as parsed recipes (so a
-    newer compressor that spells a default or a renamed key differently still resumes the same run)."""
-    try:
-        return parse_recipe(yaml.safe_load(resolved.read_text())) == recipe
-    except (RecipeError, yaml.YAMLError):
-        return False
-
-
-def preflight(recipe: Recipe, force: bool) -> Path:
-    """Check, before any weights load or anything is written, that the run can start."""
-    out = outdir.check_run_dir(recipe.output_dir, force, partial(_same_recipe, recipe=recipe)).path
-    config = load_config(recipe.model)
-    layers, heads = config_head_counts(config)
-    check_against_model(recipe, layers * heads, max_positions(config))
-    check_budget(config, recipe.prune)
-    check_width(config, recipe.prune)
-    check_task_head(recipe.model, config)
-    return out
-
-
 def _setup_logging(out: Path, main: bool) -> None:
     log.setLevel(logging.INFO)
     log.handlers.clear()
@@ -150,14 +125,15 @@ def _base_phase(base_info: dict) -> str:
     return "base model: load" if base_info["cached"] is None else "base model: load cached fine-tune"
 
 
-def prepare(recipe: Recipe, accelerator: Accelerator | None = None, force: bool = False) -> RunState:
-    """Load and check data and tokenizer; only then take the output directory (`outdir.claim`), log, tokenise."""
+def prepare(
+    recipe: Recipe, accelerator: Accelerator | None = None, force: bool = False, checked: Checked | None = None
+) -> RunState:
+    """Load the tokenizer on what the preflight checked (run here when not given); only then take the output
+    directory (`outdir.claim`), log, tokenise."""
     accelerator = accelerator or make_accelerator(recipe.accelerate.mixed_precision)
-    target = outdir.check_run_dir(recipe.output_dir, force, partial(_same_recipe, recipe=recipe))
+    checked = checked or preflight(recipe, force)
+    target, data = checked.target, checked.data
     out = target.path
-    data = load_task_data(recipe.data)
-    check_labels(recipe, data)
-    check_references(recipe, data.label_names)
     tokenizer = load_tokenizer(recipe.model)
     accelerator.wait_for_everyone()  # every process has checked the directory before the main one locks it
     if accelerator.is_main_process:
@@ -178,23 +154,6 @@ def prepare(recipe: Recipe, accelerator: Accelerator | None = None, force: bool 
     return run
 
 
-def check_labels(recipe: Recipe, data: TaskData) -> None:
-    """A task-tuned model must have the dataset's label set (count, and names when the model has real ones)."""
-    if not recipe.model.task_tuned:
-        return
-    config = load_config(recipe.model)
-    if config.num_labels != data.num_labels:
-        raise UserError(
-            f"data.label_field: dataset labels {data.label_names[:6]} ({data.num_labels}) do not match the "
-            f"task-tuned model's {config.num_labels} labels; expected the model's label set"
-        )
-    if not labels_match(config, data.label_names):
-        raise UserError(
-            f"data.label_field: dataset labels {data.label_names} are not the model's labels "
-            f"{model_labels(config)}; expected the same names in the same order"
-        )
-
-
 def run_recipe(recipe: Recipe, force: bool = False, accelerator: Accelerator | None = None) -> dict:
     """Execute the whole recipe; returns the report dict (also written to `<output_dir>/report.json`).
 
@@ -203,8 +162,9 @@ def run_recipe(recipe: Recipe, force: bool = False, accelerator: Accelerator | N
     the wall time of each phase goes into the report (`timings`).
     """
     t0 = time.perf_counter()
-    out = preflight(recipe, force)
-    run = prepare(recipe, accelerator or make_accelerator(recipe.accelerate.mixed_precision), force)
+    checked = preflight(recipe, force)
+    run = prepare(recipe, accelerator or make_accelerator(recipe.accelerate.mixed_precision), force, checked)
+    out = run.out
     run.timings["data + tokenise"] = round(time.perf_counter() - t0, 1)
     accelerator = run.accelerator
     sample = post_training_sample(run.splits["train"], recipe.prune, recipe.seed)  # a too-large sample fails here

@@ -23,7 +23,8 @@ from accelerate import Accelerator
 
 from compressor.core import atomic, outdir
 from compressor.core.errors import UserError
-from compressor.pipeline.runner import preflight, run_recipe
+from compressor.pipeline.preflight import preflight
+from compressor.pipeline.runner import run_recipe
 from compressor.recipe import Recipe, RecipeError, parse_recipe
 from compressor.recipe.base import MAX_SEED, MAX_SEEDS
 from compressor.report.seeds import render_seeds, summarize_seeds

@@ -1,0 +1,76 @@
+"""Every check a run makes before any work, in one place and once: the run directory, the recipe against the model's
+config (schedule, positions, budget, width, a task-tuned model's head), and against the data (the label set, each
+reference). Each check is one line naming the field (exit 2), and nothing is written or trained before they pass.
+
+The checks themselves live with what they check (`pruning.selection`, `pruning.budget`, `pruning.width`,
+`sources.models`, `pipeline.references`); this module is where a run calls them, in order, reading the config and
+the data once. `runner.prepare` then takes the directory and tokenises with what was checked.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+
+import yaml
+
+from compressor.core import outdir
+from compressor.core.errors import UserError
+from compressor.pipeline.references import check_references
+from compressor.pruning.budget import check_budget
+from compressor.pruning.selection import check_against_model
+from compressor.pruning.width import check_width
+from compressor.recipe import Recipe, RecipeError, parse_recipe
+from compressor.sources import TaskData, load_task_data
+from compressor.sources.models import check_task_head, labels_match, load_config, max_positions, model_labels
+from compressor.surgery.arch import config_head_counts
+
+
+@dataclass(frozen=True)
+class Checked:
+    """What the preflight read and found fit: the run directory to take, the model's config and the task's data."""
+
+    target: outdir.RunDir
+    config: object
+    data: TaskData
+
+
+def preflight(recipe: Recipe, force: bool) -> Checked:
+    """Check, before any weights load or anything is written, that the run can start; returns what it read."""
+    target = outdir.check_run_dir(recipe.output_dir, force, partial(_same_recipe, recipe=recipe))
+    config = load_config(recipe.model)
+    layers, heads = config_head_counts(config)
+    check_against_model(recipe, layers * heads, max_positions(config))
+    check_budget(config, recipe.prune)
+    check_width(config, recipe.prune)
+    check_task_head(recipe.model, config)
+    data = load_task_data(recipe.data)
+    check_labels(recipe, config, data)
+    check_references(recipe, data.label_names)
+    return Checked(target, config, data)
+
+
+def _same_recipe(resolved: Path, recipe: Recipe) -> bool:
+    """Whether the recipe an unfinished run was started with equals `recipe`, compared as parsed recipes (so a
+    newer compressor that spells a default or a renamed key differently still resumes the same run)."""
+    try:
+        return parse_recipe(yaml.safe_load(resolved.read_text())) == recipe
+    except (RecipeError, yaml.YAMLError):
+        return False
+
+
+def check_labels(recipe: Recipe, config, data: TaskData) -> None:
+    """A task-tuned model must have the dataset's label set (count, and names when the model has real ones)."""
+    if not recipe.model.task_tuned:
+        return
+    if config.num_labels != data.num_labels:
+        raise UserError(
+            f"data.label_field: dataset labels {data.label_names[:6]} ({data.num_labels}) do not match the "
+            f"task-tuned model's {config.num_labels} labels; expected the model's label set"
+        )
+    if not labels_match(config, data.label_names):
+        raise UserError(
+            f"data.label_field: dataset labels {data.label_names} are not the model's labels "
+            f"{model_labels(config)}; expected the same names in the same order"
+        )
