@@ -325,3 +325,19 @@ def test_a_family_with_width_saves_each_member_at_its_own_width(tmp_path, tiny_m
         assert len(present_hidden(saved)) == member["pruned"]["hidden_size"]
     md = (tmp_path / "fam" / "report.md").read_text()
     assert "| heads | width | FFN neurons |" in md
+
+
+def test_hidden_state_distillation_matches_a_narrowed_student_on_the_teachers_same_channels():
+    """With `distill.hidden_weight`, a width-cut student's hidden states are compared with the teacher's at the
+    channels it kept (without that, the shapes disagree and the loss raises)."""
+    from compressor.recipe import DistillSpec
+    from compressor.recovery.distill import INDEX_COLUMN, TeacherTargets, mixed_loss
+
+    teacher = randomize(tiny_model("bert")).eval()
+    student = prune_hidden(copy.deepcopy(teacher), list(range(16, 32)))
+    batch = {**tiny_batch(), INDEX_COLUMN: torch.arange(3)}
+    inputs = _inputs(student, batch)
+    spec = DistillSpec(alpha=0.0, temperature=1.0, hidden_weight=1.0)
+    targets = TeacherTargets(torch.zeros(3, 2), spec, teacher)
+    loss = mixed_loss(student, inputs, batch, targets)  # shapes agree: the teacher's kept channels
+    assert torch.isfinite(loss) and loss > 0  # the LayerNorms see fewer channels: the states differ, finitely

@@ -30,6 +30,7 @@ from torch import nn
 from compressor.core import atomic
 from compressor.core.errors import UserError
 from compressor.recipe import DistillSpec, TrainSpec
+from compressor.surgery.arch import present_hidden, pruned_hidden
 
 log = logging.getLogger("compressor")
 
@@ -237,6 +238,10 @@ def mixed_loss(
     if hidden:
         with torch.no_grad():
             teacher_states = targets.teacher.to(out.logits.device)(**inputs, output_hidden_states=True).hidden_states
+        student = getattr(model, "module", model)  # under DDP, the module it wraps
+        if pruned_hidden(student):  # a narrowed stream matches the teacher's same channels (original ids)
+            kept = torch.tensor(present_hidden(student), device=out.logits.device)
+            teacher_states = tuple(state.index_select(-1, kept) for state in teacher_states)
         matched = hidden_loss(out.hidden_states, teacher_states, inputs["attention_mask"], skip)
         loss = loss + spec.hidden_weight * matched
     return loss
