@@ -272,7 +272,10 @@ def _narrow_width(loop: LoopInputs, masks: Masks, index: int) -> tuple[Masks, di
     model, p = loop.accelerator.unwrap_model(loop.model), loop.config
     width = width_at(len(masks.hidden), p.hidden_size, p.hidden_multiple, index, len(loop.budget.goals))
     if width < int(masks.hidden.sum()):
-        masks, removed = narrow(masks, channel_scores(model, masks, loop.score_batches), width)
+        scores = channel_scores(model, masks, loop.score_batches)
+        if loop.accelerator.num_processes > 1:  # one kept set on every process: the main process's scores
+            scores = broadcast(scores.to(loop.accelerator.device)).cpu()
+        masks, removed = narrow(masks, scores, width)
         log.info("step: residual width %d (%d channels removed)", width, len(removed))
     return masks, {"hidden_size": int(masks.hidden.sum())}
 
