@@ -41,7 +41,7 @@ test-avx2: setup
 	@$(AVX2_ENV) $(BIN)/python -c "import torch; print('torch kernels:', torch.backends.cpu.get_cpu_capability())"
 	$(AVX2_ENV) HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(BIN)/python -m pytest -q
 
-test-slow: setup
+test-slow: setup-base  # the slow suite runs MPNet-base too
 	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(BIN)/python -m pytest -q -m slow
 
 # On a machine with a CUDA GPU: the tiny end-to-end recipe in fp32/bf16/fp16 and the demo recipe (skipped without one).
