@@ -169,7 +169,7 @@ def write_singles(family_recipe: Path, targets: list[float], out_dir: Path) -> l
     their own name and output directory (`runs/<family name>_single_<label>`)."""
     import yaml
 
-    from compressor.pipeline.family import member_label
+    from compressor.pipeline.members import member_label
     from compressor.pruning.selection import family_amounts
     from compressor.recipe import load_recipe
     from compressor.recipe.yamlio import read_yaml

@@ -1,173 +1,35 @@
-"""A run's members: the model saved at each target (`prune.budget.values`), one for a one-target run.
-
-Every run is a family: a one-target run is a family of one member, labelled `SINGLE` ("pruned"), made in the run
-directory itself (`model/`, `onnx/`) so its layout and report keys stay as they always were; a family's members
-live under `<output_dir>/members/<label>/`. The pruning loop passes through every target in order
-(`Budget.closing` marks the step that reaches each one) and `StepCheckpoints` keeps that step's weights. After the
-loop, each member runs the stages that make a shippable model (surgery + save, layer-drop baseline at its FLOPs,
-ONNX export with the int8 gate, model card), and `member.json` is written last: a resumed run keeps every member
-that has one and redoes only the rest. Then one benchmark times every member and runtime beside the original (and
-the original's ONNX exports: every exported variant for a family, the budget's runtime for one target) and each
-layer-drop baseline, on the same interleaved rounds; `compressor.bench.frontier` turns it into the speed/quality
-frontier the report, `report.json` and `compressor pick` share. A speed-up budget's verdict comes after: each member
-timed alone against the original on the budget's runtime (`budget_checks`).
+"""A run's members measured together: one benchmark times every member and runtime beside the original (and the
+original's ONNX exports: every exported variant for a family, the budget's runtime for one target), each layer-drop
+baseline and each reference, on the same interleaved rounds; `compressor.bench.frontier` turns it into the
+speed/quality frontier the report, `report.json` and `compressor pick` share. A speed-up budget's verdict comes
+after: each member timed alone against the original on the budget's runtime (`budget_checks`). The members
+themselves are made by `members`.
 """
 
 from __future__ import annotations
 
-import copy
-import dataclasses
 import logging
-import shutil
-from collections.abc import Callable
 from pathlib import Path
 
 from compressor import bench
 from compressor.bench.frontier import Point, frontier, pick, reference_points, relative_to_run
 from compressor.bench.references import reference_candidates
-from compressor.core.candidates import ORIGINAL, ORIGINAL_NAME, SINGLE, CandidateName, name_of
+from compressor.core.candidates import ORIGINAL, ORIGINAL_NAME, CandidateName, name_of
 from compressor.core.runtimes import NAMES, cannot_pay, for_variant, runtime
+from compressor.pipeline.members import MEMBER_STAGES
 from compressor.pipeline.stages import (
-    STAGES,
     RunState,
     bench_spec_for,
     export_original,
-    run_stages,
     with_quantize_only,
 )
 from compressor.pruning.budget import within_target
 from compressor.pruning.deployed import as_deployed
-from compressor.pruning.selection import mask_to_plan
 from compressor.recipe import BudgetSpec
-from compressor.recovery.baseline import LayerDropBaseline
-from compressor.recovery.loop import Member, PruneResult
 from compressor.report.references import reference_comparison
-from compressor.report.schema import MemberSection
 from compressor.sources.batches import sample_batches
-from compressor.surgery.checkpoint import load_pruned, save_pruned
 
 log = logging.getLogger("compressor")
-MEMBER_FILE = "member.json"  # written last in a member's directory: its presence means the member is complete
-MEMBERS_DIR = "members"
-MEMBER_STAGES = tuple(stage.name for stage in STAGES)  # what makes one member shippable
-BASELINE_DIR = "layer_drop"  # the member's layer-drop baseline, saved so a resumed run can still benchmark it
-MEMBER_OUTPUTS = ("model", "onnx", BASELINE_DIR, MEMBER_FILE)  # everything a member writes in its directory
-
-
-def members(run: RunState) -> list[Member]:
-    """The run's members: each target's step for a family; for one target, the model the loop ended with (after
-    any top-up step), so a one-target run ships what it always shipped."""
-    result, budget = run.result, run.recipe.prune.resolved_budget
-    if budget.is_family:
-        return result.members
-    return [Member(budget.value, len(result.records), result.masks)]
-
-
-def member_label(budget: BudgetSpec, target: float) -> str:
-    """A member's name: '2x', '1.5x' (speed-up), '50pct' (a fraction of heads or FLOPs); `SINGLE` ("pruned") for
-    the one member of a one-target run."""
-    if not budget.is_family:
-        return SINGLE
-    if budget.kind == "speedup":
-        return f"{target:g}x"
-    return f"{100 * target:g}pct"
-
-
-def member_dir(run: RunState, label: str) -> Path:
-    """Where a member is made: the run directory itself for a one-target run, else `members/<label>/`."""
-    return run.out if label == SINGLE else run.out / MEMBERS_DIR / label
-
-
-def member_state(run: RunState, member: Member) -> RunState:
-    """The run state one member's stages see: the member's masks, its step's weights and step log, its own
-    directory and report (the original's figures copied in, as the stages read them)."""
-    result = run.result
-    sub = result
-    if member.step != len(result.records) or member.masks is not result.masks:
-        sub = PruneResult(
-            model=result.member_model(member),
-            masks=member.masks,
-            plan=mask_to_plan(member.masks.heads),
-            records=result.records[: member.step],
-        )
-    label = member_label(run.recipe.prune.resolved_budget, member.target)
-    return dataclasses.replace(
-        run,
-        out=member_dir(run, label),
-        result=sub,
-        report={"original": copy.deepcopy(run.report["original"])},
-        pruned=None,
-        model_dir=None,
-        exported={},
-        baseline=None,
-        timings={},
-    )
-
-
-def completed(member_dir: Path) -> dict | None:
-    """The member's saved section when it finished in an earlier try of this run (else None), read through its
-    typed model (`report.schema.MemberSection`)."""
-    path = member_dir / MEMBER_FILE
-    return MemberSection.read(path).dump() if path.exists() else None
-
-
-def saved_baseline(section: dict) -> LayerDropBaseline | None:
-    """A finished member's layer-drop baseline, loaded back so the next member's baseline continues from it."""
-    base = section.get("baseline")
-    if base is None:
-        return None
-    model = load_pruned(base["model_dir"], attn_implementation="eager").eval()
-    return LayerDropBaseline(model, base["layers_dropped"], {k: v for k, v in base.items() if k != "model_dir"})
-
-
-def _clear(out: Path) -> None:
-    """Remove what an earlier, unfinished try of a member wrote (`MEMBER_OUTPUTS`), so it is redone whole; the rest
-    of the directory stays (a one-target run's member is made in the run directory itself)."""
-    for name in MEMBER_OUTPUTS:
-        path = out / name
-        if path.is_dir():
-            shutil.rmtree(path)
-        elif path.exists():
-            path.unlink()
-    out.mkdir(parents=True, exist_ok=True)
-
-
-def run_member(
-    state: RunState,
-    member: Member,
-    make_baseline: Callable[[RunState], LayerDropBaseline] | None,
-    finish: Callable[[RunState], dict] | None = None,
-) -> dict:
-    """Make one member shippable in `state.out` and return its report section; `member.json` is written last.
-    `finish`: the member's final fine-tune (`prune.member_finetune`), before its surgery. Every process takes part
-    in the fine-tunes; only the main one writes."""
-    finetuned = None
-    if finish is not None:
-        with state.timed("final fine-tune"):
-            finetuned = finish(state)
-    if make_baseline is not None:
-        with state.timed("layer-drop baseline: fine-tune"):
-            state.baseline = make_baseline(state)
-    if not state.main:
-        return {}
-    _clear(state.out)
-    run_stages(state, STAGES)
-    section = {
-        "target": member.target,
-        "label": member_label(state.recipe.prune.resolved_budget, member.target),
-        "step": member.step,
-        **{name: state.report[name] for name in MEMBER_STAGES if name in state.report},
-    }
-    if finetuned is not None:
-        section["member_finetune"] = finetuned
-    if state.baseline is not None:
-        section["baseline"]["model_dir"] = str(save_pruned(state.baseline.model, state.out / BASELINE_DIR))
-    typed = MemberSection.of(section)
-    typed.write(state.out / MEMBER_FILE)
-    section = typed.dump()
-    log.info("member %s: test acc %.4f, saved in %s", section["label"], section["pruned"]["test"]["accuracy"],
-             state.out)  # fmt: skip
-    return section
 
 
 def original_variants(run: RunState) -> list[str]:

@@ -14,7 +14,6 @@ import copy
 import logging
 import time
 from datetime import timedelta
-from functools import partial
 from pathlib import Path
 
 import torch
@@ -22,28 +21,27 @@ from accelerate import Accelerator
 from accelerate.utils import InitProcessGroupKwargs
 
 from compressor.core import outdir
-from compressor.core.candidates import SINGLE
 from compressor.core.errors import UserError
 from compressor.core.machine import cpu_has_bf16
 from compressor.pipeline.finetune import cached_finetune
+from compressor.pipeline.members import make_members
 from compressor.pipeline.preflight import Checked, preflight
 from compressor.pipeline.references import prepare_references
 from compressor.pipeline.stages import RunState
 from compressor.pruning.budget import max_steps
 from compressor.recipe import Recipe, dump_recipe
-from compressor.recovery.baseline import LayerDropBaseline, baseline_examples, layer_drop_baseline
+from compressor.recovery.baseline import baseline_examples
 from compressor.recovery.checkpoints import StepCheckpoints
 from compressor.recovery.distill import TeacherTargets, load_or_compute, step_examples
-from compressor.recovery.draws import drawn_examples, member_examples, member_seed
-from compressor.recovery.evaluate import evaluate, evaluate_kept
+from compressor.recovery.draws import drawn_examples, member_examples
+from compressor.recovery.evaluate import evaluate
 from compressor.recovery.loop import prune
 from compressor.recovery.rescale import post_training_sample, recovery_summary
-from compressor.recovery.train import train, train_kept
 from compressor.report.schema import SCHEMA_VERSION
 from compressor.report.writer import write_report
 from compressor.sources import load_model, load_tokenizer
 from compressor.sources.batches import tokenize_splits
-from compressor.surgery.cost import masked_flops, size_stats
+from compressor.surgery.cost import size_stats
 
 log = logging.getLogger("compressor")
 DONE_FILE = outdir.DONE_FILE  # written last and atomically: its presence means the run finished
@@ -197,14 +195,14 @@ def run_recipe(recipe: Recipe, force: bool = False, accelerator: Accelerator | N
 def _finish(
     run: RunState, start: torch.nn.Module, teacher: TeacherTargets | None, base_info: dict, original: dict, t0: float
 ) -> dict:
-    """After the loop: make each member shippable (`family.run_member`; one member for a one-target run), then one
+    """After the loop: make each member shippable (`members.make_members`; one member for a one-target run), then one
     bench of them all, the budget check and frontier (`family.run_report`), the analysis, the report and, last and
     atomically, the done marker; release the run directory. Returns the report."""
     from compressor.pipeline import family
     from compressor.pipeline.stages import analysis_stage
 
     run.report = _report_head(run, base_info, original)
-    sections = _make_members(run, start, teacher)
+    sections = make_members(run, start, teacher)
     taught = teacher if run.recipe.bench.reference_distill else None
     references = prepare_references(run, taught)  # every process fine-tunes; the main one saves and exports
     if not run.main:
@@ -223,36 +221,6 @@ def _finish(
     log.info("done in %.0fs: %s", report.seconds, run.out / "report.md")
     run.accelerator.wait_for_everyone()
     return report.dump()
-
-
-def _make_members(run: RunState, start: torch.nn.Module, teacher: TeacherTargets | None) -> list[dict]:
-    """Each member's report section, ascending: kept from an earlier try when it finished (`member.json`), else
-    made now (`family.run_member`; its stage times join the run's, prefixed with the member's label in a family).
-    Empty on processes other than the main one."""
-    from compressor.pipeline import family
-
-    sections, previous, steps_before = [], None, 0
-    for index, member in enumerate(family.members(run)):
-        label = family.member_label(run.recipe.prune.resolved_budget, member.target)
-        if (done := family.completed(family.member_dir(run, label))) is not None:
-            log.info("member %s: kept from an earlier try (%s)", label, family.member_dir(run, label))
-            sections.append(done)
-            previous, steps_before = family.saved_baseline(done), member.step
-            continue
-        state = family.member_state(run, member)
-        make_baseline, finish = None, None
-        if run.recipe.prune.baseline:  # the family's baselines are one layer-dropped model trained on, like its members
-            make_baseline = partial(_baseline, original=start, teacher=teacher, previous=previous,
-                                    steps_before=steps_before, index=index)  # fmt: skip
-        if run.recipe.prune.member_finetune is not None:
-            finish = partial(_member_finetune, teacher=teacher, index=index)
-        section = family.run_member(state, member, make_baseline, finish)
-        sections += [section] if run.main else []
-        prefix = "" if label == SINGLE else f"member {label}: "
-        run.timings |= {f"{prefix}{k}": v for k, v in state.timings.items()}
-        previous, steps_before = state.baseline, member.step
-        run.accelerator.wait_for_everyone()
-    return sections
 
 
 def _teacher(run: RunState, model: torch.nn.Module) -> TeacherTargets | None:
@@ -276,56 +244,6 @@ def _teacher(run: RunState, model: torch.nn.Module) -> TeacherTargets | None:
     return load_or_compute(
         run.out / "state" / "teacher", model, train_ds, run.tokenizer, run.accelerator, finetune.distill, examples
     )
-
-
-def _baseline(
-    run: RunState,
-    original: torch.nn.Module,
-    teacher: TeacherTargets | None,
-    previous: LayerDropBaseline | None = None,
-    steps_before: int = 0,
-    index: int = 0,
-) -> LayerDropBaseline:
-    """The layer-dropping baseline at the pruned model's FLOPs, fine-tuned on every process like the steps were
-    (with the same teacher targets when distillation is on). In a family, member `index`'s baseline continues the
-    previous member's (`previous`, after `steps_before` steps): it loses the further top layers this member's FLOPs
-    need and trains for the steps pruning took since (`layer_drop_baseline(start=...)`), on its own seeded draw."""
-    recipe, result = run.recipe, run.result
-    seq = recipe.prune.resolved_budget.seq_len
-    log.info("baseline: dropping top layers to the pruned model's FLOPs and fine-tuning alike")
-    baseline = layer_drop_baseline(
-        original, masked_flops(result.model, result.masks, seq), seq, run.splits["train"], run.tokenizer,
-        recipe.prune.recovery_finetune, len(result.steps) - steps_before, run.accelerator, seed=recipe.seed + index,
-        teacher=teacher, start=previous,
-    )  # fmt: skip
-    if recipe.prune.member_finetune is not None:  # the member's final fine-tune too; the next baseline goes on from
-        model = baseline.model.to(run.accelerator.device)  # it, which if anything favours the baseline
-        baseline.info["member_finetune"] = train(
-            model, run.splits["train"], run.tokenizer, recipe.prune.member_spec(index), run.accelerator,
-            seed=member_seed(recipe.seed, index), desc="baseline: final fine-tune", teacher=teacher,
-        )  # fmt: skip
-        baseline.model = run.accelerator.unwrap_model(model).cpu().eval()
-    return baseline
-
-
-def _member_finetune(state: RunState, teacher: TeacherTargets | None, index: int) -> dict:
-    """Member `index`'s final fine-tune (`prune.member_finetune`), on every process, in place on the member's own
-    model (a copy of its step's weights; the last member's is the loop's final model, whose steps are over), its
-    kept units trained as the pruned copy they make (`train_kept`), distilled as the steps were; with the member's
-    validation accuracy before it (its step's) and after it, so the report shows what the longer schedule bought."""
-    result, spec, accelerator = state.result, state.recipe.prune.member_spec(index), state.accelerator
-    masks = result.masks
-    log.info("member: final fine-tune (%s epochs, %s examples per epoch)", spec.epochs, spec.max_examples or "all")
-    info = train_kept(
-        result.model, masks, state.splits["train"], state.tokenizer, spec, accelerator,
-        seed=member_seed(state.recipe.seed, index), desc="member: final fine-tune", teacher=teacher,
-    )  # fmt: skip
-    result.model = result.model.cpu().eval()
-    before = result.records[-1].entry.get("val_after_finetune") if result.records else None
-    after = evaluate_kept(result.model, masks, state.splits["validation"], state.tokenizer, accelerator)
-    log.info("member: validation accuracy %s -> %.4f after the final fine-tune",
-             f"{before['accuracy']:.4f}" if before else "?", after["accuracy"])  # fmt: skip
-    return {**info, "val_before": before, "val_after": after}
 
 
 def _report_head(run: RunState, base_info: dict, original: dict) -> dict:
