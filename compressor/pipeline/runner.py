@@ -30,10 +30,9 @@ from compressor.pipeline.references import prepare_references
 from compressor.pipeline.stages import RunState
 from compressor.pruning.budget import max_steps
 from compressor.recipe import Recipe, dump_recipe
-from compressor.recovery.baseline import baseline_examples
 from compressor.recovery.checkpoints import StepCheckpoints
-from compressor.recovery.distill import TeacherTargets, load_or_compute, step_examples
-from compressor.recovery.draws import drawn_examples, member_examples
+from compressor.recovery.distill import TeacherTargets, load_or_compute
+from compressor.recovery.draws import teacher_examples
 from compressor.recovery.evaluate import evaluate
 from compressor.recovery.loop import prune
 from compressor.recovery.rescale import post_training_sample, recovery_summary
@@ -229,18 +228,9 @@ def _teacher(run: RunState, model: torch.nn.Module) -> TeacherTargets | None:
     finetune = run.recipe.prune.recovery_finetune
     if finetune is None or finetune.distill is None:
         return None
-    p, train_ds, seed = run.recipe.prune, run.splits["train"], run.recipe.seed
-    steps = max_steps(p)  # top-ups too
-    draws = [step_examples(len(train_ds), finetune, seed, steps)]
-    if p.baseline == "layer_drop":  # its draws too: one teacher pass, all cached for a resume
-        draws.append(baseline_examples(len(train_ds), finetune, steps, seed))
-    if p.member_finetune is not None:  # and the members' final fine-tunes (their baselines draw the same)
-        members = len(p.resolved_budget.targets)
-        draws.append(member_examples(len(train_ds), p.member_finetune.max_examples, seed, members))
-    if run.recipe.bench.reference_distill:  # a distilled reference draws as a base fine-tune does
-        reference = run.recipe.bench.reference_finetune or run.recipe.base_finetune
-        draws.append(drawn_examples(len(train_ds), reference.max_examples, seed))
-    examples = None if None in draws else sorted(set().union(*draws))
+    recipe, train_ds = run.recipe, run.splits["train"]
+    reference = (recipe.bench.reference_finetune or recipe.base_finetune) if recipe.bench.reference_distill else None
+    examples = teacher_examples(len(train_ds), recipe.prune, reference, recipe.seed, max_steps(recipe.prune))
     return load_or_compute(
         run.out / "state" / "teacher", model, train_ds, run.tokenizer, run.accelerator, finetune.distill, examples
     )

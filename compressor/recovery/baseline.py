@@ -20,7 +20,7 @@ from torch import nn
 from compressor.pruning.units import apply_unit_plan
 from compressor.recipe import TrainSpec
 from compressor.recovery.distill import TeacherTargets, fill
-from compressor.recovery.draws import drawn_examples
+from compressor.recovery.draws import baseline_examples, drawn_examples, recovery_spec  # noqa: F401  (re-exported)
 from compressor.recovery.train import train
 from compressor.surgery.arch import num_layers, original_ffn_size, original_num_heads
 from compressor.surgery.cost import masked_flops
@@ -41,30 +41,6 @@ def drop_top_layers(original: nn.Module, count: int, already: int = 0) -> nn.Mod
     top = range(layers - count, layers - already)
     plan = {"heads": {k: list(range(heads)) for k in top}, "neurons": {k: list(range(width)) for k in top}}
     return apply_unit_plan(copy.deepcopy(original), plan).eval()
-
-
-def recovery_spec(finetune: TrainSpec | None, steps: int, n: int) -> TrainSpec | None:
-    """The pruning run's whole recovery budget as one fine-tune on a split of `n` examples, same rate and batch:
-    as many example passes as `steps` fine-tunes of `finetune`. Capped steps (each sees min(`max_examples`, `n`)
-    examples) give `steps` × that many distinct examples while the split has that many; beyond it, the whole split
-    for the fractional number of epochs that makes the same count (else the baseline would stop after one epoch with
-    fewer updates than the steps had). Uncapped steps give `steps` × `epochs` epochs."""
-    if finetune is None:
-        return None
-    if finetune.max_examples is None:
-        return finetune.model_copy(update={"epochs": finetune.epochs * steps})
-    total = min(finetune.max_examples, n) * steps
-    if total <= n:
-        return finetune.model_copy(update={"max_examples": total})
-    return finetune.model_copy(update={"max_examples": None, "epochs": finetune.epochs * total / n})
-
-
-def baseline_examples(n: int, finetune: TrainSpec | None, steps: int, seed: int) -> list[int] | None:
-    """The train examples the baseline's fine-tune after `steps` pruning steps draws (None: all of them). With
-    fewer steps (a budget met early) it draws a prefix of the same seeded permutation, so the recipe's
-    `prune.steps` gives a superset known before the run."""
-    spec = recovery_spec(finetune, steps, n)
-    return [] if spec is None else drawn_examples(n, spec.max_examples, seed)
 
 
 @dataclass

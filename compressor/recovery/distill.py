@@ -30,6 +30,7 @@ from torch import nn
 from compressor.core import atomic
 from compressor.core.errors import UserError
 from compressor.recipe import DistillSpec, TrainSpec
+from compressor.recovery.draws import step_examples  # noqa: F401  (re-exported)
 from compressor.surgery.arch import present_hidden, pruned_hidden
 
 log = logging.getLogger("compressor")
@@ -72,16 +73,6 @@ def with_index(ds: datasets.Dataset) -> datasets.Dataset:
     if INDEX_COLUMN in ds.column_names:
         return ds
     return ds.add_column(INDEX_COLUMN, list(range(len(ds))))
-
-
-def step_examples(n: int, finetune: TrainSpec | None, seed: int, steps: int) -> list[int] | None:
-    """The union of the train examples the recovery fine-tuning of pruning steps 0..steps-1 draws (step k
-    fine-tunes with seed `seed + k`, as `compressor.recovery.loop.prune` does); None when a step uses them all."""
-    from compressor.recovery.draws import recovery_examples
-
-    if finetune is None:
-        return []
-    return recovery_examples(n, finetune.max_examples, range(seed, seed + steps))
 
 
 def compute_logits(
