@@ -36,7 +36,7 @@ from transformers import AutoModelForSequenceClassification  # noqa: E402
 from compressor.core import atomic  # noqa: E402
 from compressor.core.machine import cpu_model  # noqa: E402
 from compressor.core.timing import set_threads  # noqa: E402
-from compressor.pruning.latency import RUNTIMES, Dims, Widths, load_or_build  # noqa: E402
+from compressor.pruning.latency import BUDGET_RUNTIMES, Dims, Widths, load_or_build  # noqa: E402
 from compressor.pruning.latency.probe import measure, runner  # noqa: E402
 from compressor.recipe import ModelSpec  # noqa: E402
 from compressor.sources.models import load_config  # noqa: E402
@@ -158,7 +158,7 @@ def render(runtime: str, result: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runtimes", nargs="+", choices=RUNTIMES, default=list(RUNTIMES))
+    parser.add_argument("--runtimes", nargs="+", choices=BUDGET_RUNTIMES, default=list(BUDGET_RUNTIMES))
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--seq-len", type=int, default=64)
     parser.add_argument("--threads", type=int, default=2)

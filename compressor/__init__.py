@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from compressor.core import compat as _compat
 from compressor.core.lazy import lazy_attributes
+from compressor.deploy import engines as _engines  # noqa: F401  registers the runtimes before anything reads them
 
 if _compat.runnable():  # on an unsupported stack nothing heavy is imported: the CLI and API report it as one line
     from compressor.pruning import criteria as _criteria  # noqa: F401  registers the criteria with the recipe schema

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import family_report
-from test_export import CHECK, saved_model
+from test_export import CHECK, int8_tol, saved_model
 from typer.testing import CliRunner
 
 from compressor import bench
@@ -20,10 +20,10 @@ from compressor.core.candidates import KINDS, ORIGINAL_NAME, SINGLE, CandidateNa
 from compressor.core.errors import UserError
 from compressor.deploy.export import VARIANTS, export_onnx
 from compressor.deploy.quantize import INT8_VARIANTS, Int8Options
-from compressor.pruning.latency import RUNTIMES as LATENCY_RUNTIMES
+from compressor.pruning.latency import BUDGET_RUNTIMES, Dims
 from compressor.pruning.latency.probe import runner
+from compressor.pruning.latency.table import cache_key
 from compressor.recipe import RecipeError, parse_recipe
-from compressor.recipe.schema import ExportSpec
 from compressor.surgery.checkpoint import load_pruned
 from compressor.testing import int8_tolerance
 
@@ -65,20 +65,59 @@ def test_undeclared_runtime_is_refused():
 
 def test_readers_take_their_values_from_the_declarations():
     """What each reader offers, spelled out: a declaration lost or a reader with its own list fails here."""
-    assert set(VARIANTS) == {"fp32", "optimized", "int8", "int8_static", "openvino-fp32", "openvino-int8"}
+    assert set(VARIANTS) == {
+        "fp32",
+        "optimized",
+        "int8",
+        "int8_static",
+        "openvino-fp32",
+        "openvino-int8",
+        "pytorch-int8",
+    }
     assert INT8_VARIANTS == ("int8", "int8_static") and runtimes.engine_variants("openvino", gated=True) == (
         "openvino-int8",
     )
-    assert set(runtimes.GATED_VARIANTS) == {"int8", "int8_static", "openvino-int8"}
-    assert set(LATENCY_RUNTIMES) == {"pytorch", "onnx-fp32", "onnx-int8", "openvino-fp32", "openvino-int8"}
-    assert ExportSpec(variants=list(runtimes.VARIANTS)).variants == list(runtimes.VARIANTS)
+    assert set(runtimes.GATED_VARIANTS) == {"int8", "int8_static", "openvino-int8", "pytorch-int8"}
+    assert set(runtimes.CALIBRATED_VARIANTS) == {"int8_static", "openvino-int8"}
+    timed = {"pytorch", "onnx-fp32", "onnx-int8", "openvino-fp32", "openvino-int8", "pytorch-int8"}
+    assert set(BUDGET_RUNTIMES) == timed
+    assert [e.name for e in runtimes.engines()] == ["pytorch", "onnx", "openvino", "pytorch"]  # in `order`
     for name in runtimes.BUDGET_NAMES:  # a speed-up budget on each is a valid recipe
         budget = {"kind": "speedup", "value": 2.0, "runtime": name}
         variant = runtimes.runtime(name).variant
         export = {"variants": ["fp32", variant] if variant else ["fp32"]}  # measured on the run's own export
-        recipe = parse_recipe({"prune": {"units": ["heads"], "budget": budget}, "export": export})
-        assert recipe.prune.budget.runtime == name
-    assert set(bench.candidates.CANDIDATE_BUILDERS) >= {r.engine for r in runtimes.RUNTIMES}
+        parse_recipe({"prune": {"units": ["heads"], "budget": budget}, "export": export})
+    for name in set(runtimes.NAMES) - set(runtimes.BUDGET_NAMES):  # one the latency table cannot time is refused
+        budget = {"kind": "speedup", "value": 2.0, "runtime": name}
+        with pytest.raises(RecipeError, match="budget.runtime"):
+            parse_recipe({"prune": {"units": ["heads"], "budget": budget}})
+    with pytest.raises(RecipeError, match="export.variants") as err:
+        parse_recipe({"export": {"variants": ["fp32", "tflite"]}})
+    assert "\n" not in str(err.value).strip()
+
+
+def test_a_runtime_registered_twice_is_refused_and_the_registry_is_unchanged():
+    before = runtimes.NAMES
+    engine = runtimes.engine_of("pytorch")
+    for clash in (runtimes.Runtime("pytorch", "pytorch"), runtimes.Runtime("onnx-x", "onnx", "int8")):
+        with pytest.raises(ValueError, match="already registered"):
+            runtimes.register(engine, clash)
+    assert runtimes.NAMES == before
+
+
+@pytest.mark.parametrize("name", runtimes.BUDGET_NAMES)
+def test_a_latency_table_is_keyed_on_its_engines_versions(name, monkeypatch):
+    """A table is rebuilt when what runs its runtime is upgraded: its engine's versions are in the cache key."""
+    engine = runtimes.engine_of(name)
+    if engine.missing() is not None:
+        pytest.skip(engine.missing())
+    versions = engine.versions()
+    assert versions and all(isinstance(v, str) and v for v in versions.values())
+    dims = Dims(hidden=8, heads=2, head_size=4, intermediate=16, layers=1, vocab=10, positions=16, num_labels=2)
+    key = cache_key(dims, name, 1, 8, 1, [0, 2], [0, 16])
+    assert versions.items() <= key.items()
+    monkeypatch.setattr(type(engine), "versions", lambda self: {k: v + "+upgraded" for k, v in versions.items()})
+    assert cache_key(dims, name, 1, 8, 1, [0, 2], [0, 16]) != key
 
 
 @pytest.mark.parametrize("name", runtimes.BUDGET_NAMES)
@@ -99,8 +138,9 @@ def test_every_budget_runtime_times_a_module(name, tmp_path):
 
 
 def test_every_runtime_is_exported_benched_and_picked(tmp_path):
-    """Each declared runtime: its variant exported, its candidate benchmarked against the original with the
-    PyTorch logits, and `compressor pick --runtime` choosing it from the frontier."""
+    """Each registered runtime: its variant built by its engine, loaded with logits close to PyTorch's (int8 ones
+    within `int8_tolerance`), benchmarked against the original, and `compressor pick --runtime` choosing it from the
+    frontier."""
     model_dir = saved_model(tmp_path, "bert", {0: [1], 2: [0, 3]})
     variants = [r.variant for r in runtimes.RUNTIMES if r.variant is not None]
     exported = export_onnx(model_dir, tmp_path / "onnx", variants, CHECK, int8=Int8Options(calibration=CHECK))
@@ -114,8 +154,9 @@ def test_every_runtime_is_exported_benched_and_picked(tmp_path):
         candidates.append(bench.runtime_candidate(cid.name, rt.name, source, seq, 1, original))
         points.append(Point.of(cid, str(source)))
     expected = candidates[0].predict(CHECK[0])
-    for candidate in candidates[1:]:
-        tol = 0.5 if runtimes.runtime(CandidateName.parse(candidate.name).runtime).gated else 1e-4
+    for candidate in candidates[1:]:  # each engine's classifier reproduces PyTorch (int8: within the simulated int8)
+        rt = runtimes.runtime(CandidateName.parse(candidate.name).runtime)
+        tol = int8_tol(model_dir, [CHECK[0]], CHECK if rt.calibrated else None) if rt.gated else 1e-4
         assert np.abs(candidate.predict(CHECK[0]) - expected).max() <= tol, candidate.name
     spec = parse_recipe({"bench": {"batch_sizes": [2], "seq_len": 11, "rounds": 1, "warmup": 0}}).bench
     result = bench.bench(candidates, CHECK, spec.model_copy(update={"min_time_s": 0.001}), None)

@@ -1,10 +1,10 @@
 """Benchmark: quality and throughput of an original model and its pruned / exported variants.
 
 Everything here works on *candidates*: a name, a `predict(batch) -> logits` function, size on disk, FLOPs per example
-and heads per layer. PyTorch models and ONNX variants become candidates through `pytorch_candidate` and
-`onnx_candidate`, so the measuring code never knows which runtime it times. Measurement only: the layer-drop
-baseline is trained beside the recovery it mirrors (`compressor.recovery.baseline`), and the users' CI guard that
-decides a bench result against a saved baseline is its own package (`compressor.guard`).
+and heads per layer. PyTorch models and export variants become candidates through `pytorch_candidate` and
+`exported_candidate` (loaded by their runtime's engine), so the measuring code never knows which runtime it times.
+Measurement only: the layer-drop baseline is trained beside the recovery it mirrors (`compressor.recovery.baseline`),
+and the users' CI guard that decides a bench result against a saved baseline is its own package (`compressor.guard`).
 
 May import every stage below it; `report`, `analysis`, `pipeline` and the commands import it.
 
@@ -39,6 +39,7 @@ from compressor.bench.candidates import (
     Batch,
     Candidate,
     check_names,
+    exported_candidate,
     onnx_candidate,
     pytorch_candidate,
     runtime_candidate,
@@ -79,6 +80,7 @@ __all__ = [
     "mcnemar_exact",
     "measure_quality",
     "measure_throughput",
+    "exported_candidate",
     "onnx_candidate",
     "ort_default_threads",
     "paired_check",

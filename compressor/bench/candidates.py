@@ -1,7 +1,7 @@
 """Benchmark candidates: a name, a `predict(batch) -> logits` function, size, FLOPs and heads per layer.
 
-PyTorch models and ONNX variants become candidates through `pytorch_candidate` and `onnx_candidate`, so the
-measuring code never knows which runtime it times.
+PyTorch models become candidates through `pytorch_candidate`, export variants through `exported_candidate` (each
+loaded by its runtime's engine, `compressor.core.runtimes`), so the measuring code never knows which runtime it times.
 """
 
 from __future__ import annotations
@@ -11,14 +11,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Literal
 
 import numpy as np
 import torch
 from torch import nn
 
 from compressor.core.errors import UserError
-from compressor.core.timing import ORT_DEFAULT_NOTE, ort_default_threads
 from compressor.pruning.deployed import as_deployed
 from compressor.sources.batches import input_keys
 
@@ -44,7 +42,7 @@ class Candidate:
     predict: Callable[[Batch], np.ndarray]
     size_bytes: int
     flops_per_example: int | None
-    kind: Literal["pytorch", "onnx", "openvino"]
+    kind: str  # the engine it runs on (`compressor.core.runtimes.Runtime.engine`): "pytorch", "onnx", "openvino"
     heads_per_layer: list[int] | None = None
     vocab_size: int | None = None
     threads: int | None = None
@@ -110,80 +108,70 @@ def pytorch_candidate(
     )
 
 
-def onnx_candidate(
+def exported_candidate(
     name: str,
+    runtime: str,
     variant_dir: str | Path,
     threads: int | None = None,
     flops_per_example: int | Mapping[int, int] | None = None,
     heads_per_layer: list[int] | None = None,
-    kind: Literal["onnx", "openvino"] = "onnx",
 ) -> Candidate:
-    """An exported ONNX variant (a directory written by `compressor.deploy.export`) as a candidate; with `kind`
-    "openvino", an OpenVINO IR variant (`compressor.deploy.openvino`; `openvino_candidate`).
+    """An export variant (a directory written by `compressor.deploy.export`) of the declared `runtime` as a candidate,
+    loaded by the runtime's engine (`compressor.core.runtimes.Engine.load`).
 
-    Both runtimes fix their thread count when the session (compiled model) is created, so `threads` is given here;
-    left None, the runtime picks its default and the candidate records that count (`ort_default_threads`, or what
-    OpenVINO reports). FLOPs and heads are those of the PyTorch model it was exported from (FLOPs as one int for the
-    headline length or `{seq_len: flops}`, e.g. the PyTorch candidate's `flops_by_seq_len`); pass them to get
-    FLOP-ideal ratios.
+    Exported engines fix their thread count when the session (compiled model) is created, so `threads` is given
+    here; left None, the runtime picks its default and the candidate records that count. A PyTorch variant runs on
+    the process's threads (None). FLOPs and heads are those of the PyTorch model it was exported from (FLOPs as one
+    int for the headline length or `{seq_len: flops}`, e.g. the PyTorch candidate's `flops_by_seq_len`); pass them
+    to get FLOP-ideal ratios.
     """
-    from compressor.deploy.export import OnnxClassifier
-    from compressor.deploy.openvino import OpenVinoClassifier
+    from compressor.core.runtimes import engine_of
+    from compressor.core.runtimes import runtime as declared
 
+    spec = declared(runtime, "bench runtime")
     variant_dir = Path(variant_dir)
     if not variant_dir.is_dir():
-        raise UserError(f"{kind}: variant directory '{variant_dir}' not found")
-    classifier = (OnnxClassifier if kind == "onnx" else OpenVinoClassifier)(variant_dir, threads)
+        raise UserError(f"{spec.engine}: variant directory '{variant_dir}' not found")
+    classifier = engine_of(runtime).load(spec, variant_dir, threads)
     keys = input_keys(classifier.input_names)
 
     def predict(batch: Batch) -> np.ndarray:
         return np.asarray(classifier({k: batch[k] for k in keys if k in batch}))
 
     by_seq = {int(k): int(v) for k, v in flops_per_example.items()} if isinstance(flops_per_example, Mapping) else {}
-    default = ort_default_threads() if kind == "onnx" else classifier.threads
     return Candidate(
         name=name,
         predict=predict,
         size_bytes=int(classifier.size_bytes),
         flops_per_example=next(iter(by_seq.values())) if by_seq else flops_per_example,
-        kind=kind,
+        kind=spec.engine,
         heads_per_layer=heads_per_layer,
-        threads=threads if threads is not None else default,
-        extra={"threads_note": ORT_DEFAULT_NOTE} if threads is None and kind == "onnx" else {},
+        threads=threads if threads is not None else classifier.threads,
+        extra={"threads_note": classifier.threads_note} if threads is None and classifier.threads_note else {},
         flops_by_seq_len=by_seq,
     )
 
 
+def onnx_candidate(
+    name: str,
+    variant_dir: str | Path,
+    threads: int | None = None,
+    flops_per_example: int | Mapping[int, int] | None = None,
+    heads_per_layer: list[int] | None = None,
+    kind: str = "onnx",
+) -> Candidate:
+    """Any ONNX variant directory as a candidate (`kind` "openvino": any OpenVINO IR directory): every variant of
+    one engine loads alike, so this is `exported_candidate` on the engine's first declared runtime."""
+    from compressor.core.runtimes import declared, engines
+
+    engine = next((e for e in engines() if e.name == kind), None)
+    if engine is None:
+        raise UserError(f"bench: candidate kind {kind!r} is no engine; expected one of onnx, openvino")
+    runtime = next(r.name for r in declared(engine) if r.variant is not None)
+    return exported_candidate(name, runtime, variant_dir, threads, flops_per_example, heads_per_layer)
+
+
 openvino_candidate = partial(onnx_candidate, kind="openvino")  # an OpenVINO IR variant's directory as a candidate
-
-
-def _pytorch_built(name: str, source: nn.Module | Path, seq_lens, threads: int | None, like: Candidate | None):
-    """A PyTorch runtime's candidate: an in-memory model (used as given) or a saved model directory (loaded with
-    SDPA attention, as users deploy it)."""
-    from compressor.surgery.checkpoint import load_pruned
-
-    if isinstance(source, nn.Module):
-        return pytorch_candidate(name, source, seq_lens)
-    return pytorch_candidate(name, load_pruned(source, attn_implementation="sdpa"), seq_lens, source)
-
-
-def _exported_built(make: Callable[..., Candidate]) -> Callable[..., Candidate]:
-    """The builder of an exported runtime's candidate (`make`: `onnx_candidate`, `openvino_candidate`): a variant's
-    directory, with the FLOPs and heads of `like` (the PyTorch candidate of the model it was exported from)."""
-
-    def built(name: str, source: Path, seq_lens, threads: int | None, like: Candidate | None) -> Candidate:
-        flops = like.flops_by_seq_len or like.flops_per_example if like is not None else None
-        return make(name, source, threads, flops, like.heads_per_layer if like is not None else None)
-
-    return built
-
-
-# How each engine of `compressor.core.runtimes` becomes a candidate: (name, built model, seq_lens, threads, like).
-CANDIDATE_BUILDERS: dict[str, Callable[..., Candidate]] = {
-    "pytorch": _pytorch_built,
-    "onnx": _exported_built(onnx_candidate),
-    "openvino": _exported_built(openvino_candidate),
-}
 
 
 def runtime_candidate(
@@ -195,10 +183,16 @@ def runtime_candidate(
     like: Candidate | None = None,
 ) -> Candidate:
     """The candidate `name` of a model built for the declared `runtime`: `source` is what its export step made (a
-    saved model directory or an in-memory model for PyTorch, a variant directory for ONNX); `like` is the PyTorch
-    candidate of the same model, whose FLOPs and heads an exported graph shares."""
+    saved model directory or an in-memory model for a runtime with no export variant, a variant directory for the
+    others, loaded by its engine); `like` is the PyTorch candidate of the same model, whose FLOPs and heads an
+    exported variant shares."""
     from compressor.core.runtimes import runtime as declared
+    from compressor.surgery.checkpoint import load_pruned
 
-    engine = declared(runtime, "bench runtime").engine
-    built = source if isinstance(source, nn.Module) else Path(source)
-    return CANDIDATE_BUILDERS[engine](name, built, seq_lens, threads, like)
+    if isinstance(source, nn.Module):
+        return pytorch_candidate(name, source, seq_lens)
+    if declared(runtime, "bench runtime").variant is None:  # the saved model itself, loaded as users deploy it
+        return pytorch_candidate(name, load_pruned(source, attn_implementation="sdpa"), seq_lens, source)
+    flops = like.flops_by_seq_len or like.flops_per_example if like is not None else None
+    heads = like.heads_per_layer if like is not None else None
+    return exported_candidate(name, runtime, source, threads, flops, heads)

@@ -7,6 +7,7 @@ from pathlib import Path
 import typer
 
 from compressor.core.errors import UserError, one_line_errors
+from compressor.core.runtimes import CALIBRATED_VARIANTS
 from compressor.core.runtimes import VARIANTS as DECLARED_VARIANTS
 
 
@@ -66,8 +67,8 @@ def export(
     variants: str = typer.Option(
         "fp32,optimized,int8",
         "--variants",
-        help=f"comma-separated, some of: {','.join(DECLARED_VARIANTS)} (int8_static and openvino-int8 need --recipe "
-        "for calibration; openvino-* need compressor[openvino])",
+        help=f"comma-separated, some of: {','.join(DECLARED_VARIANTS)} ({','.join(CALIBRATED_VARIANTS)} need "
+        "--recipe for calibration; openvino-* need compressor[openvino])",
     ),
     atol: float = typer.Option(1e-4, "--atol", help="max |logit difference| allowed between ONNX fp32 and PyTorch"),
     opset: int = typer.Option(None, "--opset", help="ONNX opset (default 17)"),

@@ -15,6 +15,7 @@ Layout of `out_dir` (each variant directory loads in a bare `onnxruntime.Inferen
     out_dir/int8_static/model.onnx static QDQ int8 of the same graph, calibrated on training examples
     out_dir/openvino-fp32/         OpenVINO IR of the fp32 graph (`deploy.openvino`: openvino_model.xml/.bin)
     out_dir/openvino-int8/         NNCF int8 of that IR, calibrated on training examples and gated like ORT's int8
+    out_dir/pytorch-int8/          the saved model, quantised on load (`deploy.engines.pytorch_int8`), gated alike
     out_dir/export.json            what `export_onnx` returned
 
 Both int8 variants quantise the same source graph, smoothed first when `Int8Options.smooth_alpha` is set
@@ -36,10 +37,18 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from compressor.core import atomic
+from compressor.core import atomic, runtimes
 from compressor.core.errors import UserError
 from compressor.core.runtimes import VARIANTS as DECLARED_VARIANTS
-from compressor.deploy.graph import attention_nodes, attention_scopes, node_count, optimize_graph, pin_head_counts
+from compressor.core.runtimes import ExportJob
+from compressor.deploy.graph import (
+    attention_nodes,
+    attention_scopes,
+    fusion_label,
+    node_count,
+    optimize_graph,
+    pin_head_counts,
+)
 from compressor.deploy.inference import (
     ONNX_FILE,
     ExportParityError,
@@ -50,8 +59,6 @@ from compressor.deploy.inference import (
     graph_size,
     torch_logits,
 )
-from compressor.deploy.openvino import OPENVINO_VARIANTS
-from compressor.deploy.openvino import skip as openvino_skipped
 from compressor.deploy.quantize import (
     CALIBRATED_VARIANTS,
     INT8_VARIANTS,
@@ -197,7 +204,7 @@ def _build_optimized(
     info = optimize_graph(fp32, dest / ONNX_FILE, fuse_attention=fuses, model_type=model_type)
     stats = _check(dest / ONNX_FILE, batches, reference)
     fused = sum(len(v) for v in attention_nodes(dest / ONNX_FILE).values())
-    fusion = _fusion_label(attention_layers, fused, fuses)
+    fusion = fusion_label(attention_layers, fused, fuses)
     if fusion in ("partial", "none"):
         log.warning(
             "export: ORT fused attention in %d of the %d layers with heads; the optimised graph may be no faster"
@@ -216,16 +223,6 @@ def _build_optimized(
         stats = _check(dest / ONNX_FILE, batches, reference)
         check_parity("optimized", stats, atol)
     return stats, {**info, "attention_fusion": fusion, "attention_layers": attention_layers}
-
-
-def _fusion_label(attention_layers: int, fused: int, fuses: bool) -> str:
-    """How the optimised graph's attention fused: "full" (one node per layer with heads), "partial", "none", or
-    "n/a (why)" where there is nothing ORT could fuse."""
-    if attention_layers == 0:
-        return "n/a (no layer has heads left)"
-    if not fuses:
-        return "n/a (ONNX Runtime has no fusion for this family's attention)"
-    return "full" if fused == attention_layers else ("partial" if fused else "none")
 
 
 def export_onnx(
@@ -253,11 +250,13 @@ def export_onnx(
     "attention_layers" and "fused_ops" (`{op_type: count}` of the optimizer's fusions: Attention,
     SkipLayerNormalization, EmbedLayerNormalization, BiasGelu, ...); the int8 variants add "quantized_from" (the
     graph they quantise: "optimized" when it was built, its fused Attention becoming QAttention, else "fp32").
+    Every registered engine builds its requested variants in turn (`compressor.deploy.engines`).
     """
 
     names = check_variants(variants)
-    if openvino_skipped("export", names):  # not installed: one log line, the other variants are built
-        names = [n for n in names if n not in OPENVINO_VARIANTS]
+    for wanted, reason in runtimes.unavailable(names):  # an optional package absent: one log line, the rest built
+        log.warning("export: %s skipped: %s", ", ".join(wanted), reason)
+        names = [n for n in names if n not in wanted]
     options = int8 or Int8Options()
     calibrated = [n for n in CALIBRATED_VARIANTS if n in names]
     if calibrated and not options.calibration:
@@ -268,14 +267,27 @@ def export_onnx(
     atomic.check_replaceable(out_dir, (*VARIANTS, MANIFEST), "export output")
     model = load_pruned(model_dir, attn_implementation="eager")  # eager traces to the pattern ORT fuses
     reference = evaluate_variant(lambda b: torch_logits(model, b), check_batches)
-    attention_layers = sum(1 for heads in present_heads(model) if heads)
 
     with atomic.directory(out_dir) as tmp:
-        check = (check_batches, reference, atol)
-        results = _build_all(model, model_dir, (tmp, out_dir), names, check, opset, attention_layers)
-        results.update(_build_int8(tmp, out_dir, names, results, check_batches, reference, options))
-        results.update(_build_openvino(tmp, out_dir, names, check, options))
-        (tmp / MANIFEST).write_text(json.dumps(results, indent=2))
+        job = ExportJob(model, model_dir, tmp, out_dir, names, check_batches, reference, atol, opset, options)
+        for engine in runtimes.engines():  # in `order`: ONNX Runtime's fp32 graph before OpenVINO converts it
+            wanted = [r.variant for r in runtimes.declared(engine) if r.variant in names]
+            for name, entry in engine.build(job, wanted).items():
+                if "status" in entry:
+                    _log_int8(name, entry)
+                job.built[name] = entry
+        (tmp / MANIFEST).write_text(json.dumps(job.built, indent=2))
+    return job.built
+
+
+def build_onnx(job: ExportJob) -> dict:
+    """ONNX Runtime's variants: fp32 (always: the parity gate and the source of the others), the optimised graph and
+    the int8 graphs when requested (`compressor.deploy.engines.onnx_runtime`)."""
+    attention_layers = sum(1 for heads in present_heads(job.model) if heads)
+    check = (job.batches, job.reference, job.atol)
+    dirs = (job.tmp, job.out_dir)
+    results = _build_all(job.model, job.model_dir, dirs, job.names, check, job.opset, attention_layers)
+    results.update(_build_int8(job.tmp, job.out_dir, job.names, results, job.batches, job.reference, job.options))
     return results
 
 
@@ -330,20 +342,8 @@ def _build_int8(tmp, out_dir, names, built: dict, batches, reference: dict, opti
         if fallback is not None:
             entry["fp32_fallback"] = fallback
         entry["status"] = int8_status(entry)
-        _log_int8(name, entry)
         results[name] = entry
     shutil.rmtree(tmp / ".smoothed", ignore_errors=True)
-    return results
-
-
-def _build_openvino(tmp: Path, out_dir: Path, names, check: tuple, options: Int8Options) -> dict:
-    """The requested OpenVINO variants, converted from the fp32 graph (`deploy.openvino`)."""
-    from compressor.deploy.openvino import build_variants
-
-    results = build_variants(tmp / "fp32", tmp, out_dir, names, check, options)
-    for name, entry in results.items():
-        if "status" in entry:
-            _log_int8(name, entry)
     return results
 
 

@@ -104,3 +104,13 @@ def attention_nodes(file: Path) -> dict[str, list[int]]:
             heads = next((a.i for a in node.attribute if a.name == "num_heads"), 0)
             found.setdefault(node.op_type, []).append(int(heads))
     return found
+
+
+def fusion_label(attention_layers: int, fused: int, fuses: bool) -> str:
+    """How the optimised graph's attention fused: "full" (one node per layer with heads), "partial", "none", or
+    "n/a (why)" where there is nothing ORT could fuse."""
+    if attention_layers == 0:
+        return "n/a (no layer has heads left)"
+    if not fuses:
+        return "n/a (ONNX Runtime has no fusion for this family's attention)"
+    return "full" if fused == attention_layers else ("partial" if fused else "none")

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from compressor.core.errors import UserError
+from compressor.core.timing import ORT_DEFAULT_NOTE, ort_default_threads
 from compressor.sources.batches import MODEL_INPUTS as INPUT_NAMES
 
 ONNX_FILE = "model.onnx"
@@ -69,7 +70,7 @@ class OnnxClassifier:
 
     Only the inputs the graph declares are fed (as int64); a graph input missing from the batch is an error except
     `token_type_ids`, which is zeros, as PyTorch defaults it. `threads` fixes the intra-op thread count (ONNX Runtime
-    reads it once, when the session is created).
+    reads it once, when the session is created); left None, `threads` records ONNX Runtime's default and why.
     """
 
     def __init__(self, variant_dir: str | Path, threads: int | None = None):
@@ -85,6 +86,8 @@ class OnnxClassifier:
         self.input_names = tuple(i.name for i in self.session.get_inputs())
         self.output_name = self.session.get_outputs()[0].name
         self.size_bytes = graph_size(self.path)
+        self.threads = int(threads) if threads else ort_default_threads()
+        self.threads_note = None if threads else ORT_DEFAULT_NOTE
 
     def feed(self, batch: Mapping) -> dict[str, np.ndarray]:
         """The session inputs for `batch` (numpy int64), filling `token_type_ids` with zeros when absent."""

@@ -119,6 +119,7 @@ class OpenVinoClassifier:
         self.request = self.compiled.create_infer_request()
         self.input_names = tuple(i.get_any_name() for i in self.compiled.inputs)
         self.threads = int(self.compiled.get_property("INFERENCE_NUM_THREADS"))
+        self.threads_note = None
         self.size_bytes = ir_size(self.path) if model is None else 0
 
     def feed(self, batch: Mapping) -> dict[str, np.ndarray]:

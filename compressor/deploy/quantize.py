@@ -30,6 +30,7 @@ import numpy as np
 
 from compressor.core.errors import UserError
 from compressor.core.machine import CPUINFO, cpu_has_vnni
+from compressor.core.runtimes import CALIBRATED_VARIANTS as CALIBRATED
 from compressor.core.runtimes import engine_variants
 
 INT8_VARIANTS = engine_variants("onnx", gated=True)  # ONNX Runtime's int8 variants (OpenVINO's: deploy.openvino)
@@ -38,8 +39,7 @@ QUANTIZED_OPS = {
     "int8": ("MatMul", "Attention", "Gather", "EmbedLayerNormalization"),
     "int8_static": ("MatMul",),
 }
-# The variants whose activation ranges are calibrated on training examples.
-CALIBRATED_VARIANTS = ("int8_static", *engine_variants("openvino", gated=True))
+CALIBRATED_VARIANTS = CALIBRATED  # the variants calibrated on training examples (declared `calibrated`)
 
 ReduceRange = bool | Literal["auto"]
 REDUCE_RANGE_ENV = "COMPRESSOR_INT8_REDUCE_RANGE"  # "1"/"0" forces `auto` to 7-bit/8-bit weights on any CPU

@@ -10,7 +10,17 @@ cost outside the layers, and interpolates in between (`table.py`; the timing its
     table.marginal_ms(layer_heads=6, layer_neurons=1536, unit="neurons", count=64)  # ms saved by one block
 """
 
-from compressor.pruning.latency.probe import DEFAULT_FRACTIONS, RUNTIMES, Dims, Runtime, Unit, Widths, check_runtime
+from compressor.pruning.latency.probe import (
+    BUDGET_RUNTIMES,
+    DEFAULT_FRACTIONS,
+    RUNTIMES,
+    BudgetRuntime,
+    Dims,
+    Runtime,
+    Unit,
+    Widths,
+    check_runtime,
+)
 from compressor.pruning.latency.table import (
     LatencyTable,
     NarrowTable,
@@ -20,8 +30,10 @@ from compressor.pruning.latency.table import (
 )
 
 __all__ = [
+    "BUDGET_RUNTIMES",
     "DEFAULT_FRACTIONS",
     "RUNTIMES",
+    "BudgetRuntime",
     "Dims",
     "LatencyTable",
     "NarrowTable",

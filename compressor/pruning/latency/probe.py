@@ -2,9 +2,11 @@
 
 Synthetic layers (sliced `nn.Linear`s, SDPA attention, GELU FFN, residuals and LayerNorms) need no pruned model and
 are the same for every BERT-like architecture; what a real layer does beyond them (dropout in eval, reshapes) costs
-next to nothing at these sizes. ONNX runtimes export each synthetic module with `torch.onnx.export` and run it with
-ONNX Runtime's session-level graph optimisations; the offline transformer fusions (fused Attention) of
-`compressor.deploy.export`'s optimised graph are not applied, so ONNX attention costs are an upper estimate.
+next to nothing at these sizes. Each runtime's engine runs a module its own way (`Engine.timer` of
+`compressor.core.runtimes`, in `compressor.deploy.engines`): ONNX runtimes export each synthetic module with
+`torch.onnx.export` and run it with ONNX Runtime's session-level graph optimisations; the offline transformer fusions
+(fused Attention) of `compressor.deploy.export`'s optimised graph are not applied, so ONNX attention costs are an
+upper estimate.
 
 Timing is `core.timing.timed_rounds`, the benchmark's protocol: rounds are interleaved over every piece in a rotating
 order so the drift of a shared machine hits all pieces alike; within a round a piece's time is its fastest call,
@@ -14,7 +16,6 @@ across rounds the median is kept.
 from __future__ import annotations
 
 import tempfile
-import warnings
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,8 +31,9 @@ from compressor.core.errors import UserError
 from compressor.core.timing import timed_rounds
 from compressor.surgery.arch import arch_spec
 
-Runtime = Literal[runtimes.BUDGET_NAMES]
-RUNTIMES: tuple[str, ...] = runtimes.BUDGET_NAMES  # the declared runtimes a speed-up budget can be measured on
+BudgetRuntime = Literal[runtimes.BUDGET_NAMES]  # the name of a runtime a speed-up budget can be measured on
+BUDGET_RUNTIMES: tuple[str, ...] = runtimes.BUDGET_NAMES  # the declared runtimes a speed-up budget can be measured on
+Runtime, RUNTIMES = BudgetRuntime, BUDGET_RUNTIMES  # their former names, kept for imports (not `core.runtimes`'s)
 Unit = Literal["head", "neurons"]
 DEFAULT_FRACTIONS: tuple[float, ...] = (0.0, 0.25, 0.5, 0.75, 1.0)
 NEURON_BLOCK = 32  # FFN neurons of one layer a speed-up budget removes together; the table measures this width too
@@ -39,8 +41,8 @@ NEURON_BLOCK = 32  # FFN neurons of one layer a speed-up budget removes together
 
 def check_runtime(runtime: str) -> str:
     """`runtime` if it is one the table can measure, else a one-line `UserError` naming the field."""
-    if runtime not in RUNTIMES:
-        raise UserError(f"budget.runtime: expected one of {', '.join(RUNTIMES)}, got {runtime!r}")
+    if runtime not in BUDGET_RUNTIMES:
+        raise UserError(f"budget.runtime: expected one of {', '.join(BUDGET_RUNTIMES)}, got {runtime!r}")
     return runtime
 
 
@@ -173,88 +175,13 @@ def runtime_threads(runtime: str, threads: int | None) -> int:
     return ort_default_threads()
 
 
-def _pytorch_call(
-    module: nn.Module, example: torch.Tensor, runtime: str, threads: int | None, workdir: Path
-) -> Callable[[], object]:
-    """`module` on `example` in this process's PyTorch (threads are set by the caller, through torch)."""
-
-    def call() -> object:
-        with torch.inference_mode():
-            return module(example)
-
-    return call
-
-
-def _onnx_call(
-    module: nn.Module, example: torch.Tensor, runtime: str, threads: int | None, workdir: Path
-) -> Callable[[], object]:
-    """`module` on `example` in an ONNX Runtime session (`_onnx_session`)."""
-    session = _onnx_session(module, example, runtime, threads, workdir)
-    feed = {session.get_inputs()[0].name: example.numpy()}
-    return lambda: session.run(None, feed)
-
-
-def _openvino_call(
-    module: nn.Module, example: torch.Tensor, runtime: str, threads: int | None, workdir: Path
-) -> Callable[[], object]:
-    """`module` on `example` in OpenVINO (`compressor.deploy.openvino`): its ONNX graph converted, NNCF int8
-    (calibrated on `example`) for a gated runtime. A budget on OpenVINO without it installed is a one-line error."""
-    from compressor.deploy import openvino as ovd
-
-    reason = ovd.missing()
-    if reason is not None:
-        raise UserError(f"budget.runtime: {runtime} needs OpenVINO; {reason}")
-    model = ovd.from_onnx(_onnx_graph(module, example, workdir))
-    feed = {"x": example.numpy()}
-    if runtimes.runtime(runtime).gated:
-        model = ovd.nncf_int8(model, [feed])
-    request = ovd.compile_on_cpu(model, threads).create_infer_request()
-    return lambda: request.infer(feed)[0]
-
-
-def _onnx_graph(module: nn.Module, example: torch.Tensor, workdir: Path) -> Path:
-    """`module` traced on `example` to an ONNX graph under `workdir` (input "x", output "y")."""
-    fp32 = Path(tempfile.mkdtemp(dir=workdir)) / "model.onnx"
-    with warnings.catch_warnings():  # the TorchScript exporter's deprecation notes; the graph is static anyway
-        warnings.simplefilter("ignore")
-        torch.onnx.export(module, (example,), str(fp32), input_names=["x"], output_names=["y"], dynamo=False)
-    return fp32
-
-
-def _onnx_session(module: nn.Module, example: torch.Tensor, runtime: str, threads: int | None, workdir: Path):
-    """An ONNX Runtime session over `module` exported to `workdir` (dynamic-int8 quantised for a gated, i.e. int8,
-    runtime)."""
-    import onnxruntime as ort
-
-    from compressor.deploy.export import quantize_graph
-
-    fp32 = _onnx_graph(module, example, workdir)
-    graph = fp32
-    if runtimes.runtime(runtime).gated:
-        graph = fp32.with_name("int8.onnx")
-        quantize_graph(fp32, graph)
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
-    if threads:
-        options.intra_op_num_threads, options.inter_op_num_threads = int(threads), 1
-    return ort.InferenceSession(str(graph), options, providers=["CPUExecutionProvider"])
-
-
 def runner(
     module: nn.Module, example: torch.Tensor, runtime: str, threads: int | None, workdir: Path
 ) -> Callable[[], object]:
     """A no-argument call that runs `module` on `example` once in `runtime` (eval mode, no autograd), built by the
-    runtime's engine (`SESSIONS`)."""
-    engine = runtimes.runtime(check_runtime(runtime)).engine
-    return SESSIONS[engine](module.eval(), example, runtime, threads, workdir)
-
-
-# How each engine of `compressor.core.runtimes` runs a module: (module, example, runtime, threads, workdir) -> call.
-SESSIONS: dict[str, Callable[..., Callable[[], object]]] = {
-    "pytorch": _pytorch_call,
-    "onnx": _onnx_call,
-    "openvino": _openvino_call,
-}
+    runtime's engine (`compressor.core.runtimes.Engine.timer`)."""
+    declared = runtimes.runtime(check_runtime(runtime))
+    return runtimes.engine_of(runtime).timer(declared, module.eval(), example, threads, workdir)
 
 
 def measure(

@@ -236,14 +236,10 @@ def cache_key(dims: Dims, runtime: str, batch_size: int, seq_len: int, threads: 
 
 
 def _engine_version(runtime: str) -> dict:
-    """{"openvino": version} for a runtime OpenVINO runs (its tables are redone when it is upgraded), else {}."""
-    from compressor.core.runtimes import runtime as declared
+    """{package: version} of what runs `runtime` (`Engine.versions`): its tables are redone when one is upgraded."""
+    from compressor.core.runtimes import engine_of
 
-    if declared(runtime).engine != "openvino":
-        return {}
-    import openvino
-
-    return {"openvino": openvino.__version__}
+    return engine_of(runtime).versions()
 
 
 def default_cache_dir() -> Path:
