@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup setup-base demo test test-avx2 test-slow test-gpu test-compat bench-ci lint clean
+.PHONY: setup setup-base demo test test-avx2 test-slow test-gpu test-compat bench-ci bench-page lint clean
 
 setup: $(STAMP)
 
@@ -71,6 +71,10 @@ test-compat: requirements-floor.txt pyproject.toml
 
 bench-ci: setup
 	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(BIN)/python benchmarks/bench_ci.py
+
+# docs/results.md from docs/results.template.md and benchmarks/results/ (after `python -m benchmarks run NAME ...`).
+bench-page: setup
+	$(BIN)/python -m benchmarks page
 
 lint: setup
 	$(BIN)/ruff check compressor tests benchmarks

@@ -20,7 +20,8 @@ Each point is cached under the work directory (default `$COMPRESSOR_CACHE/peers/
 settings it was made with: a rerun skips finished points and redoes those whose settings changed. A peer that fails
 (or whose masks do not reproduce its own model) is reported as a failed point; the others go on. The peers' pinned
 environments are built once under `--venv-dir` (default `$COMPRESSOR_CACHE/peers/venvs`). Results: a printed table,
-benchmarks/results/peers.json (peers_quick.json with --quick; `--name` another stem), benchmarks/results/peers.png.
+OUT_DIR/peers.json (peers_quick.json with --quick; `--name` another stem) and peers.png, OUT_DIR `--out-dir` (default
+runs/peers). The figure on docs/results.md is the suite's experiment: `python -m benchmarks run peers_mpnet`.
 
 Usage (the lead's machine, machine to itself, after the family runs; one model at a time is fine, points are kept):
     .venv/bin/python benchmarks/peers.py --models minilm --ours minilm=runs/minilm_rt_family --else-running "nothing"
@@ -81,7 +82,7 @@ VENVS = {  # each peer's pinned stack; TextPruner's declared numpy pin fails to 
     "torch-pruning": ([TORCH, "transformers==5.24.0", "torch-pruning==1.6.1"], []),
 }
 PARITY_ATOL = 1e-4  # max |Δlogit| between the peer's own pruned model and our replay of its masks
-RESULTS = ROOT / "benchmarks" / "results"
+OUT_DIR = ROOT / "runs" / "peers"  # the suite's experiment `peers_mpnet` passes its own --out-dir
 
 
 class PeerError(RuntimeError):
@@ -621,7 +622,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true",
                         help="one member, one peer iteration, no speed matching, a short recovery: checks the "
                         "pipeline in minutes (writes peers_quick.json; not a figure)")  # fmt: skip
-    parser.add_argument("--name", default="peers", help="the results' file stem under benchmarks/results")
+    parser.add_argument("--name", default="peers", help="the results' file stem (NAME.json, NAME.png)")
+    parser.add_argument("--out-dir", type=Path, default=OUT_DIR, help="where NAME.json and NAME.png go")
     parser.add_argument("--work-dir", type=Path, default=cache_root() / "peers" / "work")
     parser.add_argument("--venv-dir", type=Path, default=cache_root() / "peers" / "venvs")
     parser.add_argument("--speed-tolerance", type=float, default=0.05, help="relative, for the speed-matched points")
@@ -667,8 +669,8 @@ def main(argv: list[str] | None = None) -> None:
     for name, section in sections.items():
         print(f"\n## {name}\n" + "\n".join(table(section)))
     stem = "peers_quick" if args.quick else args.name
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    plot(sections, RESULTS / f"{stem}.png")
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    plot(sections, args.out_dir / f"{stem}.png")
     result = {
         "commit": commit(),
         "cpu": cpu_summary(),
@@ -682,8 +684,8 @@ def main(argv: list[str] | None = None) -> None:
         "seconds": round(time.perf_counter() - started, 1),
     }
     text = json.dumps(portable(result, args), indent=2, default=str)
-    (RESULTS / f"{stem}.json").write_text(text + "\n")
-    print(f"wrote benchmarks/results/{stem}.json and {stem}.png")
+    (args.out_dir / f"{stem}.json").write_text(text + "\n")
+    print(f"wrote {args.out_dir / stem}.json and {stem}.png")
 
 
 if __name__ == "__main__":

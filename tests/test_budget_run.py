@@ -76,7 +76,6 @@ def test_speedup_budget_run_end_to_end(tmp_path, tiny_model_dir, tiny_csv, cache
     md = (tmp_path / "speed" / "report.md").read_text()
     for text in ("## Budget", "| asked | 1.60× |", "## Baseline: dropping top layers", "accuracy_vs_speedup.png"):
         assert text in md
-    _check_figures(report, tmp_path)
     _check_pick(tmp_path / "speed", report, tmp_path / "picked")
     model_dir = tmp_path / "speed" / "model"
     tok = AutoTokenizer.from_pretrained(model_dir)
@@ -85,27 +84,6 @@ def test_speedup_budget_run_end_to_end(tmp_path, tiny_model_dir, tiny_csv, cache
     assert [len(n) for n in _present(reloaded)] == pruned["ffn_neurons_per_layer"]
     with torch.inference_mode():
         assert reloaded(**batch).logits.shape == (2, 2)
-
-
-def _check_figures(report: dict, tmp_path) -> None:
-    """benchmarks/budget.py reads the finished run: asked vs measured, deltas with p, baseline; writes its JSON."""
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "budget.py"
-    spec = importlib.util.spec_from_file_location("_bench_budget", path)
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
-    out = tmp_path / "budget.json"
-    assert script.main(["--runs", str(tmp_path / "speed"), "--out", str(out)]) == 0
-    (row,) = json.loads(out.read_text())["runs"]
-    assert row["measured_speedup"] == report["budget"]["measured_speedup"] and row["asked_speedup"] == 1.6
-    assert row["pruned_drop_points"] == pytest.approx(
-        100 * (report["original"]["test"]["accuracy"] - report["pruned"]["test"]["accuracy"]), abs=0.01
-    )
-    assert row["baseline"]["layers_dropped"] == report["baseline"]["layers_dropped"]
-    assert row["goals"] == {"budget_within_10pct": report["budget"]["within_10pct"]}  # no goals set for 1.6×
-    assert script.main(["--runs", str(tmp_path / "missing")]) == 2
 
 
 def _check_pick(run_dir, report: dict, out) -> None:

@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _load_sweep():
-    spec = importlib.util.spec_from_file_location("hostile_sweep", ROOT / "benchmarks" / "hostile.py")
+    spec = importlib.util.spec_from_file_location("hostile_sweep", ROOT / "tests" / "hostile_cases.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules["hostile_sweep"] = module
     spec.loader.exec_module(module)

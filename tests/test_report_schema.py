@@ -140,61 +140,6 @@ def test_a_member_section_round_trips(tmp_path) -> None:
     assert MemberSection.read(tmp_path / "member.json").dump() == section
 
 
-LAYER_BACK = {"kind": "layer given back", "layer": 4, "units": 600, "measured_before": 2.4}
-
-
-def test_the_family_benchmark_reads_members_references_and_the_pick(tmp_path) -> None:
-    """benchmarks/mpnet_family.py: wall time from a `time -v` log, each member against its layer-drop baseline,
-    the best member as fast as each reference, the pick at 1.0 point and each step's give-backs (units or a whole
-    layer), in its JSON."""
-    from conftest import bench_script
-
-    script = bench_script("mpnet_family")
-    report = family()
-    member = report["family"]["members"][0]
-    member["baseline"] = {"baseline_accuracy": 0.7, "pruned_minus_baseline": 0.1, "mcnemar_p": 0.01}
-    member["budget"] |= {"measured_speedup": 2.1, "within_10pct": True}
-    reference = ROW | {"name": "reference/small/pytorch", "model": "small", "role": "reference", "speedup": 2.0,
-                       "accuracy": 0.79, "path": None}  # fmt: skip
-    report["family"]["frontier"] = [ROW, reference]
-    report["mixed_precision"] = "bf16"
-    report["steps"][0] |= {
-        "step": 1,
-        "measured_speedup": 2.1,
-        "members": [2.0],
-        "allocation": [{"kind": "heads"}, {"kind": "given back", "units": 3, "measured_before": 2.5}, LAYER_BACK],
-    }
-    best = {"name": "2x/pytorch", "speedup": 2.1, "accuracy": 0.8, "points": 1.0, "mcnemar_p": 0.5, "beats": True}
-    report["family"]["versus_references"] = [
-        {k: reference[k] for k in ("name", "model", "runtime", "speedup", "accuracy", "rejected")}
-        | {"best": best, "best_same_runtime": best}
-    ]
-    (tmp_path / "report.json").write_text(json.dumps(report))
-    log = tmp_path / "time.log"
-    log.write_text(
-        "\tElapsed (wall clock) time (h:mm:ss or m:ss): 1:02:03\n\tMaximum resident set size (kbytes): 2048\n"
-    )
-    out = tmp_path / "figures.json"
-    args = ["--run-dir", str(tmp_path), "--time-log", str(log), "--else-running", "nothing", "--out", str(out)]
-    assert script.main(args) == 0
-    figures = json.loads(out.read_text())
-    assert figures["wall"] == {"wall_s": 3723.0, "peak_rss_mb": 2.0}
-    (m,) = figures["members"]
-    assert m["member_minus_layer_drop_points"] == pytest.approx(10.0) and m["within_10pct"] is True
-    assert figures["references"][0]["best"]["points"] == 1.0
-    assert figures["pick_1pt"]["name"] == "2x/pytorch"
-    assert figures["mixed_precision"] == "bf16"
-    assert figures["steps"] == [
-        {
-            "step": 1,
-            "measured_speedup": 2.1,
-            "members": [2.0],
-            "seconds": 1.5,
-            "given_back": [{"kind": "given back", "units": 3, "measured_before": 2.5}, LAYER_BACK],
-        }
-    ]
-
-
 @pytest.mark.parametrize("precision", [None, "no", "bf16"])
 def test_the_report_says_what_precision_the_fine_tunes_ran_in(precision) -> None:
     from compressor.report.summary import time_lines
@@ -221,23 +166,6 @@ def test_the_report_says_where_the_fine_tunes_ran(device, precision, words) -> N
     report = one_target() | {"mixed_precision": precision, "device": device}
     first = time_lines(RunReport.of(report))[0]
     assert first == f"Total time: 3 s.{words}"
-
-
-def test_the_family_benchmark_reads_a_one_target_run_as_one_member() -> None:
-    """benchmarks/mpnet_family.py on a one-target run (recipes/mpnet_rt_7x_last.yaml): its model is the one member,
-    its reference comparison is read from the top of the report."""
-    from conftest import bench_script
-
-    script = bench_script("mpnet_family")
-    best = {"name": "pytorch-pruned", "speedup": 7.5, "accuracy": 0.81, "points": -0.2, "mcnemar_p": 0.9,
-            "beats": False}  # fmt: skip
-    versus = {"name": "reference/small/pytorch", "runtime": "pytorch", "speedup": 6.9, "accuracy": 0.82,
-              "best": best, "best_same_runtime": best}  # fmt: skip
-    report = RunReport.of(one_target() | {"versus_references": [versus]})
-    (row,) = script.member_rows(report)
-    assert (row["label"], row["target"], row["test_accuracy"]) == ("pruned", 0.25, 0.8)
-    assert row["layer_drop_accuracy"] is None
-    assert script.reference_rows(report) == [versus]
 
 
 def test_family_final_finetune_sentence_names_baselines_only_where_the_members_have_them():

@@ -97,8 +97,8 @@ def quantize_graph(
     """Dynamic int8 quantisation (int8 weights, activations quantised per batch at run time) of `src`.
 
     Weights are quantised per output channel by default: on the pruned MiniLM that raised prediction agreement
-    with fp32 from 95.9% to 98.5% (test split, `benchmarks/int8.py`) at the same speed and ~0.4% larger file. The other
-    options are ORT's, exposed for `benchmarks/int8.py`, which measures what each costs and buys; `reduce_range`
+    with fp32 (test split; docs/lab/README.md) at the same speed and a slightly larger file. The other options
+    are ORT's, exposed so that each one's cost and gain can be measured (docs/lab/README.md); `reduce_range`
     "auto" follows `resolve_reduce_range` (7-bit weights on CPUs without VNNI).
 
     `DefaultTensorType` lets the quantiser handle outputs of contrib ops (fused Attention, SkipLayerNorm) whose

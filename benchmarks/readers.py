@@ -1,0 +1,187 @@
+"""What a product output says, as result rows: one reader per kind of output, registered by name (an experiment
+names its reader; its `reader_args` must be the reader's keyword parameters). A reader takes the experiment and the
+directory its last step wrote, and returns `schema.Row`s. The row builders below them are also what converted the
+retired scripts' results (their files held the same report sections)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from benchmarks.schema import Row
+from compressor.core.errors import UserError
+
+if TYPE_CHECKING:
+    from benchmarks.suite import Experiment
+
+READERS: dict[str, Callable[..., list[Row]]] = {}
+
+
+def reader(fn: Callable[..., list[Row]]) -> Callable[..., list[Row]]:
+    READERS[fn.__name__] = fn
+    return fn
+
+
+def _json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        raise UserError(f"{path}: cannot read the experiment's output: {err}") from None
+
+
+def test_examples(report: Mapping) -> int | None:
+    return ((report.get("original") or {}).get("test") or {}).get("n")
+
+
+def at_least(value: float, floor: float | None, low: float | None = None, high: float | None = None) -> bool | None:
+    """Whether a gap meets `gap >= floor`: with an interval, true only when all of it does, false when none of it
+    does, else None (undecided); without one, the value decides. None without a goal."""
+    if floor is None:
+        return None
+    if low is None or high is None:
+        return value >= floor
+    return True if low >= floor else (False if high < floor else None)
+
+
+def at_most(value: float, ceiling: float | None) -> bool | None:
+    return None if ceiling is None else value <= ceiling
+
+
+def frontier_rows(rows: Sequence[Mapping], runtimes: Sequence[str], n: int | None, seed: int) -> list[Row]:
+    """One row per frontier point on `runtimes` (all when empty): its speed-up, its test accuracy beside it."""
+    out = []
+    for row in rows:
+        if (runtimes and row["runtime"] not in runtimes) or row.get("speedup") is None or row.get("rejected"):
+            continue
+        test = f"test {100 * row['accuracy']:.2f}" if row.get("accuracy") is not None else None
+        out.append(Row(label=row["name"], value=round(row["speedup"], 2), seeds=[seed], n=n, unit="x", detail=test))
+    return out
+
+
+def versus_row(entries: Sequence[Mapping], reference: str, runtime: str, n: int | None, seed: int) -> Row:
+    """The most accurate member as fast as `reference` on its own `runtime`, against it (points of test accuracy),
+    with McNemar's p and the speed ratio beside it."""
+    entry = next((e for e in entries if e["name"] == f"reference/{reference}/{runtime}"), None)
+    best = (entry or {}).get("best_same_runtime")
+    if not best:
+        raise UserError(f"versus_references: no member as fast as reference/{reference}/{runtime} in the run")
+    detail = f"{best['name']}, McNemar p {best['mcnemar_p']:.2g}, {best['speed_ratio']:.2f}x the reference's speed"
+    label = f"{best['name']} minus {reference} on {runtime}"
+    return Row(label=label, value=round(best["points"], 2), seeds=[seed], n=n, unit="points", detail=detail)
+
+
+def peers_rows(section: Mapping) -> list[Row]:
+    """Each peer's recovered model against ours at the same units: points of test accuracy, with McNemar's p."""
+    ours = section["ours"][0]
+    n = section.get("test_examples")
+    out = []
+    for peer in section["peers"]:
+        recovered = peer.get("recovered") or {}
+        if recovered.get("test") is None:
+            continue
+        p = (recovered.get("vs_member") or {}).get("p_value")
+        label = f"{peer['peer']} ({peer['match']} matched, our recovery) minus ours"
+        value = round(100 * (recovered["test"] - ours["accuracy"]), 2)
+        detail = f"McNemar p {p:.2g}, {peer['speedup']:.2f}x against our {ours['speedup']:.2f}x" if p else None
+        out.append(Row(label=label, value=value, seeds=[0], n=n, unit="points", detail=detail))
+    return out
+
+
+def _family(report: Mapping) -> Mapping:
+    return report.get("family") or report
+
+
+def bench_against_pruning(timings: Mapping[str, float], seed: int) -> Row:
+    """The bench's time as a share of the pruning steps' (goal: at most all of it)."""
+    share = 100 * timings["bench"] / timings["pruning steps"]
+    detail = f"bench {timings['bench']:.0f} s, pruning {timings['pruning steps']:.0f} s"
+    return Row(label="bench time / pruning time", value=round(share, 1), seeds=[seed], unit="%", goal="<= 100 %",
+               met=share <= 100, detail=detail)  # fmt: skip
+
+
+@reader
+def run(exp: Experiment, out: Path, max_seconds: float | None = None, max_bench_share: float | None = None,
+        max_drop: float | None = None, bench_within_pruning: bool = False) -> list[Row]:  # fmt: skip
+    """A one-target run's report: its wall time, its bench's share of it (or of its pruning), the recommended
+    model's gap to the original and its speed-up."""
+    report = _json(out / "report.json")
+    n, seed = test_examples(report), exp.seeds[0]
+    seconds = float(report.get("seconds") or 0.0)
+    timings = report.get("timings") or {}
+    share = 100 * float(timings.get("bench", 0.0)) / seconds if seconds else 0.0
+    rows = [
+        Row(label="run, wall", value=round(seconds), seeds=[seed], unit="s", goal=_goal("<=", max_seconds, "s"),
+            met=at_most(seconds, max_seconds)),
+        Row(label="bench share of the run", value=round(share, 1), seeds=[seed], unit="%",
+            goal=_goal("<=", max_bench_share, "%"), met=at_most(share, max_bench_share)),
+    ]  # fmt: skip
+    if bench_within_pruning:
+        rows.append(bench_against_pruning(timings, seed))
+    chosen = report.get("recommendation") or {}
+    if chosen.get("variant"):
+        gap = -float(chosen["drop_points"])
+        rows.append(Row(label=f"recommended ({chosen['variant']}) vs original, test", value=round(gap, 2),
+                        seeds=[seed], n=n, unit="points", goal=_goal(">=", -max_drop if max_drop else None, "points"),
+                        met=at_least(gap, -max_drop if max_drop else None)))  # fmt: skip
+        rows.append(Row(label=f"recommended ({chosen['variant']}) speed-up", value=round(chosen["speedup"], 2),
+                        seeds=[seed], unit="x"))  # fmt: skip
+    return rows
+
+
+def _goal(op: str, bound: float | None, unit: str) -> str | None:
+    return None if bound is None else f"{op} {bound:g} {unit}"
+
+
+@reader
+def seeds(exp: Experiment, out: Path, min_gap: dict[str, float] | None = None) -> list[Row]:
+    """A run repeated over seeds (`seeds.json`): each gap's mean over the seeds with its bootstrap interval, on the
+    experiment's runtimes; `min_gap` {candidate model: floor in points} sets the goals."""
+    summary = _json(out / "seeds.json")
+    floors = min_gap or {}
+    rows = []
+    for gap in summary["gaps"]:
+        if exp.runtimes and gap.get("runtime") not in exp.runtimes:
+            continue
+        floor = floors.get(gap["candidate"].split("/")[0])
+        low, high = (round(end, 2) for end in gap["ci95"])
+        value = round(gap["mean"], 2)
+        spread = f"sd {gap['sd']:.2f} over seeds; " if gap.get("sd") is not None else ""
+        rows.append(
+            Row(
+                label=f"{gap['candidate']} minus {gap['versus']}",
+                value=value,
+                low=low,
+                high=high,
+                seeds=summary["seeds"],
+                unit="points",
+                n=summary.get("test_examples"),
+                goal=_goal(">=", floor, "points"),
+                met=at_least(value, floor, low, high),
+                detail=spread + gap["verdict"],
+            )
+        )
+    return rows
+
+
+@reader
+def frontier(exp: Experiment, out: Path) -> list[Row]:
+    """A run's frontier on the experiment's runtimes: each point's speed-up, its test accuracy beside it."""
+    report = _json(out / "report.json")
+    return frontier_rows(_family(report).get("frontier") or [], exp.runtimes, test_examples(report), exp.seeds[0])
+
+
+@reader
+def versus_reference(exp: Experiment, out: Path, reference: str = "", runtime: str = "pytorch") -> list[Row]:
+    """The run's member-vs-reference comparison on `runtime` (`versus_references`, best as fast on that runtime)."""
+    report = _json(out / "report.json")
+    entries = _family(report).get("versus_references") or []
+    return [versus_row(entries, reference, runtime, test_examples(report), exp.seeds[0])]
+
+
+@reader
+def peers(exp: Experiment, out: Path, model: str = "mpnet", file: str = "peers.json") -> list[Row]:
+    """benchmarks/peers.py's output: each peer's recovered model against ours."""
+    data: dict[str, Any] = _json(out / file)
+    return peers_rows(data["models"][model])

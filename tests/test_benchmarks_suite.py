@@ -1,0 +1,280 @@
+"""The benchmark suite (benchmarks/): docs/results.md is what the template and the results make, every figure on
+it has its result file and its declared experiment (as many experiments as figures), every command on it parses
+with the real parsers, and the runner resumes (a finished result kept, a finished step skipped, an interrupted step
+run again without --force) and writes the one schema with its provenance."""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import sys
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+import typer.main
+from conftest import ROOT
+
+from benchmarks import page, runner, suite
+from benchmarks.__main__ import main as suite_main
+from benchmarks.__main__ import parser as suite_parser
+from benchmarks.readers import at_least
+from benchmarks.schema import read_result
+from compressor.bench.quality import hits_string
+from compressor.cli import app
+from compressor.core.errors import UserError
+from compressor.report.seeds import summarize_seeds
+
+PAGE_TEXT = page.PAGE.read_text()
+EXPERIMENTS = suite.load_experiments()
+BLOCK = re.compile(r"<!-- experiment: ([a-z0-9_]+) -->\n(.*?)<!-- /experiment -->", re.DOTALL)
+COMMAND = re.compile(r"`((?:python -m benchmarks|python benchmarks/|compressor |make )[^`]*)`")
+
+
+def test_the_page_is_what_its_template_and_the_results_make() -> None:
+    assert PAGE_TEXT == page.page_text(), "docs/results.md is stale: run `python -m benchmarks page`"
+
+
+def test_as_many_experiments_as_figures_each_once() -> None:
+    on_page = Counter(name for name, _ in BLOCK.findall(PAGE_TEXT))
+    in_template = Counter(page.MARKER.findall(page.TEMPLATE.read_text()))
+    assert on_page == in_template == Counter(list(EXPERIMENTS))
+
+
+def test_every_figure_on_the_page_has_its_result_file_and_no_result_is_orphaned() -> None:
+    for name, text in BLOCK.findall(PAGE_TEXT):
+        has_table = "| figure | value |" in text
+        assert has_table == (suite.RESULTS / f"{name}.json").exists(), name
+    for named in re.findall(r"benchmarks/results/([\w.]+\.json)", PAGE_TEXT):
+        assert (suite.RESULTS / named).exists(), f"docs/results.md names benchmarks/results/{named}"
+    files = {p.stem for p in suite.RESULTS.iterdir()}
+    assert files <= set(EXPERIMENTS), f"result files of no experiment: {sorted(files - set(EXPERIMENTS))}"
+    for name in files:
+        result = read_result(suite.RESULTS / f"{name}.json")
+        assert (result.experiment, result.figure, result.goal) == (
+            name,
+            EXPERIMENTS[name].figure,
+            EXPERIMENTS[name].goal,
+        )
+        assert result.legacy or result.provenance.script is None
+        assert not result.legacy or result.provenance.note, f"{name}: a legacy result says where it came from"
+
+
+def _parse_compressor(args: list[str]) -> dict:
+    """`compressor ARGS` parsed by the real command line (typer's click), as its subcommand's parameters."""
+    group = typer.main.get_command(app)
+    ctx = group.make_context("compressor", list(args))
+    name, command, rest = group.resolve_command(ctx, [*ctx._protected_args, *ctx.args])
+    return command.make_context(name, rest, parent=ctx).params
+
+
+def _commands() -> list[str]:
+    return sorted(set(COMMAND.findall(PAGE_TEXT)))
+
+
+def test_the_page_has_commands_of_every_kind() -> None:
+    heads = {c.split()[0] + (" " + c.split()[1] if c.startswith("python") else "") for c in _commands()}
+    assert {"python -m", "compressor", "python benchmarks/peers.py", "make"} <= heads
+
+
+@pytest.mark.parametrize("command", _commands())
+def test_every_command_on_the_page_runs_as_written(command) -> None:
+    args = shlex.split(command.replace("TEXT", "nothing"))
+    if args[:3] == ["python", "-m", "benchmarks"]:
+        parsed = suite_parser().parse_args(args[3:])
+        if parsed.command == "run":
+            assert parsed.name in EXPERIMENTS, f"{command}: no experiment '{parsed.name}'"
+    elif args[0] == "compressor":
+        params = _parse_compressor(args[1:])
+        assert "recipe" not in params or (ROOT / params["recipe"]).is_file(), f"{command}: no recipe file"
+    elif args[0] == "python":
+        assert (ROOT / args[1]).is_file(), command
+    else:
+        target = args[1]
+        assert re.search(rf"^{re.escape(target)}:", (ROOT / "Makefile").read_text(), re.MULTILINE), command
+
+
+def test_every_declaration_runs_existing_recipes_with_parsable_commands() -> None:
+    for exp in EXPERIMENTS.values():
+        assert exp.recipe is None or (ROOT / exp.recipe).is_file(), exp.name
+        for args in exp.commands():
+            if args[0] == "compressor":
+                assert (ROOT / _parse_compressor(args[1:])["recipe"]).is_file(), exp.name
+
+
+def test_the_headline_says_how_many_runs_were_made_toward_it() -> None:
+    (text,) = [t for name, t in BLOCK.findall(PAGE_TEXT) if name == "mpnet_vs_minilm"]
+    assert "Runs made toward this figure: **11**" in text and "read on test" in text
+
+
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        ("reader", "nope", "reader"),
+        ("reader_args", {"bogus": 1}, "reader_args: ['bogus'] are not parameters of reader 'seeds'"),
+        ("steps", [], "steps"),
+        ("figure", None, "figure"),
+    ],
+)
+def test_a_bad_declaration_is_one_line_naming_the_field(tmp_path, field, value, message) -> None:
+    declared = {"figure": "f", "goal": "g", "steps": [{"command": "python x.py"}], "reader": "seeds"}
+    (tmp_path / "bad.yaml").write_text(json.dumps(declared | {field: value}))
+    with pytest.raises(UserError, match=re.escape(message)) as err:
+        suite.load_experiments(tmp_path)
+    assert str(err.value).startswith("bad.yaml: ") and "\n" not in str(err.value)
+
+
+def test_the_command_line_refuses_an_unknown_experiment_and_a_missing_else_running(capsys) -> None:
+    with pytest.raises(SystemExit) as unknown:
+        suite_main(["run", "nosuch", "--else-running", "x"])
+    err = capsys.readouterr().err
+    assert unknown.value.code == 2 and err.count("\n") == 1 and "'nosuch' is not declared" in err
+    with pytest.raises(SystemExit) as silent:
+        suite_main(["run", "demo"])
+    assert silent.value.code == 2 and "--else-running" in capsys.readouterr().err
+
+
+def test_a_goal_with_an_interval_is_met_only_when_the_whole_interval_is() -> None:
+    assert at_least(-0.2, -0.5, -0.4, 0.1) is True
+    assert at_least(-0.2, -0.5, -0.9, 0.3) is None
+    assert at_least(-1.2, -0.5, -1.6, -0.7) is False
+    assert at_least(-0.6, -0.5) is False and at_least(0.0, None) is None
+
+
+STUB = '''
+"""A stand-in for `compressor run --seeds 0,1` (plain Python, so it starts at once): one repeat per seed under
+OUT/seed-K/ (a finished one kept), stopping before seed 1 while OUT/../interrupt exists; then seeds.json, the
+product's summary of these repeats, made beforehand by the test."""
+import shutil, sys
+from pathlib import Path
+
+out = Path(sys.argv[1])
+made = out.parent / "made"
+log = out.parent / "log.txt"
+for k in (0, 1):
+    done = out / f"seed-{k}" / "report.json"
+    if done.exists():
+        with log.open("a") as f: f.write(f"kept {k}\\n")
+        continue
+    if k == 1 and (out.parent / "interrupt").exists():
+        sys.exit(3)
+    done.parent.mkdir(parents=True)
+    shutil.copy(made / f"report-{k}.json", done)
+    with log.open("a") as f: f.write(f"ran {k}\\n")
+shutil.copy(made / "seeds.json", out / "seeds.json")
+'''
+
+
+def _repeats(names: dict[str, str], seeds: tuple[int, ...], size: int) -> dict[int, dict]:
+    """Minimal report.json of each repeat: frontier rows and bench hits of `names` {candidate: runtime}."""
+    rng = np.random.default_rng(0)
+    reports = {}
+    for k in seeds:
+        hits = {n: rng.random(size) < 0.8 for n in names}
+        rows = [{"name": n, "role": "member" if "/" in n else "original", "runtime": r} for n, r in names.items()]
+        quality = {n: {"accuracy": float(h.mean()), "hits": hits_string(h)} for n, h in hits.items()}
+        reports[k] = {"frontier": rows, "bench": {"quality": {"results": quality}}}
+    return reports
+
+
+def _stub_experiment(tmp_path: Path) -> suite.Experiment:
+    (tmp_path / "stub.py").write_text(STUB)
+    (tmp_path / "made").mkdir()
+    reports = _repeats({"pytorch-original": "pytorch", "3x/pytorch": "pytorch"}, (0, 1), 200)
+    for k, report in reports.items():
+        (tmp_path / "made" / f"report-{k}.json").write_text(json.dumps(report))
+    (tmp_path / "made" / "seeds.json").write_text(json.dumps(summarize_seeds(reports, resamples=200)))
+    declared = {
+        "figure": "stub family over seeds",
+        "goal": "3x within 2 points",
+        "seeds": [0, 1],
+        "runtimes": ["pytorch"],
+        "steps": [
+            {
+                "command": f"python {tmp_path / 'stub.py'} {{output}}",
+                "output": str(tmp_path / "out"),
+                "done": "seeds.json",
+            }
+        ],  # fmt: skip
+        "reader": "seeds",
+        "reader_args": {"min_gap": {"3x": -2.0}},
+    }
+    (tmp_path / "decl").mkdir()
+    (tmp_path / "decl" / "stub.yaml").write_text(json.dumps(declared))
+    return suite.experiment("stub", tmp_path / "decl")
+
+
+def test_the_runner_resumes_keeps_and_forces_and_writes_the_schema(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("COMPRESSOR_CACHE", str(tmp_path / "empty-cache"))
+    exp, results, log = _stub_experiment(tmp_path), tmp_path / "results", tmp_path / "log.txt"
+    (tmp_path / "interrupt").touch()
+    with pytest.raises(UserError, match="step failed \\(exit 3\\).*rerun to resume it"):
+        runner.run_experiment(exp, "nothing else", results=results, log=lambda _: None)
+    assert not (results / "stub.json").exists() and log.read_text() == "ran 0\n"
+
+    (tmp_path / "interrupt").unlink()
+    with pytest.raises(UserError, match="--else-running"):
+        runner.run_experiment(exp, " ", results=results)
+    first = runner.run_experiment(exp, "nothing else", results=results, log=lambda _: None)
+    assert log.read_text() == "ran 0\nkept 0\nran 1\n"  # the interrupted seed list resumed, seed 0 kept
+    stored = read_result(results / "stub.json")
+    assert stored == first
+    (row,) = stored.rows
+    summary = json.loads((tmp_path / "out" / "seeds.json").read_text())
+    (gap,) = summary["gaps"]
+    assert (row.value, [row.low, row.high]) == (round(gap["mean"], 2), [round(x, 2) for x in gap["ci95"]])
+    assert (row.seeds, row.n, row.unit, row.goal) == ([0, 1], 200, "points", ">= -2 points")
+    assert row.met == at_least(row.value, -2.0, row.low, row.high)
+    record = stored.provenance
+    assert (record.else_running, record.cache, stored.legacy) == ("nothing else", "empty", False)
+    assert record.cpu and record.int8_features and record.seconds is not None and record.commit
+    assert record.commands == [f"python {tmp_path / 'stub.py'} {tmp_path / 'out'}"]
+
+    messages: list[str] = []
+    kept = runner.run_experiment(exp, "other", results=results, log=messages.append)
+    assert kept == first and log.read_text().count("\n") == 3 and "kept stub.json" in messages[0]
+
+    (results / "stub.json").unlink()  # the result lost, the step's output finished: read again, nothing rerun
+    again = runner.run_experiment(exp, "other", results=results, log=messages.append)
+    assert again.rows == first.rows and log.read_text().count("\n") == 3
+    assert any("kept finished step" in m for m in messages)
+
+    forced = runner.run_experiment(exp, "forced", force=True, results=results, log=lambda _: None)
+    assert log.read_text().endswith("kept 0\nkept 1\n") and forced.provenance.else_running == "forced"
+
+
+def test_compressor_steps_run_this_interpreter_and_force_only_when_asked() -> None:
+    run = ["compressor", "run", "recipes/minilm_rt_50pct.yaml", "--output-dir", "x"]
+    assert runner.argv(run, force=False) == [sys.executable, "-m", "compressor", *run[1:]]
+    assert runner.argv(run, force=True)[-1] == "--force"
+    assert runner.argv(["compressor", "pick", "x"], force=True) == [sys.executable, "-m", "compressor", "pick", "x"]
+    assert runner.argv(["python", "benchmarks/peers.py"], force=True) == [sys.executable, "benchmarks/peers.py"]
+
+
+def test_cache_state_reads_the_directory(tmp_path) -> None:
+    assert runner.cache_state(tmp_path / "absent") == "empty"
+    (tmp_path / "c").mkdir()
+    assert runner.cache_state(tmp_path / "c") == "empty"
+    (tmp_path / "c" / "finetuned").mkdir()
+    assert runner.cache_state(tmp_path / "c") == "warm"
+
+
+def test_a_result_off_the_schema_is_one_line_naming_the_field(tmp_path) -> None:
+    good = json.loads((suite.RESULTS / "demo.json").read_text())
+    bad = good | {"rows": [good["rows"][0] | {"unit": "furlongs"}]}
+    (tmp_path / "demo.json").write_text(json.dumps(bad))
+    with pytest.raises(UserError, match=r"^demo.json: rows.0.unit: "):
+        read_result(tmp_path / "demo.json")
+
+
+def test_the_seeds_reader_keeps_the_experiments_runtimes(tmp_path) -> None:
+    """A family's seeds.json has a gap for every frontier point; the figure keeps those on its runtimes."""
+    names = {"pytorch-original": "pytorch", "3x/pytorch": "pytorch", "3x/onnx-int8": "onnx-int8"}
+    reports = _repeats(names, (0, 1, 2), 100)
+    (tmp_path / "seeds.json").write_text(json.dumps(summarize_seeds(reports, resamples=100)))
+    exp = EXPERIMENTS["minilm_family_seeds"]
+    (row,) = suite.READERS["seeds"](exp, tmp_path, **exp.reader_args)
+    assert row.label == "3x/pytorch minus pytorch-original" and row.seeds == [0, 1, 2] and row.n == 100
+    assert row.goal == ">= -0.5 points" and row.low <= row.value <= row.high
