@@ -137,14 +137,15 @@ def _goal(op: str, bound: float | None, unit: str) -> str | None:
 @reader
 def seeds(exp: Experiment, out: Path, min_gap: dict[str, float] | None = None) -> list[Row]:
     """A run repeated over seeds (`seeds.json`): each gap's mean over the seeds with its bootstrap interval, on the
-    experiment's runtimes; `min_gap` {candidate model: floor in points} sets the goals."""
+    experiment's runtimes; `min_gap` {candidate model, or "chosen" for the member each seed chose on validation
+    against a reference: floor in points} sets the goals."""
     summary = _json(out / "seeds.json")
     floors = min_gap or {}
     rows = []
     for gap in summary["gaps"]:
         if exp.runtimes and gap.get("runtime") not in exp.runtimes:
             continue
-        floor = floors.get(gap["candidate"].split("/")[0])
+        floor = floors.get("chosen" if gap.get("role") == "chosen" else gap["candidate"].split("/")[0])
         low, high = (round(end, 2) for end in gap["ci95"])
         value = round(gap["mean"], 2)
         spread = f"sd {gap['sd']:.2f} over seeds; " if gap.get("sd") is not None else ""

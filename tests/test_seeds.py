@@ -72,6 +72,28 @@ def test_summary_pairs_members_with_references_and_leaves_out_partial_points() -
     assert any("4x/pytorch" in why and "[0]" in why for why in summary["left_out"])
 
 
+def test_the_member_each_seed_chose_is_compared_with_the_reference_even_when_it_differs() -> None:
+    """Seed 0 chose the 2x member against the reference, seed 1 the 4x: one 'chosen on validation' gap pairs each
+    seed's own choice with the reference (exactly its per-seed accuracy difference), beside the fixed-name pairs of
+    each member with the reference."""
+    rng = np.random.default_rng(2)
+    reports, chosen = {}, {0: "2x/onnx-int8", 1: "4x/onnx-int8"}
+    for k in (0, 1):
+        names = (ORIGINAL_NAME, "2x/onnx-int8", "4x/onnx-int8", "reference/small/onnx-int8")
+        hits = {name: rng.random(300) < 0.8 for name in names}
+        reports[k] = _report(hits, [(chosen[k], "reference/small/onnx-int8")])
+    summary = summarize_seeds(reports, resamples=500)
+    (gap,) = [g for g in summary["gaps"] if g["role"] == "chosen"]
+    assert gap["chosen"] == {"0": "2x/onnx-int8", "1": "4x/onnx-int8"} and gap["versus"] == "reference/small/onnx-int8"
+    for k in (0, 1):
+        results = reports[k]["bench"]["quality"]["results"]
+        expected = 100 * (results[chosen[k]]["accuracy"] - results["reference/small/onnx-int8"]["accuracy"])
+        assert gap["per_seed"][str(k)] == pytest.approx(expected)
+    fixed = {g["candidate"] for g in summary["gaps"] if g["comparison"] == "member vs reference"}
+    assert fixed == {"2x/onnx-int8", "4x/onnx-int8"}
+    assert "chosen on validation (best) vs reference" in render_seeds(summary)
+
+
 @pytest.mark.parametrize("low, high, words", [(0.1, 2.0, "ahead"), (-2.0, -0.1, "behind"), (-0.5, 1.0, "level")])
 def test_verdict_reads_the_interval(low, high, words) -> None:
     assert verdict((low, high)) == words

@@ -126,7 +126,36 @@ def summarize_seeds(reports: Mapping[int, Mapping], resamples: int = RESAMPLES) 
         entry |= {"role": row.get("role"), "runtime": row.get("runtime")}
         a, b = [hits[k][name] for k in seeds], [hits[k][other] for k in seeds]
         gaps.append(entry | gap_summary(seeds, a, b, resamples))
+    gaps += _chosen_gaps(reports, seeds, hits, rows, left_out, resamples)
     return out | {"gaps": gaps, "left_out": left_out}
+
+
+def _chosen(report: Mapping) -> dict[tuple[str, str], str]:
+    """{(reference point, slot): the member the report chose on validation for it} (`versus_references`)."""
+    entries = (report.get("family") or {}).get("versus_references") or report.get("versus_references") or []
+    return {(e["name"], slot): e[slot]["name"] for e in entries for slot in SLOTS[:2] if e.get(slot)}
+
+
+def _chosen_gaps(reports, seeds, hits, rows, left_out: list, resamples: int) -> list[dict]:
+    """Per reference point and slot (`best`: as fast on any runtime; `best_same_runtime`), the gap of whichever
+    member each repeat chose on validation to the reference: the claim a user reads, whose member may differ from
+    seed to seed (a repeat that chose none, or lacks per-example hits, leaves it out)."""
+    chosen = {k: _chosen(reports[k]) for k in seeds}
+    out = []
+    for reference, slot in _in_order([list(chosen[k]) for k in seeds]):
+        names = [chosen[k].get((reference, slot)) for k in seeds]
+        missing = [k for k, n in zip(seeds, names, strict=True) if n is None or n not in hits[k] or reference
+                   not in hits[k]]  # fmt: skip
+        if missing:
+            left_out.append(f"chosen ({slot}) vs {reference}: no member chosen, or no hits, in seed {missing}")
+            continue
+        a, b = [hits[k][n] for k, n in zip(seeds, names, strict=True)], [hits[k][reference] for k in seeds]
+        runtime = next(rows[k][reference].get("runtime") for k in seeds if reference in rows[k])
+        entry = {"comparison": f"chosen on validation ({slot}) vs reference", "candidate": ", ".join(names),
+                 "versus": reference, "role": "chosen", "runtime": runtime,
+                 "chosen": {str(k): n for k, n in zip(seeds, names, strict=True)}}  # fmt: skip
+        out.append(entry | gap_summary(seeds, a, b, resamples))
+    return out
 
 
 def _points(value: float | None) -> str:
