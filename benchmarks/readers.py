@@ -67,26 +67,34 @@ def versus_row(entries: Sequence[Mapping], reference: str, runtime: str, n: int 
     best = (entry or {}).get("best_same_runtime")
     if not best:
         raise UserError(f"versus_references: no member as fast as reference/{reference}/{runtime} in the run")
-    detail = f"{best['name']}, McNemar p {best['mcnemar_p']:.2g}, {best['speed_ratio']:.2f}x the reference's speed"
+    p = "not paired" if best.get("mcnemar_p") is None else f"{best['mcnemar_p']:.2g}"
+    words = f", {best['verdict']}" if best.get("verdict") else ""
+    detail = f"{best['name']}, McNemar p {p}{words}, {best['speed_ratio']:.2f}x the reference's speed"
     label = f"{best['name']} minus {reference} on {runtime}"
     return Row(label=label, value=round(best["points"], 2), seeds=[seed], n=n, unit="points", detail=detail)
 
 
 def peers_rows(section: Mapping) -> list[Row]:
-    """Each peer's recovered model against ours at the same units: points of test accuracy, with McNemar's p."""
+    """Each peer's model against ours (points of test accuracy): recovered by our recovery, with McNemar's p and
+    both speed-ups, then as the peer left it (no recovery)."""
     ours = section["ours"][0]
     n = section.get("test_examples")
-    out = []
+    out, bare = [], []
     for peer in section["peers"]:
+        which = f"{peer['peer']} ({peer['match']} matched"
+        if peer.get("accuracy") is not None:
+            value = round(100 * (peer["accuracy"] - ours["accuracy"]), 2)
+            bare.append(Row(label=f"{which}, no recovery) minus ours", value=value, seeds=[0], n=n, unit="points"))
         recovered = peer.get("recovered") or {}
         if recovered.get("test") is None:
             continue
         p = (recovered.get("vs_member") or {}).get("p_value")
-        label = f"{peer['peer']} ({peer['match']} matched, our recovery) minus ours"
         value = round(100 * (recovered["test"] - ours["accuracy"]), 2)
-        detail = f"McNemar p {p:.2g}, {peer['speedup']:.2f}x against our {ours['speedup']:.2f}x" if p else None
-        out.append(Row(label=label, value=value, seeds=[0], n=n, unit="points", detail=detail))
-    return out
+        detail = f"McNemar p {'not paired' if p is None else f'{p:.2g}'}"
+        detail += f", {peer['speedup']:.2f}x against our {ours['speedup']:.2f}x"
+        out.append(Row(label=f"{which}, our recovery) minus ours", value=value, seeds=[0], n=n, unit="points",
+                       detail=detail))  # fmt: skip
+    return out + bare
 
 
 def _family(report: Mapping) -> Mapping:

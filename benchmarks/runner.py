@@ -79,5 +79,5 @@ def run_experiment(exp: Experiment, else_running: str, force: bool = False, resu
     )
     result = Result(experiment=exp.name, figure=exp.figure, goal=exp.goal, rows=rows, provenance=record)
     write_result(path, result)
-    log(f"{exp.name}: wrote {path.relative_to(results.parent.parent) if path.is_relative_to(ROOT) else path.name}")
+    log(f"{exp.name}: wrote {path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}")
     return result
