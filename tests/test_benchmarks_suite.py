@@ -230,6 +230,7 @@ def test_the_runner_resumes_keeps_and_forces_and_writes_the_schema(tmp_path, mon
     record = stored.provenance
     assert (record.else_running, record.cache, stored.legacy) == ("nothing else", "empty", False)
     assert record.cpu and record.int8_features and record.seconds is not None and record.commit
+    assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d", record.date)
     assert record.commands == [f"python {tmp_path / 'stub.py'} {tmp_path / 'out'}"]
 
     messages: list[str] = []
