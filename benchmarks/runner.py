@@ -12,7 +12,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from pathlib import Path
 
 from benchmarks import provenance
@@ -70,7 +70,7 @@ def run_experiment(exp: Experiment, else_running: str, force: bool = False, resu
     cpu = cpu_summary()
     record = Provenance(
         commit=provenance.commit(),
-        date=datetime.now(UTC).strftime("%Y-%m-%d %H:%M"),
+        date=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M"),
         cpu=cpu["model"],
         int8_features=int8_features(cpu),
         cpu_identity=cpu_identity(),
