@@ -315,5 +315,9 @@ def test_the_readers_read_what_the_product_writes(tmp_path) -> None:
     assert [r.label for r in suite.READERS["frontier"](mpnet, tmp_path)] == [r["name"] for r in rows]
     (versus,) = suite.READERS["versus_reference"](mpnet, tmp_path, reference="small", runtime="pytorch")
     assert (versus.value, versus.n) == (2.0, 1276) and "p 0.2, level" in versus.detail
+    quantize = EXPERIMENTS["quantize_only"]  # int8 runtimes, and the PyTorch original the goal reads
+    original, int8 = suite.READERS["frontier"](quantize, tmp_path, **quantize.reader_args)
+    assert (original.label, original.met, int8.label, int8.met) == ("pytorch-original", None, "pruned/onnx-int8", False)
+    assert int8.goal == "test within 1 points of the original" and int8.detail == "test 75.00"
     rescale = EXPERIMENTS["rescale"]
     assert suite.READERS["run"](rescale, tmp_path, **rescale.reader_args)[2].value == 25.0
