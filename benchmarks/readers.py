@@ -49,14 +49,27 @@ def at_most(value: float, ceiling: float | None) -> bool | None:
     return None if ceiling is None else value <= ceiling
 
 
-def frontier_rows(rows: Sequence[Mapping], runtimes: Sequence[str], n: int | None, seed: int) -> list[Row]:
-    """One row per frontier point on `runtimes` (all when empty): its speed-up, its test accuracy beside it."""
+def _is_original(row: Mapping) -> bool:
+    return row.get("role") == "original" and row["runtime"] == "pytorch"
+
+
+def frontier_rows(rows: Sequence[Mapping], runtimes: Sequence[str], n: int | None, seed: int,
+                  max_drop: float | None = None) -> list[Row]:  # fmt: skip
+    """One row per frontier point on `runtimes` (all when empty) and the PyTorch original: its speed-up, its test
+    accuracy beside it; with `max_drop`, whether that accuracy is within `max_drop` points of the original's."""
+    original = next((r.get("accuracy") for r in rows if _is_original(r)), None)
+    goal = None if max_drop is None else f"test within {max_drop:g} points of the original"
     out = []
     for row in rows:
-        if (runtimes and row["runtime"] not in runtimes) or row.get("speedup") is None or row.get("rejected"):
+        keep = not runtimes or row["runtime"] in runtimes or _is_original(row)
+        if not keep or row.get("speedup") is None or row.get("rejected"):
             continue
-        test = f"test {100 * row['accuracy']:.2f}" if row.get("accuracy") is not None else None
-        out.append(Row(label=row["name"], value=round(row["speedup"], 2), seeds=[seed], n=n, unit="x", detail=test))
+        accuracy = row.get("accuracy")
+        test = f"test {100 * accuracy:.2f}" if accuracy is not None else None
+        judged = goal is not None and not _is_original(row) and None not in (accuracy, original)
+        met = 100 * (original - accuracy) <= max_drop + 1e-9 if judged else None
+        out.append(Row(label=row["name"], value=round(row["speedup"], 2), seeds=[seed], n=n, unit="x", detail=test,
+                       goal=goal if judged else None, met=met))  # fmt: skip
     return out
 
 
@@ -67,26 +80,34 @@ def versus_row(entries: Sequence[Mapping], reference: str, runtime: str, n: int 
     best = (entry or {}).get("best_same_runtime")
     if not best:
         raise UserError(f"versus_references: no member as fast as reference/{reference}/{runtime} in the run")
-    detail = f"{best['name']}, McNemar p {best['mcnemar_p']:.2g}, {best['speed_ratio']:.2f}x the reference's speed"
+    p = "not paired" if best.get("mcnemar_p") is None else f"{best['mcnemar_p']:.2g}"
+    words = f", {best['verdict']}" if best.get("verdict") else ""
+    detail = f"{best['name']}, McNemar p {p}{words}, {best['speed_ratio']:.2f}x the reference's speed"
     label = f"{best['name']} minus {reference} on {runtime}"
     return Row(label=label, value=round(best["points"], 2), seeds=[seed], n=n, unit="points", detail=detail)
 
 
 def peers_rows(section: Mapping) -> list[Row]:
-    """Each peer's recovered model against ours at the same units: points of test accuracy, with McNemar's p."""
+    """Each peer's model against ours (points of test accuracy): recovered by our recovery, with McNemar's p and
+    both speed-ups, then as the peer left it (no recovery)."""
     ours = section["ours"][0]
     n = section.get("test_examples")
-    out = []
+    out, bare = [], []
     for peer in section["peers"]:
+        which = f"{peer['peer']} ({peer['match']} matched"
+        if peer.get("accuracy") is not None:
+            value = round(100 * (peer["accuracy"] - ours["accuracy"]), 2)
+            bare.append(Row(label=f"{which}, no recovery) minus ours", value=value, seeds=[0], n=n, unit="points"))
         recovered = peer.get("recovered") or {}
         if recovered.get("test") is None:
             continue
         p = (recovered.get("vs_member") or {}).get("p_value")
-        label = f"{peer['peer']} ({peer['match']} matched, our recovery) minus ours"
         value = round(100 * (recovered["test"] - ours["accuracy"]), 2)
-        detail = f"McNemar p {p:.2g}, {peer['speedup']:.2f}x against our {ours['speedup']:.2f}x" if p else None
-        out.append(Row(label=label, value=value, seeds=[0], n=n, unit="points", detail=detail))
-    return out
+        detail = f"McNemar p {'not paired' if p is None else f'{p:.2g}'}"
+        detail += f", {peer['speedup']:.2f}x against our {ours['speedup']:.2f}x"
+        out.append(Row(label=f"{which}, our recovery) minus ours", value=value, seeds=[0], n=n, unit="points",
+                       detail=detail))  # fmt: skip
+    return out + bare
 
 
 def _family(report: Mapping) -> Mapping:
@@ -167,10 +188,12 @@ def seeds(exp: Experiment, out: Path, min_gap: dict[str, float] | None = None) -
 
 
 @reader
-def frontier(exp: Experiment, out: Path) -> list[Row]:
-    """A run's frontier on the experiment's runtimes: each point's speed-up, its test accuracy beside it."""
+def frontier(exp: Experiment, out: Path, max_drop: float | None = None) -> list[Row]:
+    """A run's frontier on the experiment's runtimes: each point's speed-up, its test accuracy beside it (and with
+    `max_drop`, whether it is within that many points of the original's)."""
     report = _json(out / "report.json")
-    return frontier_rows(_family(report).get("frontier") or [], exp.runtimes, test_examples(report), exp.seeds[0])
+    rows = _family(report).get("frontier") or []
+    return frontier_rows(rows, exp.runtimes, test_examples(report), exp.seeds[0], max_drop)
 
 
 @reader

@@ -12,6 +12,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+from datetime import datetime, timezone
 from pathlib import Path
 
 from benchmarks import provenance
@@ -69,6 +70,7 @@ def run_experiment(exp: Experiment, else_running: str, force: bool = False, resu
     cpu = cpu_summary()
     record = Provenance(
         commit=provenance.commit(),
+        date=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M"),
         cpu=cpu["model"],
         int8_features=int8_features(cpu),
         cpu_identity=cpu_identity(),
@@ -79,5 +81,5 @@ def run_experiment(exp: Experiment, else_running: str, force: bool = False, resu
     )
     result = Result(experiment=exp.name, figure=exp.figure, goal=exp.goal, rows=rows, provenance=record)
     write_result(path, result)
-    log(f"{exp.name}: wrote {path.relative_to(results.parent.parent) if path.is_relative_to(ROOT) else path.name}")
+    log(f"{exp.name}: wrote {path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}")
     return result

@@ -40,9 +40,11 @@ class Row(_Strict):
 
 
 class Provenance(_Strict):
-    """Where and how the result was made. `script` names the retired script a legacy result came from."""
+    """Where and how the result was made (as peft's `run_info`: enough to tell two results apart). `script` names
+    the script a legacy result came from, `note` its former file."""
 
     commit: str | None
+    date: str | None = None  # UTC, when the result was written
     cpu: str
     int8_features: str
     cpu_identity: str | None = None

@@ -20,6 +20,8 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("COMPRESSOR_TIMING_WAIT_S", "0")
 
 ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # the benchmark suite (benchmarks/) is not installed with the package: appended, so
+    sys.path.append(str(ROOT))  # `make test-compat` still imports compressor from its wheel, benchmarks from here
 
 
 @cache

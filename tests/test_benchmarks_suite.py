@@ -230,6 +230,7 @@ def test_the_runner_resumes_keeps_and_forces_and_writes_the_schema(tmp_path, mon
     record = stored.provenance
     assert (record.else_running, record.cache, stored.legacy) == ("nothing else", "empty", False)
     assert record.cpu and record.int8_features and record.seconds is not None and record.commit
+    assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d", record.date)
     assert record.commands == [f"python {tmp_path / 'stub.py'} {tmp_path / 'out'}"]
 
     messages: list[str] = []
@@ -278,3 +279,45 @@ def test_the_seeds_reader_keeps_the_experiments_runtimes(tmp_path) -> None:
     (row,) = suite.READERS["seeds"](exp, tmp_path, **exp.reader_args)
     assert row.label == "3x/pytorch minus pytorch-original" and row.seeds == [0, 1, 2] and row.n == 100
     assert row.goal == ">= -0.5 points" and row.low <= row.value <= row.high
+
+
+def _row(name: str, role: str, runtime: str, speedup: float, accuracy: float, val: float, **extra) -> dict:
+    """A frontier row as the bench writes it (original accuracy 0.80 on both splits)."""
+    return {"name": name, "model": name.split("/")[0], "role": role, "runtime": runtime, "rejected": False,
+            "path": None if runtime == "pytorch" and role == "original" else name, "speedup": speedup,
+            "speedup_by_batch": {"32": speedup}, "batch": 32, "accuracy": accuracy, "val_accuracy": val,
+            "drop_points": 100 * (0.80 - accuracy), "val_drop_points": 100 * (0.80 - val), **extra}  # fmt: skip
+
+
+def test_the_readers_read_what_the_product_writes(tmp_path) -> None:
+    """`run`, `frontier` and `versus_reference` on a report whose recommendation and member-vs-reference sections
+    the product's own functions made."""
+    from compressor.bench.frontier import versus_references
+    from compressor.report.recommendation import recommendation
+
+    rows = [
+        _row("pytorch-original", "original", "pytorch", 1.0, 0.80, 0.80),
+        _row("pruned/pytorch", "member", "pytorch", 2.0, 0.79, 0.799),
+        _row("pruned/onnx-int8", "member", "onnx-int8", 4.0, 0.75, 0.78),  # too far below on validation
+        _row("reference/small/pytorch", "reference", "pytorch", 1.8, 0.77, 0.77),
+    ]
+    pairs = [{"candidate": "pruned/pytorch", "versus": "reference/small/pytorch", "mcnemar": {"p_value": 0.2}}]
+    report = {"original": {"test": {"n": 1276}}, "frontier": rows, "bench": {"max_drop": 0.01},
+              "seconds": 500.0, "timings": {"bench": 50.0, "pruning steps": 200.0}}  # fmt: skip
+    report |= {"recommendation": recommendation(report), "versus_references": versus_references(rows, pairs)}
+    (tmp_path / "report.json").write_text(json.dumps(report))
+    demo = EXPERIMENTS["demo"]
+    seconds, share, gap, speed = suite.READERS["run"](demo, tmp_path, **demo.reader_args)
+    assert (seconds.value, seconds.met, share.value, share.met) == (500, True, 10.0, True)
+    assert gap.label.startswith("recommended (pruned/pytorch)") and gap.value == -1.0 and gap.met is False
+    assert (gap.n, speed.value, speed.unit) == (1276, 2.0, "x")
+    mpnet = EXPERIMENTS["mpnet_family"]
+    assert [r.label for r in suite.READERS["frontier"](mpnet, tmp_path)] == [r["name"] for r in rows]
+    (versus,) = suite.READERS["versus_reference"](mpnet, tmp_path, reference="small", runtime="pytorch")
+    assert (versus.value, versus.n) == (2.0, 1276) and "p 0.2, level" in versus.detail
+    quantize = EXPERIMENTS["quantize_only"]  # int8 runtimes, and the PyTorch original the goal reads
+    original, int8 = suite.READERS["frontier"](quantize, tmp_path, **quantize.reader_args)
+    assert (original.label, original.met, int8.label, int8.met) == ("pytorch-original", None, "pruned/onnx-int8", False)
+    assert int8.goal == "test within 1 points of the original" and int8.detail == "test 75.00"
+    rescale = EXPERIMENTS["rescale"]
+    assert suite.READERS["run"](rescale, tmp_path, **rescale.reader_args)[2].value == 25.0
