@@ -131,3 +131,15 @@ def test_a_run_that_lists_it_has_it_on_the_frontier_and_pick_can_choose_it(tmp_p
     cli = CliRunner().invoke(app, pick)
     assert cli.exit_code == 0, cli.output
     assert json.loads(cli.output)["name"] in {"pytorch-int8", "pytorch-int8-original"}
+
+
+def test_compressor_export_builds_it_and_prints_its_line(tmp_path):
+    """`compressor export --variants fp32,pytorch-int8`: one line per variant, the int8 one without the ONNX graphs'
+    fused-attention count it has no graph for."""
+    model_dir = saved_model(tmp_path, "bert", {0: [1]})
+    args = ["export", str(model_dir), str(tmp_path / "out"), "--variants", "fp32,pytorch-int8"]
+    cli = CliRunner().invoke(app, args)
+    assert cli.exit_code == 0, cli.output
+    line = next(line for line in cli.output.splitlines() if line.startswith("pytorch-int8:"))
+    assert "ungated" in line and "fused attention" not in line
+    assert (tmp_path / "out" / "pytorch-int8" / pytorch_int8.SETTINGS).is_file()
