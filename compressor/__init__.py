@@ -1,6 +1,7 @@
 """compressor: remove attention heads from transformer classifiers and ship the result.
 
-The Python API (imported lazily; `import compressor` loads the recipe schema and the criteria it validates against):
+The Python API (imported lazily; `import compressor` registers the runtimes' engines, `compressor.deploy.engines`,
+and loads the recipe schema and the criteria it validates against):
 `compressor.prune(model, tokenizer, train, config, validation=..., hook=...)` prunes a model held in memory and
 returns a `PruneResult` (writes no files); `compressor.load_pruned(dir)` and `compressor.save_pruned(model, dir)`
 read and write pruned checkpoints; `PruneSpec` and `TrainSpec` are the recipe's `prune` and fine-tune sections.

@@ -9,15 +9,20 @@ import warnings
 
 import pytest
 import torch
+from conftest import tiny_recipe
 from test_export import CHECK, int8_tol, saved_model
+from typer.testing import CliRunner
 
 from compressor import bench
+from compressor.cli import app
 from compressor.core import runtimes
 from compressor.deploy.engines import pytorch_int8
 from compressor.deploy.export import export_onnx
 from compressor.deploy.quantize import Int8Options
+from compressor.pipeline.runner import run_recipe
 from compressor.pruning.latency import Dims, LatencyTable
 from compressor.recipe import parse_recipe
+from compressor.report.schema import RunReport
 from compressor.surgery.checkpoint import load_pruned
 from compressor.testing import ARCHS
 
@@ -102,3 +107,39 @@ def test_opt_in_only():
     )
     assert chosen.export.variants == ["fp32", "pytorch-int8"] and chosen.bench.quantize_only == ["pytorch-int8"]
     assert pytorch_int8.RUNTIME is RUNTIME  # the module registered the declaration readers see
+
+
+def test_a_run_that_lists_it_has_it_on_the_frontier_and_pick_can_choose_it(tmp_path, tiny_model_dir, tiny_csv):
+    """Listed in a run's export and quantize-only runtimes: the pruned model and the original are built on it, gated,
+    benchmarked, on the frontier, and `compressor pick --runtime pytorch-int8` returns one of them."""
+    finetune = {"epochs": 1, "lr": 5e-4, "batch_size": 16, "max_examples": 96}
+    budget = {"kind": "heads", "values": [0.5]}
+    prune = {"criterion": {"name": "taylor"}, "budget": budget, "steps": 2, "score_examples": 64, "finetune": finetune}
+    bench_spec = {"batch_sizes": [1], "seq_len": 32, "rounds": 2, "warmup": 1, "min_time_s": 0.01, "max_drop": None}
+    overrides = {
+        "prune": prune,
+        "export": {"variants": ["fp32", "pytorch-int8"], "int8": {"max_drop": 0.5}},
+        "bench": {**bench_spec, "quantize_only": ["pytorch-int8"]},
+    }
+    run_recipe(parse_recipe(tiny_recipe(tiny_model_dir, tiny_csv, tmp_path / "run", **overrides)))
+    report = RunReport.read(tmp_path / "run" / "report.json")
+    assert json.loads((tmp_path / "run" / "onnx" / "export.json").read_text())["pytorch-int8"]["status"] == "accepted"
+    rows = {r.name: r for r in report.frontier_rows()}
+    assert {"pytorch-int8-original", "pytorch-int8"} <= set(rows)  # the original quantized, and the pruned model
+    assert rows["pytorch-int8"].runtime == rows["pytorch-int8-original"].runtime == "pytorch-int8"
+    pick = ["pick", str(tmp_path / "run"), "--max-drop", "none", "--runtime", "pytorch-int8", "--json"]
+    cli = CliRunner().invoke(app, pick)
+    assert cli.exit_code == 0, cli.output
+    assert json.loads(cli.output)["name"] in {"pytorch-int8", "pytorch-int8-original"}
+
+
+def test_compressor_export_builds_it_and_prints_its_line(tmp_path):
+    """`compressor export --variants fp32,pytorch-int8`: one line per variant, the int8 one without the ONNX graphs'
+    fused-attention count it has no graph for."""
+    model_dir = saved_model(tmp_path, "bert", {0: [1]})
+    args = ["export", str(model_dir), str(tmp_path / "out"), "--variants", "fp32,pytorch-int8"]
+    cli = CliRunner().invoke(app, args)
+    assert cli.exit_code == 0, cli.output
+    line = next(line for line in cli.output.splitlines() if line.startswith("pytorch-int8:"))
+    assert "ungated" in line and "fused attention" not in line
+    assert (tmp_path / "out" / "pytorch-int8" / pytorch_int8.SETTINGS).is_file()

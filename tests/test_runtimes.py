@@ -79,6 +79,7 @@ def test_readers_take_their_values_from_the_declarations():
     )
     assert set(runtimes.GATED_VARIANTS) == {"int8", "int8_static", "openvino-int8", "pytorch-int8"}
     assert set(runtimes.CALIBRATED_VARIANTS) == {"int8_static", "openvino-int8"}
+    assert {(r.name, r.optimizes) for r in runtimes.RUNTIMES if r.optimizes} == {("onnx-optimized", "onnx-fp32")}
     timed = {"pytorch", "onnx-fp32", "onnx-int8", "openvino-fp32", "openvino-int8", "pytorch-int8"}
     assert set(BUDGET_RUNTIMES) == timed
     assert [e.name for e in runtimes.engines()] == ["pytorch", "onnx", "openvino", "pytorch"]  # in `order`

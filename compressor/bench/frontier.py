@@ -136,16 +136,14 @@ def _speed(row: dict, batch: int | None) -> float | None:
     return row["speedup_by_batch"].get(str(batch)) if batch is not None else row["speedup"]
 
 
-# A variant built from another graph of the same model: (its runtime, the runtime of the graph it was built from).
-DERIVED = (("onnx-optimized", "onnx-fp32"),)
-
-
 def slower_than_source(rows: list[dict], batch: int | None = None) -> dict[str, str]:
-    """{name: why} for each row slower than the graph of the same model it was optimised from (`DERIVED`): it is
-    reported as such and never picked or recommended."""
+    """{name: why} for each row slower than the graph of the same model it was optimised from (its runtime's
+    declared `optimizes`): it is reported as such and never picked or recommended."""
+    from compressor.core.runtimes import declared
+
     by_key = {(r["model"], r["role"], r["runtime"]): r for r in rows}
     out = {}
-    for derived, source in DERIVED:
+    for derived, source in ((r.name, r.optimizes) for r in declared() if r.optimizes):
         for row in rows:
             base = by_key.get((row["model"], row["role"], source)) if row["runtime"] == derived else None
             mine, theirs = (None, None) if base is None else (_speed(row, batch), _speed(base, batch))

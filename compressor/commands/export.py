@@ -102,7 +102,8 @@ def export(
     int8 = recipe_int8(spec, data, tokenizer, names) if spec else None
     result = export_onnx(model_dir, out_dir, names, batches, atol=atol, opset=opset, int8=int8)
     for name, info in result.items():
-        fusion = f", fused attention nodes {info['fused_attention_nodes']}" if name != "fp32" else ""
+        nodes = info.get("fused_attention_nodes")  # ONNX graphs only: an IR or a PyTorch variant has none
+        fusion = f", fused attention nodes {nodes}" if name != "fp32" and nodes is not None else ""
         status = f", {info['status']}" if "status" in info else ""
         kept = info.get("excluded_nodes")
         status += f" ({len(kept)} node(s) kept in fp32)" if kept else ""

@@ -21,7 +21,9 @@ A `Runtime` says, as data, everything the stages need to know about one way of r
 - `needs_vnni`: whether its int8 kernels pay only with a VNNI-class int8 dot product (VNNI, AVX-VNNI, AMX): on a CPU
   without one the bench leaves its candidates out and says so (`cannot_pay`), since there it runs slower than fp32
   and can never be the choice;
-- `calibrated`: whether building it needs calibration batches (training examples).
+- `calibrated`: whether building it needs calibration batches (training examples);
+- `optimizes`: the runtime whose graph of the same model it is an optimisation of; timed slower than that one, it is
+  never picked (`compressor.bench.frontier.slower_than_source`).
 
 The declarations and the registry live in `core`, the lowest layer, so every reader may import them: the recipe
 schema (its allowed `runtime` and `variants` values), `deploy` (which variants exist), `pruning.latency` (what it can
@@ -53,6 +55,7 @@ class Runtime:
     quantize_only: bool = False
     needs_vnni: bool = False
     calibrated: bool = False
+    optimizes: str | None = None
 
 
 class Classifier(Protocol):

@@ -65,7 +65,13 @@ class OnnxRuntimeEngine(Engine):
 ONNX_RUNTIME = register(
     OnnxRuntimeEngine(),
     Runtime("onnx-fp32", "onnx", "fp32", budget=True, description="ONNX Runtime, the exported fp32 graph"),
-    Runtime("onnx-optimized", "onnx", "optimized", description="ONNX Runtime, the transformer-fused fp32 graph"),
+    Runtime(
+        "onnx-optimized",
+        "onnx",
+        "optimized",
+        description="ONNX Runtime, the transformer-fused fp32 graph",
+        optimizes="onnx-fp32",
+    ),
     Runtime(
         "onnx-int8",
         "onnx",
