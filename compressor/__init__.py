@@ -1,6 +1,7 @@
 """compressor: remove attention heads from transformer classifiers and ship the result.
 
-The Python API (imported lazily; `import compressor` loads the recipe schema and the criteria it validates against):
+The Python API (imported lazily; `import compressor` loads the recipe schema and the criteria and recovery steps it
+validates against):
 `compressor.prune(model, tokenizer, train, config, validation=..., hook=...)` prunes a model held in memory and
 returns a `PruneResult` (writes no files); `compressor.load_pruned(dir)` and `compressor.save_pruned(model, dir)`
 read and write pruned checkpoints; `PruneSpec` and `TrainSpec` are the recipe's `prune` and fine-tune sections.
@@ -13,6 +14,7 @@ from compressor.core.lazy import lazy_attributes
 
 if _compat.runnable():  # on an unsupported stack nothing heavy is imported: the CLI and API report it as one line
     from compressor.pruning import criteria as _criteria  # noqa: F401  registers the criteria with the recipe schema
+    from compressor.recovery import steps as _steps  # noqa: F401  registers the recovery steps with it too
 
 __version__ = "0.1.0"
 __all__ = ["PruneResult", "PruneSpec", "TrainSpec", "__version__", "load_pruned", "prune", "save_pruned"]
