@@ -8,8 +8,9 @@ In the spirit of torchao's `quantize_(model, config)`::
 
 Each step scores the alive units (heads, and FFN neurons when `config.units` asks) with the criterion, masks the
 ones the budget's step selects (`compressor.pruning.budget`: a head count, a FLOP share, or a predicted speed-up), and
-(with `config.finetune`) fine-tunes with the masks. A speed-up budget loads or measures its latency table (the only
-file the API may write, cached under `$COMPRESSOR_CACHE/latency`) and stops once the table predicts the goal met.
+runs the recovery steps `config.recovery` lists, in order (`compressor.recovery.steps`: by default the fine-tune with
+the masks). A speed-up budget loads or measures its latency table (the only file the API may write, cached under
+`$COMPRESSOR_CACHE/latency`) and stops once the table predicts the goal met.
 The model is changed in place (its weights fine-tuned, masked units gated only while scoring and training);
 `PruneResult` holds the masks, the cumulative plan, every step's scores and the step log. With several targets
 (`budget.values`) it also holds the family: `members` (the step that reached each target) and `member_model`.
