@@ -2,7 +2,7 @@
 
 Owns the recipe's sections (`schema`, `prune`, `base`) and how a recipe file is read (`yamlio`: bounded safe YAML,
 duplicate keys refused, one-line errors). May import nothing of ours but `core.errors`; what it needs to know of the
-criteria is registered by them (`base.register_criteria`).
+criteria and the recovery steps is registered by them (`base.register_criteria`, `recovery.declare`).
 """
 
 from compressor.recipe.base import Strict

@@ -10,6 +10,7 @@ from pydantic import Field, FiniteFloat, field_validator, model_validator
 
 from compressor.core.runtimes import BUDGET_NAMES
 from compressor.recipe.base import Strict, criteria
+from compressor.recipe.recovery import parse_steps, recovery_name, traits
 
 
 class TrainSpec(Strict):
@@ -217,16 +218,24 @@ class PruneSpec(Strict):
         """A plain `TrainSpec` (from Python) is a `FinetuneSpec` without distillation."""
         return value.model_dump() if isinstance(value, TrainSpec) and not isinstance(value, FinetuneSpec) else value
 
-    recovery: Literal["finetune", "rescale", "rescale_finetune", "none"] | None = Field(
+    recovery: list[str] | None = Field(
         None,
-        description="how each step repairs the model: fine-tune (`finetune`), fit per-unit scales by least squares "
-        "with no training (`rescale`), both (`rescale_finetune`), or nothing (`none`, one-shot); null: finetune, or "
-        "none with finetune: null. rescale and none are post-training modes: they read only sample_size training "
-        "examples and need a task-tuned model",
+        description="the steps that repair the model after each pruning step, in order (`compressor.recovery.steps`): "
+        "`finetune` (prune.finetune), `rescale` (per-unit scales fitted by least squares, no training); [] = none "
+        "(one-shot). The old names still read: finetune, rescale, rescale_finetune ([rescale, finetune]), none ([]). "
+        "null: [finetune], or [] with finetune: null. A list that trains nothing is post-training: it reads only "
+        "sample_size training examples and needs a task-tuned model",
     )
+
+    @field_validator("recovery", mode="before")
+    @classmethod
+    def _recovery_steps(cls, value: Any) -> Any:
+        """An old name becomes its list of steps; every step must be a registered one (`recipe.recovery`)."""
+        return parse_steps(value)
+
     sample_size: int = Field(
-        2000, ge=1, le=10**7, description="post-training modes: the training examples scoring and the fit use (the "
-        "run reads no others); rescale_finetune: the examples of the fit",
+        2000, ge=1, le=10**7, description="post-training recoveries: the training examples scoring and the fit use "
+        "(the run reads no others); a recovery that also fine-tunes: the examples of rescale's fit",
     )  # fmt: skip
     member_finetune: TrainSpec | None = Field(
         None,
@@ -273,33 +282,45 @@ class PruneSpec(Strict):
                 f"hidden_multiple: {self.hidden_multiple} does not divide hidden_size {self.hidden_size}; expected a "
                 "width that is a multiple of it"
             )
-        if self.rescales or self.recovery_finetune is None:
+        if self.reads_sample or self.recovery_finetune is None:  # a step that fits on samples (rescale) or none
             raise ValueError(
                 "recovery: units 'hidden' are repaired by fine-tuning; expected finetune, got "
                 f"'{self.resolved_recovery}'"
             )
 
     @property
+    def recovery_steps(self) -> list[str]:
+        """The recovery steps in force, in order: `recovery`, or [finetune] / [] from whether `finetune` is set."""
+        if self.recovery is not None:
+            return list(self.recovery)
+        return ["finetune"] if self.finetune is not None else []
+
+    @property
     def resolved_recovery(self) -> str:
-        """The recovery in force: `recovery`, or finetune / none from whether `finetune` is set."""
-        return self.recovery or ("finetune" if self.finetune is not None else "none")
+        """The name of the steps in force (`recipe.recovery.recovery_name`: `rescale_finetune`, `none`, ...)."""
+        return recovery_name(self.recovery_steps)
+
+    @property
+    def trains(self) -> bool:
+        """Whether a recovery step fine-tunes (with `finetune`)."""
+        return any(traits(name).trains for name in self.recovery_steps)
 
     @property
     def post_training(self) -> bool:
-        """No training at all (recovery rescale or none, asked for by name): scoring and fitting read only
+        """No training at all (a recovery list that trains nothing, asked for): scoring and fitting read only
         `sample_size` training examples."""
-        return self.recovery in ("rescale", "none")
+        return self.recovery is not None and not self.trains
 
     @property
-    def rescales(self) -> bool:
-        """Whether each step fits per-unit scales (`compressor.recovery.rescale`)."""
-        return self.resolved_recovery in ("rescale", "rescale_finetune")
+    def reads_sample(self) -> bool:
+        """Whether the run reads the `sample_size` examples: post-training, or a step fits on them (rescale)."""
+        return self.post_training or any(traits(name).samples for name in self.recovery_steps)
 
     @property
     def recovery_finetune(self) -> FinetuneSpec | None:
-        """The fine-tuning each step (and the layer-drop baseline) gets: `finetune`, or None when the recovery
-        mode does not train."""
-        return self.finetune if self.resolved_recovery in ("finetune", "rescale_finetune") else None
+        """The fine-tuning each step (and the layer-drop baseline) gets: `finetune`, or None when no recovery step
+        trains."""
+        return self.finetune if self.trains else None
 
     @property
     def scoring_examples(self) -> int:
@@ -320,12 +341,13 @@ class PruneSpec(Strict):
 
     @model_validator(mode="after")
     def _recovery_trains(self) -> PruneSpec:
-        if self.recovery in ("finetune", "rescale_finetune") and self.finetune is None:
-            raise ValueError(f"recovery: '{self.recovery}' fine-tunes; expected finetune settings, got finetune: null")
+        name = self.resolved_recovery
+        if self.trains and self.finetune is None:
+            raise ValueError(f"recovery: '{name}' fine-tunes; expected finetune settings, got finetune: null")
         if self.post_training and self.member_finetune is not None:
             raise ValueError(
-                f"member_finetune: recovery '{self.recovery}' trains nothing and reads only sample_size examples; "
-                "expected member_finetune: null (or recovery finetune / rescale_finetune)"
+                f"member_finetune: recovery '{name}' trains nothing and reads only sample_size examples; "
+                "expected member_finetune: null (or a recovery with finetune in it)"
             )
         if self.member_epochs is not None:
             self._member_epochs_fit()

@@ -342,7 +342,7 @@ class Recipe(Repeats):
         A recipe that names `base_finetune` explicitly tunes the base first (cached) and prunes the result."""
         if self.prune.post_training and not self.model.task_tuned and "base_finetune" not in self.model_fields_set:
             raise ValueError(
-                f"prune.recovery: '{self.prune.recovery}' prunes a task-tuned model without training, but "
+                f"prune.recovery: '{self.prune.resolved_recovery}' prunes a task-tuned model without training, but "
                 "model.task_tuned is false; expected task_tuned: true (or an explicit base_finetune section)"
             )
         return self
@@ -356,7 +356,7 @@ class Recipe(Repeats):
         if not (self.prune.post_training and self.model.task_tuned):
             raise ValueError(
                 "data.train_labels: false (unlabelled training text) needs model.task_tuned: true and "
-                "prune.recovery rescale or none; expected a run that trains nothing"
+                "a prune.recovery without finetune (rescale, none); expected a run that trains nothing"
             )
         if self.prune.criterion.name == "l0":
             raise ValueError("data.train_labels: false: criterion 'l0' trains on labels; expected fisher or taylor")

@@ -16,8 +16,11 @@ import yaml
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
+from compressor.recipe.recovery import step_names
 from compressor.recipe.schema import Recipe
 
+# Fields whose allowed values are registered by other packages, not written in their type: the names each takes.
+REGISTERED = {"recovery": step_names}
 INDENT = "  "
 WIDTH = 118  # comment lines are wrapped to this many characters
 
@@ -59,14 +62,16 @@ def _type_text(annotation: Any) -> str:
     return getattr(annotation, "__name__", "any").lower() if annotation is not Any else "any"
 
 
-def _comment(info: FieldInfo, model: type[BaseModel] | None) -> str:
-    """The comment above a field: its description (or its section's docstring's first sentence), type and range."""
+def _comment(info: FieldInfo, model: type[BaseModel] | None, name: str = "") -> str:
+    """The comment above a field: its description (or its section's docstring's first sentence), type and range,
+    and for a field of registered names (`REGISTERED`), the names registered."""
     text = info.description or ""
     if not text and model is not None and model.__doc__:
         text = " ".join(model.__doc__.split("\n\n")[0].split())
     if model is not None:
         return text
-    detail = ", ".join(part for part in (_type_text(info.annotation), _constraints(info)) if part)
+    registered = f"registered: {', '.join(REGISTERED[name]())}" if name in REGISTERED else ""
+    detail = ", ".join(part for part in (_type_text(info.annotation), _constraints(info), registered) if part)
     return f"{text} [{detail}]"
 
 
@@ -86,7 +91,7 @@ def _lines(model: type[BaseModel], values: dict[str, Any], depth: int, prefix: s
         value = values.get(name)
         out.extend(
             textwrap.wrap(
-                _comment(info, section), WIDTH - len(pad), initial_indent=pad + "# ", subsequent_indent=pad + "# "
+                _comment(info, section, name), WIDTH - len(pad), initial_indent=pad + "# ", subsequent_indent=pad + "# "
             )
         )
         if section is not None and isinstance(value, dict):

@@ -28,7 +28,6 @@ from compressor.pruning.latency.check import measured_speedup
 from compressor.pruning.units import Masks, UnitPlan, plan_size
 from compressor.recipe import PruneSpec
 from compressor.recovery.distill import TeacherTargets
-from compressor.recovery.rescale import Refit
 
 log = logging.getLogger("compressor")
 
@@ -47,7 +46,6 @@ class LoopInputs:
     score_batches: list[dict]
     budget: Budget
     teacher: TeacherTargets | None = None
-    refit: Refit | None = None  # the least-squares rescale after each selection (None: off)
 
 
 def select(

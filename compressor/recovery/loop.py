@@ -8,8 +8,9 @@ In the spirit of torchao's `quantize_(model, config)`::
 
 Each step scores the alive units (heads, and FFN neurons when `config.units` asks) with the criterion, masks the
 ones the budget's step selects (`compressor.pruning.budget`: a head count, a FLOP share, or a predicted speed-up), and
-(with `config.finetune`) fine-tunes with the masks. A speed-up budget loads or measures its latency table (the only
-file the API may write, cached under `$COMPRESSOR_CACHE/latency`) and stops once the table predicts the goal met.
+runs the recovery steps `config.recovery` lists, in order (`compressor.recovery.steps`: by default the fine-tune with
+the masks). A speed-up budget loads or measures its latency table (the only file the API may write, cached under
+`$COMPRESSOR_CACHE/latency`) and stops once the table predicts the goal met.
 The model is changed in place (its weights fine-tuned, masked units gated only while scoring and training);
 `PruneResult` holds the masks, the cumulative plan, every step's scores and the step log. With several targets
 (`budget.values`) it also holds the family: `members` (the step that reached each target) and `member_model`.
@@ -42,9 +43,9 @@ from compressor.recipe import PruneSpec
 from compressor.recovery.choice import LoopInputs, select, settle
 from compressor.recovery.distill import TeacherTargets, teacher_targets
 from compressor.recovery.evaluate import evaluate_kept
-from compressor.recovery.rescale import Refit, post_training_sample
+from compressor.recovery.rescale import post_training_sample
 from compressor.recovery.steplog import log_step, unit_entry
-from compressor.recovery.train import train_kept
+from compressor.recovery.steps import RecoveryStep, make
 from compressor.sources.batches import sample_batches
 from compressor.sources.models import check_sequence_classifier
 
@@ -170,11 +171,12 @@ def prune(
     config = config or PruneSpec()
     accelerator = accelerator or Accelerator()
     loop = _prepare(model.to(accelerator.device), tokenizer, train, config, validation, teacher, seed, accelerator)
+    recovery = make(config.recovery_steps, loop)  # each step prepares what it reuses (rescale: its reference copy)
     fresh = PruneState(Masks.full(loop.model, config.units))
     state = hook.resume(loop.model, fresh) if hook is not None else fresh
     if (last := next((e["calibration"] for e in reversed(state.log) if "calibration" in e), None)) is not None:
         loop.budget.calibration = last  # a resumed run keeps the correction its finished steps measured
-    _run_steps(loop, state, hook)
+    _run_steps(loop, recovery, state, hook)
     return PruneResult(
         model=accelerator.unwrap_model(loop.model),
         masks=state.masks,
@@ -185,8 +187,7 @@ def prune(
 
 def _prepare(model, tokenizer, train, config, validation, teacher, seed, accelerator) -> LoopInputs:
     """Everything the steps share, made once: the post-training sample, the teacher's targets, the scoring
-    batches, the least-squares refit (rescale modes) and the budget (a speed-up budget's latency table). Its
-    arguments are `prune`'s, passed on."""
+    batches and the budget (a speed-up budget's latency table). Its arguments are `prune`'s, passed on."""
     unwrapped = accelerator.unwrap_model(model)
     train = post_training_sample(train, config, seed, unwrapped, tokenizer)
     steps = max_steps(config)
@@ -194,15 +195,12 @@ def _prepare(model, tokenizer, train, config, validation, teacher, seed, acceler
     score_batches = sample_batches(
         train, tokenizer, config.scoring_examples, config.score_batch_size, seed, accelerator, by_length=True
     )  # criteria sum over batches: length order pads least
-    refit = Refit.prepare(unwrapped, train, tokenizer, config, seed) if config.rescales else None
     with accelerator.main_process_first():  # a latency table is measured once, by the main process, then loaded
         budget = plan_budget(unwrapped, config)
-    return LoopInputs(
-        model, tokenizer, train, validation, config, accelerator, seed, score_batches, budget, targets, refit
-    )
+    return LoopInputs(model, tokenizer, train, validation, config, accelerator, seed, score_batches, budget, targets)
 
 
-def _run_steps(loop: LoopInputs, state: PruneState, hook: StepHook | None) -> None:
+def _run_steps(loop: LoopInputs, recovery: list[RecoveryStep], state: PruneState, hook: StepHook | None) -> None:
     """Step until every target is closed (`Budget.next_index`), with top-up steps where a step measured short;
     marks the steps that close a family member's target, checkpoints each step through `hook`."""
     budget, accelerator = loop.budget, loop.accelerator
@@ -215,7 +213,7 @@ def _run_steps(loop: LoopInputs, state: PruneState, hook: StepHook | None) -> No
         if tries > 1:
             bar.total += 1
             log.info("budget: measured short of %.2fx; top-up step %d at that target", budget.goal(index), tries - 1)
-        record = _step(loop, state.masks, len(state.steps), index)
+        record = _step(loop, recovery, state.masks, len(state.steps), index)
         record.entry["goal_index"], record.entry["goal"] = index, budget.goal(index)
         if members := budget.closing(index, tries, closed, record.masks):
             record.entry["members"] = members  # this step's model is the family member at each of these targets
@@ -286,10 +284,11 @@ def _validate(loop: LoopInputs, masks: Masks) -> dict | None:
     return evaluate_kept(loop.model, masks, loop.validation, loop.tokenizer, loop.accelerator)
 
 
-def _step(loop: LoopInputs, masks: Masks, step: int, index: int) -> StepRecord:
+def _step(loop: LoopInputs, recovery: list[RecoveryStep], masks: Masks, step: int, index: int) -> StepRecord:
     """Step `step` (0-based): score, select and mask the units that reach goal `index` of the schedule (a speed-up
     step measured short of its target selects more first, one measured past it gives back: `choice.settle`), then
-    repair: rescale and/or fine-tune with the new masks, as the recovery mode says."""
+    repair: each recovery step in the recipe's order, its entry under its name and the validation after it under
+    `val_after_<name>`."""
     t0 = time.perf_counter()
     p = loop.config
     set_seed(loop.seed + 1000 * (step + 1))
@@ -323,17 +322,10 @@ def _step(loop: LoopInputs, masks: Masks, step: int, index: int) -> StepRecord:
         entry["criterion_diagnostics"] = diagnostics
     if slices:
         entry["allocation"] = slices
-    if loop.refit is not None:
-        entry["rescale"] = loop.refit(loop.accelerator.unwrap_model(loop.model), masks)
-        if (after_rescale := _validate(loop, masks)) is not None:
-            entry["val_after_rescale"] = after_rescale
-    if p.recovery_finetune is not None:
-        entry["finetune"] = train_kept(
-            loop.model, masks, loop.train, loop.tokenizer, p.recovery_finetune, loop.accelerator,
-            seed=loop.seed + step, desc=f"step {step + 1}", teacher=loop.teacher,
-        )  # fmt: skip
-        if (after_finetune := _validate(loop, masks)) is not None:
-            entry["val_after_finetune"] = after_finetune
+    for name, repair in zip(p.recovery_steps, recovery, strict=True):
+        entry[name] = repair(masks, step)
+        if (after := _validate(loop, masks)) is not None:
+            entry[f"val_after_{name}"] = after
     entry["score_seconds"] = score_seconds
     entry["seconds"] = time.perf_counter() - t0
     log_step(entry, len(loop.budget.goals))

@@ -290,7 +290,7 @@ def recovery_summary(spec, steps: list[dict]) -> dict:
     fits = [{"step": s["step"], **s["rescale"]} for s in steps if "rescale" in s]
     return {
         "mode": spec.resolved_recovery,
-        "sample_size": spec.sample_size if spec.post_training or spec.rescales else None,
+        "sample_size": spec.sample_size if spec.reads_sample else None,
         "rescale_seconds": round(sum(f["seconds"] for f in fits), 2),
         "finetune_seconds": round(sum(s["finetune"].get("seconds", 0.0) for s in steps if "finetune" in s), 2),
         "steps_seconds": round(sum(s["seconds"] for s in steps), 2),

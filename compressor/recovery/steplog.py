@@ -8,6 +8,7 @@ import logging
 import torch
 
 log = logging.getLogger("compressor")
+_WORDS = {"finetune": "fine-tune"}  # how the log names a recovery step (else by its name)
 
 
 def unit_entry(heads: torch.Tensor, neurons: torch.Tensor, plan: dict) -> dict:
@@ -23,19 +24,22 @@ def unit_entry(heads: torch.Tensor, neurons: torch.Tensor, plan: dict) -> dict:
 
 
 def log_step(entry: dict, steps: int) -> None:
-    """Log a finished step: heads left, validation accuracy after pruning and (where the step trained) after
-    fine-tuning, and for runs that prune neurons their counts and the budget's progress. `steps`: the scheduled
-    count (later ones are top-ups)."""
-    accuracy = {k: entry[k]["accuracy"] for k in ("val_after_prune", "val_after_finetune") if k in entry}
-    trained = f", after fine-tune {_fmt(accuracy['val_after_finetune'])}" if "val_after_finetune" in accuracy else ""
+    """Log a finished step: heads left, validation accuracy after pruning and after each recovery step (rescale's
+    with its fits, on a line of its own), and for runs that prune neurons their counts and the budget's progress.
+    `steps`: the scheduled count (later ones are top-ups)."""
+    after = [  # each recovery step's validation, in the order the steps ran, but rescale's (its own line below)
+        f", after {_WORDS.get(name, name)} {_fmt(entry[f'val_after_{name}']['accuracy'])}"
+        for name in (k.removeprefix("val_after_") for k in entry if k.startswith("val_after_"))
+        if name not in ("prune", "rescale")
+    ]
     log.info(
         "step %d%s: %d heads left %s | val acc after prune %s%s (%.0fs)",
         entry["step"],
         f"/{steps}" if entry["step"] <= steps else f" ({steps} scheduled + top-ups)",
         entry["heads_left"],
         entry["heads_per_layer"],
-        _fmt(accuracy.get("val_after_prune")),
-        trained,
+        _fmt(entry.get("val_after_prune", {}).get("accuracy")),
+        "".join(after),
         entry["seconds"],
     )
     if "rescale" in entry:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from compressor.bench.frontier import not_a_member
 from compressor.bench.render import cpu_line, int8_mark
+from compressor.recipe.recovery import name_trains
 from compressor.report.references import references_section, training_lines
 from compressor.report.schema import MemberSection, RunReport
 from compressor.report.summary import (
@@ -36,7 +37,7 @@ def _frontier_table(rows: list[dict]) -> list[str]:
             r["role"], r["model"]
         )
         if r.get("recovery") not in (None, "finetune"):
-            untrained = r["recovery"] in ("rescale", "none")
+            untrained = not name_trains(r["recovery"])
             model += f" ({r['recovery']}, no training)" if untrained else f" ({r['recovery']})"
         drop = "–" if r["drop_points"] is None else f"{-r['drop_points']:+.2f}"
         val_drop = "–" if r.get("val_drop_points") is None else f"{-r['val_drop_points']:+.2f}"
