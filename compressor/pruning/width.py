@@ -19,7 +19,7 @@ from compressor.pruning.masking import gated
 from compressor.pruning.units import Masks
 from compressor.recipe import PruneSpec, RecipeError
 from compressor.sources.batches import model_inputs
-from compressor.surgery.arch import original_hidden, present_hidden
+from compressor.surgery.arch import config_width, original_hidden, present_hidden
 from compressor.surgery.width import stream_norms, width_refusal
 
 
@@ -31,7 +31,7 @@ def check_width(config, spec: PruneSpec) -> None:
     reason = width_refusal(config)
     if reason is not None:
         raise RecipeError(f"prune.units: 'hidden' cannot be cut on this model: {reason}; expected units without it")
-    width = int(getattr(config, "hidden_size", None) or config.dim)
+    width = config_width(config)
     if spec.hidden_size >= width:
         raise RecipeError(f"prune.hidden_size: {spec.hidden_size} is not below the model's width {width}; expected "
                           f"a smaller multiple of prune.hidden_multiple ({spec.hidden_multiple})")  # fmt: skip

@@ -22,6 +22,7 @@ from compressor.surgery.arch import (
     original_ffn_size,
     original_num_heads,
     present_heads,
+    present_hidden,
     present_neurons,
     pruned_heads,
     pruned_neurons,
@@ -45,8 +46,7 @@ class UnitCosts:
 
 def _hidden(model: nn.Module) -> int:
     """The residual width `model` has now (the config's, less the channels cut: `config.pruned_hidden`)."""
-    cfg = model.config
-    return int(cfg.hidden_size) - len(getattr(cfg, "pruned_hidden", None) or [])  # DistilBERT maps hidden_size
+    return len(present_hidden(model))
 
 
 def unit_costs(model: nn.Module, seq_len: int, width: int | None = None) -> UnitCosts:

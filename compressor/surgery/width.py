@@ -20,7 +20,7 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
-from compressor.surgery.arch import arch_spec, original_hidden, present_hidden, pruned_hidden
+from compressor.surgery.arch import arch_spec, config_width, original_hidden, present_hidden, pruned_hidden
 from compressor.surgery.portable import narrow_stream, stream_paths
 
 
@@ -32,7 +32,7 @@ def width_refusal(config) -> str | None:
     """Why a model of `config` cannot have its residual width cut exactly, in words (None when it can). Read from
     the config alone, so a run refuses before any weights load."""
     kind = config.model_type
-    spec, width = arch_spec(kind), int(getattr(config, "hidden_size", None) or config.dim)
+    spec, width = arch_spec(kind), config_width(config)
     if spec.pre_norm:
         return f"{kind} normalises before each sublayer (pre-norm), so its residual stream is never re-normalised"
     if spec.head_rows:

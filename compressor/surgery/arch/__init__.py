@@ -6,6 +6,7 @@ and the shape readers built on it (`shape`). Adding a family means adding one mo
 from compressor.surgery.arch import bert, deberta_v2, distilbert, modernbert, mpnet  # noqa: F401  (registration)
 from compressor.surgery.arch.shape import (
     config_head_counts,
+    config_width,
     get_path,
     head_size,
     hidden_kwarg,
@@ -40,6 +41,7 @@ __all__ = [
     "UnsupportedArchitectureError",
     "arch_spec",
     "config_head_counts",
+    "config_width",
     "declared",
     "get_path",
     "head_size",

@@ -35,9 +35,7 @@ def original_num_heads(model: nn.Module) -> int:
 
 
 def head_size(model: nn.Module) -> int:
-    cfg = model.config
-    hidden = int(getattr(cfg, "hidden_size", None) or cfg.dim)
-    return hidden // original_num_heads(model)
+    return original_hidden(model) // original_num_heads(model)
 
 
 def pruned_heads(model: nn.Module) -> dict[int, list[int]]:
@@ -111,8 +109,12 @@ def neuron_presence_mask(model: nn.Module) -> torch.Tensor:
 
 def original_hidden(model: nn.Module) -> int:
     """The residual stream's width before any pruning (the config's, which surgery never changes)."""
-    cfg = model.config
-    return int(getattr(cfg, "hidden_size", None) or cfg.dim)
+    return config_width(model.config)
+
+
+def config_width(config) -> int:
+    """A config's residual width (DistilBERT names it `dim`)."""
+    return int(getattr(config, "hidden_size", None) or config.dim)
 
 
 def pruned_hidden(model: nn.Module) -> list[int]:
