@@ -90,42 +90,9 @@ def _real_clients_open_the_outputs(out, model) -> None:
 def test_mpnet_base_narrows_its_residual_stream_end_to_end(tmp_path, cache_dir) -> None:
     """all-mpnet-base-v2 (`make setup-base`) on a slice of Rotten Tomatoes, its 768 channels cut to 512 in one
     step with a quarter of its heads: masked == pruned == ONNX fp32, ONNX int8 gated, the saved model reloads in
-    plain transformers through the shipped code and in compressor, 512 wide."""
-    from compressor.surgery.arch import present_hidden
-    from compressor.surgery.checkpoint import load_pruned
+    plain transformers through the shipped code and in compressor, 512 wide (`test_width.check_narrowed_slice`)."""
+    from test_width import check_narrowed_slice, narrowed_slice
 
     torch.set_num_threads(2)
-    recipe = parse_recipe(
-        {
-            "name": "mpnet_width_slice",
-            "output_dir": str(tmp_path / "out"),
-            "model": {"source": "builtin:mpnet-base", "task_tuned": False},
-            "data": {"max_length": 32, "max_train_examples": 256, "max_eval_examples": 64},
-            "base_finetune": {"epochs": 1, "lr": 3e-5, "batch_size": 32},
-            "prune": {
-                "criterion": {"name": "taylor"},
-                "target": 0.25,
-                "steps": 1,
-                "score_examples": 32,
-                "units": ["heads", "hidden"],
-                "hidden_size": 512,
-                "baseline": None,
-                "finetune": {"epochs": 1, "lr": 3e-5, "max_examples": 64},
-            },  # fmt: skip
-            "export": {"variants": ["fp32", "int8"], "int8": {"calibration_examples": 32}},
-            "bench": {"enabled": False},
-            "analysis": {"enabled": False},
-        }
-    )
-    report = run_recipe(recipe)
-    assert (report["original"]["hidden_size"], report["pruned"]["hidden_size"]) == (768, 512)
-    assert report["pruned"]["masked_vs_pruned_max_abs_diff"] <= 1e-4
-    assert report["export"]["fp32"]["max_abs_diff"] <= 1e-4 and "gate" in report["export"]["int8"]
-    model_dir = tmp_path / "out" / "model"
-    plain = AutoModelForSequenceClassification.from_pretrained(model_dir, trust_remote_code=True).eval()
-    ours = load_pruned(model_dir)
-    assert len(present_hidden(ours)) == 512
-    tok = AutoTokenizer.from_pretrained(model_dir)
-    batch = tok(["a gorgeous, witty film", "tedious and overlong"], padding=True, return_tensors="pt")
-    with torch.inference_mode():
-        assert torch.allclose(plain(**batch).logits, ours(**batch).logits, atol=1e-5)
+    report = narrowed_slice(tmp_path / "out", "builtin:mpnet-base", 512, 3e-5)
+    check_narrowed_slice(report, tmp_path / "out" / "model", (768, 512))

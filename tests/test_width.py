@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -242,41 +243,45 @@ def test_a_speedup_budget_prices_each_scheduled_width_with_its_own_table(monkeyp
     assert budget.cost(half) == pytest.approx(budget.cost(full) / 2)
 
 
-def test_the_demo_model_narrows_to_256_channels_end_to_end(tmp_path, cache_dir):
-    """MiniLM-L6 (the demo's built-in) on a slice of Rotten Tomatoes, its 384 channels cut to 256 in one step: the
-    saved model equals the masked one, its ONNX fp32 export equals it, ONNX int8 is gated, plain transformers loads
-    it through the shipped code."""
-    recipe = parse_recipe(
-        {
-            "name": "minilm_width",
-            "output_dir": str(tmp_path / "out"),
-            "data": {"max_length": 32, "max_train_examples": 192, "max_eval_examples": 64},
-            "base_finetune": {"epochs": 1, "lr": 1e-4, "batch_size": 32},
-            "prune": {
-                "criterion": {"name": "taylor"},
-                "target": 0.25,
-                "steps": 1,
-                "score_examples": 32,
-                "units": ["heads", "hidden"],
-                "hidden_size": 256,
-                "finetune": {"epochs": 1, "lr": 5e-5, "max_examples": 64},
-                "baseline": None,
-            },  # fmt: skip
-            "export": {"variants": ["fp32", "int8"], "int8": {"calibration_examples": 32}},
-            "bench": {"enabled": False},
-            "analysis": {"enabled": False},
-        }
-    )
-    report = run_recipe(recipe)
-    assert (report["original"]["hidden_size"], report["pruned"]["hidden_size"]) == (384, 256)
+def narrowed_slice(out: Path, source: str, hidden_size: int, lr: float) -> dict:
+    """A run on a slice of Rotten Tomatoes that removes a quarter of `source`'s heads and cuts its residual stream to
+    `hidden_size` in one step, with ONNX fp32 and gated int8 exports; its report."""
+    prune = {"criterion": {"name": "taylor"}, "target": 0.25, "steps": 1, "score_examples": 32,
+             "units": ["heads", "hidden"], "hidden_size": hidden_size, "baseline": None,
+             "finetune": {"epochs": 1, "lr": lr, "max_examples": 64}}  # fmt: skip
+    recipe = {
+        "name": "width_slice",
+        "output_dir": str(out),
+        "model": {"source": source, "task_tuned": False},
+        "data": {"max_length": 32, "max_train_examples": 192, "max_eval_examples": 64},
+        "base_finetune": {"epochs": 1, "lr": lr, "batch_size": 32},
+        "prune": prune,
+        "export": {"variants": ["fp32", "int8"], "int8": {"calibration_examples": 32}},
+        "bench": {"enabled": False},
+        "analysis": {"enabled": False},
+    }
+    return run_recipe(parse_recipe(recipe))
+
+
+def check_narrowed_slice(report: dict, model_dir: Path, widths: tuple[int, int]) -> None:
+    """The saved model equals the masked one and its ONNX fp32 export, int8 is gated, and plain transformers (the
+    shipped code) and compressor load it at the kept width with the same logits."""
+    assert (report["original"]["hidden_size"], report["pruned"]["hidden_size"]) == widths
     assert report["pruned"]["masked_vs_pruned_max_abs_diff"] <= 1e-4
     assert report["export"]["fp32"]["max_abs_diff"] <= 1e-4 and "gate" in report["export"]["int8"]
-    model_dir = tmp_path / "out" / "model"
     plain = AutoModelForSequenceClassification.from_pretrained(model_dir, trust_remote_code=True).eval()
+    ours = load_pruned(model_dir)
+    assert len(present_hidden(ours)) == widths[1]
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     batch = dict(tokenizer(["a gorgeous, witty film", "tedious and overlong"], padding=True, return_tensors="pt"))
     with torch.no_grad():
-        assert torch.allclose(plain(**batch).logits, load_pruned(model_dir)(**batch).logits, atol=1e-5)
+        assert torch.allclose(plain(**batch).logits, ours(**batch).logits, atol=1e-5)
+
+
+def test_the_demo_model_narrows_to_256_channels_end_to_end(tmp_path, cache_dir):
+    """MiniLM-L6 (the demo's built-in) with its 384 channels cut to 256 in one step (`check_narrowed_slice`)."""
+    report = narrowed_slice(tmp_path / "out", "builtin:minilm-l6", 256, 1e-4)
+    check_narrowed_slice(report, tmp_path / "out" / "model", (384, 256))
 
 
 def test_a_narrowed_model_is_timed_as_deployed_with_its_own_width():
