@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from compressor.pruning.selection import check_against_model
-from compressor.recipe import Recipe, RecipeError, dump_recipe, load_recipe, parse_recipe
+from compressor.recipe import Recipe, RecipeError, dump_recipe, load_recipe, parse_recipe, settings_of
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -165,6 +165,55 @@ def test_cli_unknown_key_exit_2_nothing_written(tmp_path: Path) -> None:
     result = _cli("run", str(bad), cwd=tmp_path)
     assert result.returncode == 2
     assert "prune.targt: unknown key" in result.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_settings_give_the_recipe_an_edited_file_would(tmp_path: Path) -> None:
+    """`--set` with dotted keys and YAML values: the same recipe as the file edited by hand, the file untouched."""
+    data = {"output_dir": str(tmp_path / "out"), "prune": {"steps": 3, "criterion": {"name": "taylor"}}}
+    path = tmp_path / "r.yaml"
+    path.write_text(yaml.safe_dump(data))
+    settings = [
+        "prune.steps=5",
+        "prune.budget={kind: flops, values: [0.5]}",
+        "bench.seq_len=32",
+        "prune.criterion.name=l0",
+    ]
+    budget = {"kind": "flops", "values": [0.5]}
+    edited = {**data, "prune": {"steps": 5, "budget": budget, "criterion": {"name": "l0"}}}
+    edited["bench"] = {"seq_len": 32}
+    assert dump_recipe(load_recipe(path, settings_of(settings))) == dump_recipe(parse_recipe(edited))
+    assert yaml.safe_load(path.read_text()) == data
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        (["steps"], "--set: expected KEY=VALUE such as prune.steps=4, got 'steps'"),
+        (["prune..steps=3"], "--set: expected a dotted key of recipe fields"),
+        (["prune.units=[heads"], "--set prune.units: malformed YAML value"),
+        (["prune.steps=3", "prune.steps=4"], "--set prune.steps: given twice"),
+        (["prune.steps.x=3"], "--set prune.steps.x: 'prune.steps' is 3, not a section"),
+        (["prune.stepz=3"], "prune.stepz: unknown key"),
+        (["prune.steps=0"], "prune.steps: Input should be greater than or equal to 1"),
+    ],
+)
+def test_bad_settings_are_one_line_naming_the_key(tmp_path: Path, settings: list[str], message: str) -> None:
+    path = tmp_path / "r.yaml"
+    path.write_text(yaml.safe_dump({"output_dir": str(tmp_path / "out"), "prune": {"steps": 3}}))
+    with pytest.raises(RecipeError) as err:
+        load_recipe(path, settings_of(settings))
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_cli_bad_setting_exit_2_nothing_written(tmp_path: Path) -> None:
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(yaml.safe_dump({"output_dir": str(tmp_path / "out")}))
+    result = _cli("run", str(recipe), "--set", "prune.stepz=3", cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        "compressor: error: " + f"{recipe}: prune.stepz: unknown key (not allowed here)"
+    ]
     assert not (tmp_path / "out").exists()
 
 

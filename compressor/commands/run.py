@@ -20,14 +20,20 @@ def run(
         help="repeat the run over these seeds, e.g. 0,1,2 (overrides the recipe's `seeds`): the base fine-tune is "
         "shared, the rest redrawn; each under OUTPUT_DIR/seed-K/, then seeds.json and seeds.md",
     ),
+    settings: list[str] = typer.Option(
+        None,
+        "--set",
+        help="set one recipe field, KEY=VALUE with a dotted key and a YAML value, e.g. prune.steps=4 or "
+        "prune.units=[heads,neurons]; repeatable",
+    ),
 ) -> None:
     """Run a recipe end to end (resumes an interrupted run in the same output directory)."""
     from compressor.pipeline.runner import run_recipe
     from compressor.pipeline.seeds import SEEDS_MD, parse_seeds, run_seeds
-    from compressor.recipe import load_recipe
+    from compressor.recipe import load_recipe, settings_of
 
     repeats = None if seeds is None else parse_seeds(seeds)  # a bad value fails before the recipe is read
-    overrides = {"output_dir": output_dir} if output_dir else None
+    overrides = settings_of(settings) | ({"output_dir": output_dir} if output_dir else {})
     parsed = load_recipe(recipe, overrides)
     repeats = repeats or parsed.seeds
     if repeats:

@@ -19,7 +19,7 @@ from compressor.recipe.schema import (
     load_recipe,
     parse_recipe,
 )
-from compressor.recipe.yamlio import RecipeError, format_validation_error, read_yaml, short, short_key
+from compressor.recipe.yamlio import RecipeError, format_validation_error, read_yaml, settings_of, short, short_key
 
 __all__ = [
     "AnalysisSpec",
@@ -42,6 +42,7 @@ __all__ = [
     "load_recipe",
     "parse_recipe",
     "read_yaml",
+    "settings_of",
     "short",
     "short_key",
 ]

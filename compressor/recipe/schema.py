@@ -16,7 +16,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 from compressor.core.runtimes import NAMES, QUANTIZE_ONLY, VARIANTS, runtime
 from compressor.recipe.base import Repeats, Strict
 from compressor.recipe.prune import PruneSpec, TrainSpec
-from compressor.recipe.yamlio import RecipeError, format_validation_error, read_yaml, short, short_key
+from compressor.recipe.yamlio import RecipeError, apply_settings, format_validation_error, read_yaml, short, short_key
 
 
 class ModelSpec(Strict):
@@ -404,14 +404,12 @@ def parse_recipe(data: Any, origin: str = "recipe") -> Recipe:
 
 
 def load_recipe(path: str | Path, overrides: dict[str, Any] | None = None) -> Recipe:
-    """Read a YAML recipe safely (bounded safe loading) and validate it; relative output_dir stays relative to cwd."""
+    """Read a YAML recipe safely (bounded safe loading), set `overrides` (dotted keys, `yamlio.apply_settings`) and
+    validate it; relative output_dir stays relative to cwd."""
     path = Path(path)
     if not path.is_file():
         raise RecipeError(f"recipe: file '{short(str(path))}' not found")
-    data = read_yaml(path)
-    if overrides and isinstance(data, dict):
-        data = {**data, **overrides}
-    return parse_recipe(data, origin=str(path))
+    return parse_recipe(apply_settings(read_yaml(path), overrides or {}), origin=str(path))
 
 
 def dump_recipe(recipe: Recipe) -> str:

@@ -167,3 +167,58 @@ def read_yaml(path: Path) -> Any:
         mark = getattr(err, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         raise RecipeError(f"{path}: malformed YAML{where}: {short(getattr(err, 'problem', err))}") from None
+
+
+MAX_SETTING_CHARS = 4096  # one `--set` value: a number, a name or a short list, never a document
+
+
+def parse_setting(text: str) -> tuple[str, Any]:
+    """`--set prune.steps=4` as `("prune.steps", 4)`: a dotted key of recipe fields, `=`, a YAML value (`null`,
+    `[heads, neurons]`, `{kind: heads, values: [0.5]}`), read as a recipe is (bounded, YAML 1.2 numbers)."""
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise RecipeError(f"--set: expected KEY=VALUE such as prune.steps=4, got {short(text)}")
+    key = key.strip()
+    if not all(part.isidentifier() for part in key.split(".")):
+        raise RecipeError(f"--set: expected a dotted key of recipe fields such as prune.steps, got {short(key)}")
+    if len(value) > MAX_SETTING_CHARS:
+        raise RecipeError(f"--set {key}: a value of {len(value)} characters; expected at most {MAX_SETTING_CHARS}")
+    loader = _BoundedLoader(value)
+    try:
+        return key, loader.get_single_data()
+    except yaml.YAMLError as err:
+        raise RecipeError(f"--set {key}: malformed YAML value: {short(getattr(err, 'problem', err))}") from None
+    finally:
+        loader.dispose()
+
+
+def apply_settings(data: Any, settings: dict[str, Any]) -> Any:
+    """`data` (a parsed recipe) with each dotted key set to its value, missing sections created; a copy, so the
+    file's own mapping is untouched. A key through something that is not a mapping is one line naming it."""
+    if not settings or not isinstance(data, dict):
+        return data
+    out = dict(data)
+    for key, value in settings.items():
+        node, parts = out, key.split(".")
+        for depth, part in enumerate(parts[:-1]):
+            child = node.get(part)
+            if child is None:
+                child = {}
+            elif not isinstance(child, dict):
+                where = ".".join(parts[: depth + 1])
+                raise RecipeError(f"--set {key}: '{where}' is {short(child)}, not a section; expected a mapping there")
+            node[part] = child = dict(child)
+            node = child
+        node[parts[-1]] = value
+    return out
+
+
+def settings_of(texts: list[str] | None) -> dict[str, Any]:
+    """The command line's `--set KEY=VALUE` options as overrides; a key given twice is one line."""
+    out: dict[str, Any] = {}
+    for text in texts or []:
+        key, value = parse_setting(text)
+        if key in out:
+            raise RecipeError(f"--set {key}: given twice; expected each key once")
+        out[key] = value
+    return out
