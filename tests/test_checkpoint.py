@@ -469,7 +469,7 @@ def test_layout_saved_before_attention_norm_was_declared_still_loads(tmp_path: P
     pruned = combined(arch)
     path = save_pruned(pruned, tmp_path / arch)
     config = config_json(path)
-    assert config[LAYOUT_KEY]["family"]["attention_norm"] == arch_spec(arch).attention_norm
+    assert config[LAYOUT_KEY]["family"]["attention_norm"] == arch_spec(arch).norms.attention_norm
     del config[LAYOUT_KEY]["family"]["attention_norm"]
     (path / "config.json").write_text(json.dumps(config))
     assert max_diff(logits(load_pruned(path, attn_implementation="eager")), logits(pruned)) < 1e-5

@@ -61,7 +61,7 @@ def exported(request, tmp_path_factory):
 def fuses(arch: str) -> bool:
     """Whether ORT fuses `arch`'s attention (none for DeBERTa's disentangled attention, MPNet's position bias or
     ModernBERT's rotary attention)."""
-    return arch_spec(arch).ort_fuses_attention
+    return arch_spec(arch).ort_fusion().fuses_attention
 
 
 def weight_bytes(variant_dir: Path) -> int:

@@ -63,7 +63,9 @@ def test_declaration_matches_the_modules() -> None:
     m = model()
     spec, layer = arch_spec(m), layers(m)[1]
     assert m.config.layer_types[:3] == ["full_attention", "sliding_attention", "sliding_attention"]
-    assert spec.qkv == ("Wqkv",) and spec.qkv_blocks == 3 and spec.ffn_in_blocks == 2
+    rows = spec.attn.projection_rows(layer.attn, torch.tensor([1]), 2)  # head 1 of 2 keeps a row in each of Q, K, V
+    assert spec.qkv == ("Wqkv",) and rows["Wqkv"].tolist() == [1, 3, 5]
+    assert spec.ffn.in_rows(torch.tensor([0, 2]), 4).tolist() == [0, 2, 4, 6]  # its input row and its gate row
     assert layer.attn.Wqkv.out_features == 3 * HIDDEN and layer.attn.head_dim == SIZE
     assert layer.mlp.Wi.out_features == 2 * width(m) and layer.mlp.Wo.in_features == width(m)
     assert spec.portable()["fused_qkv"] is True and spec.portable()["gated_ffn"] is True
@@ -184,7 +186,8 @@ def test_a_gated_neuron_costs_three_linear_rows() -> None:
 
 
 def test_fused_qkv_must_name_one_linear() -> None:
-    spec = replace(arch_spec("modernbert"), key="Wk")
+    spec = arch_spec("modernbert")
+    spec = replace(spec, attn=replace(spec.attn, key="Wk"))
     with pytest.raises(ValueError, match="ArchSpec.fused_qkv: query, key and value must name the one fused Linear"):
         register(spec, "not-a-family")
     assert isinstance(spec, ArchSpec)

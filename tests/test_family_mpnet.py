@@ -111,7 +111,7 @@ def test_empty_attention_normalises_like_the_block() -> None:
     the family's own state-dict names."""
     pruned = pruned_copy(base(), {1: list(range(HEADS))})
     block = layers(pruned)[1].attention
-    assert isinstance(block, EmptyAttention) and block._norm == arch_spec("mpnet").attention_norm == "LayerNorm"
+    assert isinstance(block, EmptyAttention) and block._norm == arch_spec("mpnet").norms.attention_norm == "LayerNorm"
     assert {k for k in block.state_dict()} == {"attn.o.weight", "attn.o.bias", "LayerNorm.weight", "LayerNorm.bias"}
     hidden = torch.randn(2, 5, 32)
     with torch.no_grad():
@@ -194,7 +194,7 @@ def test_onnx_graph_selects_each_layers_bias_heads(tmp_path: Path) -> None:
     batches = [tiny_batch(batch=4, seq=11, seed=s) for s in range(2)]
     result = ex.export_onnx(model_dir, tmp_path / "onnx", ["fp32", "optimized"], batches)
     assert result["fp32"]["max_abs_diff"] <= 1e-4 and result["optimized"]["max_abs_diff"] <= 1e-4
-    assert not arch_spec("mpnet").ort_fuses_attention and result["optimized"]["fused_attention_nodes"] == 0
+    assert not arch_spec("mpnet").ort_fusion().fuses_attention and result["optimized"]["fused_attention_nodes"] == 0
     onnx_logits = ex.OnnxClassifier(tmp_path / "onnx" / "fp32")(INPUTS)
     assert np.abs(onnx_logits - masked_logits(PLAN).numpy()).max() <= 1e-4
 

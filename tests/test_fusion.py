@@ -23,7 +23,7 @@ LAYERS, HEADS = 4, 4
 # Heads left per layer: 1, 0 (attention pruned whole), 3, 4 (unpruned).
 PLAN = {0: [0, 2, 3], 1: [0, 1, 2, 3], 2: [1]}
 KEPT = [1, 0, 3, 4]
-FUSING = [arch for arch in ARCHS if arch_spec(arch).ort_fuses_attention]
+FUSING = [arch for arch in ARCHS if arch_spec(arch).ort_fusion().fuses_attention]
 CHECK = [tiny_batch(batch=4, seq=11, seed=s) for s in range(3)]
 
 
@@ -92,7 +92,8 @@ def test_fusions_are_recorded_in_the_manifest(exported):
     assert fused["Attention"] == 3
     assert fused["SkipLayerNormalization"] == 2 * LAYERS  # after attention (the empty layer's too) and after the FFN
     assert fused.get("BiasGelu", 0) + fused.get("Gelu", 0) >= LAYERS
-    if arch_spec(arch).token_type_ids and arch not in ("roberta", "xlm-roberta", "camembert"):
+    spec, config = arch_spec(arch), tiny_model(arch, layers=LAYERS, heads=HEADS).config
+    if spec.takes_token_types(config) and not spec.reserved_positions(config):
         assert fused["EmbedLayerNormalization"] == 1  # RoBERTa's position ids (a cumsum of the mask) do not fuse
     assert manifest["graph_nodes"] < result["fp32"]["graph_nodes"] / 3
 

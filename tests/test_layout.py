@@ -1,11 +1,14 @@
 """The stage rule, checked: packages import downward only, the recipe schema imports nothing of ours but `core`, no
-module-level import cycle anywhere, small modules, few top-level modules, one declaration module per family."""
+module-level import cycle anywhere, small modules, few top-level modules, one declaration module per family, and no
+stage outside the family package reading a family's quirks."""
 
 from __future__ import annotations
 
+import ast
 import shutil
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import grimp
@@ -119,10 +122,53 @@ def test_each_architecture_family_is_declared_once_in_its_own_module() -> None:
     assert set(ARCHS) <= set(ARCHITECTURES), "every tested family is declared"
     declared_in = {spec.__module__ for spec in ARCHITECTURES.values()}
     assert declared_in == {"compressor.surgery.arch.spec"}  # a frozen dataclass; the modules below hold them
-    modules = {p.stem for p in (PACKAGE / "surgery" / "arch").glob("*.py")} - {"__init__", "spec", "shape"}
+    modules = {p.stem for p in (PACKAGE / "surgery" / "arch").glob("*.py")} - {"__init__", "spec", "shape", "parts"}
     assert modules == {"bert", "distilbert", "deberta_v2", "modernbert", "mpnet"}
     with pytest.raises(ValueError, match="already declared"):
         register(ARCHITECTURES["bert"], "bert")
+    bert = ARCHITECTURES["bert"]
     with pytest.raises(ValueError, match="ArchSpec.query: expected a dotted attribute path"):
-        register(ArchSpec(**{**ARCHITECTURES["bert"].__dict__, "query": "q lin"}), "new-family")
+        register(replace(bert, attn=replace(bert.attn, query="q lin")), "new-family")
+    with pytest.raises(ValueError, match="ArchSpec.ffn_norm: expected a dotted path or None"):
+        register(replace(bert, norms=replace(bert.norms, ffn_norm="output LayerNorm")), "new-family")
     assert "new-family" not in ARCHITECTURES
+    assert isinstance(bert, ArchSpec)
+
+
+# What used to be flags on `ArchSpec`, read by slicing, cost, rescale, attribution and export: a family's quirks
+# are now methods its module overrides (or facts the spec answers questions about), read only inside the package.
+QUIRKS = frozenset(
+    "fused_qkv gated_ffn pre_norm qkv_blocks ffn_in_blocks head_rows layer_returns_tuple shared_bias padding_positions "
+    "token_type_ids ort_fuses_attention extra_head_flops encoder_side_module attention_norm ffn_norm".split()
+)
+QUIRK_READERS = ("surgery/arch/", "surgery/portable.py")  # the family package, and the shipped file's own copy
+
+
+def quirk_reads(source: str) -> list[str]:
+    """`name@line` for every read of a quirk in `source`, in line order: an attribute of that name on anything, or
+    `getattr` of it."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        name = node.attr if isinstance(node, ast.Attribute) else None
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("getattr", "hasattr"):
+            name = next((a.value for a in node.args[1:2] if isinstance(a, ast.Constant)), None)
+        if name in QUIRKS:
+            found.append((node.lineno, name))
+    return [f"{name}@{line}" for line, name in sorted(found)]
+
+
+def test_no_stage_outside_the_family_package_reads_a_quirk() -> None:
+    """Slicing, cost, rescale, attribution and export ask the family's spec and parts (methods); a stage that tested
+    `spec.pre_norm` or `spec.fused_qkv` itself would be one more place to change for the next family or unit kind."""
+    reads = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        relative = path.relative_to(PACKAGE).as_posix()
+        found = [] if relative.startswith(QUIRK_READERS) else quirk_reads(path.read_text())
+        if found:
+            reads[relative] = found
+    assert reads == {}
+
+
+def test_the_quirk_finder_finds_a_read() -> None:
+    old = "residual = attention if spec.pre_norm else x\nblocks = getattr(spec, 'qkv_blocks')\nspec.ffn.in_rows(i, 2)"
+    assert quirk_reads(old) == ["pre_norm@1", "qkv_blocks@2"]

@@ -78,7 +78,7 @@ def assert_structure(model: torch.nn.Module, plan: dict[int, list[int]]) -> None
         attn = get_path(module, spec.self_attn)
         width = len(heads) * HEAD_SIZE
         for name in spec.qkv:  # one fused Linear holds Q, K and V rows
-            assert getattr(attn, name).weight.shape == (spec.qkv_blocks * width, HEADS * HEAD_SIZE)
+            assert getattr(attn, name).weight.shape == (3 // len(spec.qkv) * width, HEADS * HEAD_SIZE)
         assert get_path(module, spec.out_proj).weight.shape == (HEADS * HEAD_SIZE, width)
         for attr, value in ((spec.heads_attr, len(heads)), (spec.width_attr, width)):
             assert attr is None or getattr(attn, attr) == value  # None: the forward infers the heads

@@ -270,7 +270,7 @@ def test_ffn_paths_point_at_the_feed_forward_linears() -> None:
     for arch in ARCHS:
         spec, layer = arch_spec(base(arch)), layers(base(arch))[0]
         width = len(every(arch))
-        assert get_path(layer, spec.ffn_in).out_features == spec.ffn_in_blocks * width  # gated: input + gate
+        assert get_path(layer, spec.ffn_in).out_features == spec.ffn.neuron_rows() * width  # gated: input + gate
         assert get_path(layer, spec.ffn_out).in_features == width
 
 

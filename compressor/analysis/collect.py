@@ -146,7 +146,7 @@ def _batch_inputs(examples: list[Example], model: nn.Module, pad_id: int) -> dic
         mask[row, : e.n] = 1
         types[row, : e.n] = e.segments
     inputs = {"input_ids": ids, "attention_mask": mask}
-    if getattr(model.config, "type_vocab_size", 0) and arch_spec(model).token_type_ids:
+    if arch_spec(model).takes_token_types(model.config):
         inputs["token_type_ids"] = types
     device = next(model.parameters()).device
     return {k: v.to(device) for k, v in inputs.items()}

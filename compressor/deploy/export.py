@@ -118,7 +118,7 @@ def _copy_side_files(model_dir: Path, dest: Path) -> None:
 def graph_inputs(model: nn.Module) -> list[str]:
     """The graph's input names, in order: token ids, attention mask, and token types where the family takes them
     and the model has any (DeBERTa-v3's `type_vocab_size` is 0: its forward ignores them)."""
-    types = arch_spec(model).token_type_ids and getattr(model.config, "type_vocab_size", 1) > 0
+    types = arch_spec(model).takes_token_types(model.config)
     return ["input_ids", "attention_mask", *(["token_type_ids"] if types else [])]
 
 
@@ -303,9 +303,9 @@ def _build_all(model, model_dir, dirs: tuple, names, check: tuple, opset, attent
     results = {"fp32": _variant_entry("fp32", fp32, stats, {}, out_dir)}
     if "optimized" in names:
         dest = _sibling_dir(tmp, "optimized", tmp / "fp32")
-        spec = arch_spec(model)
+        fusion = arch_spec(model).ort_fusion()
         stats, extra = _build_optimized(
-            fp32, dest, batches, reference, atol, attention_layers, spec.ort_model_type, spec.ort_fuses_attention
+            fp32, dest, batches, reference, atol, attention_layers, fusion.model_type, fusion.fuses_attention
         )
         results["optimized"] = _variant_entry("optimized", dest / ONNX_FILE, stats, extra, out_dir)
     return results

@@ -16,8 +16,8 @@ Layers are run one at a time (`replay`: each layer called as the encoder calls i
 once for the targets; the pruned layer up to W_O for the head fit, then whole for the neuron fit, whose pass also
 gives the layer's output after the fold (the down-projection and the family's output LayerNorm on what that pass
 captured, checked against the pass's own output), so the whole fit costs about two and a half forward passes. The
-layer attributes come from each family's `ArchSpec` (`out_proj`, `ffn_in`, `ffn_out`, `ffn_norm`, `pre_norm`,
-`pooling_attr`).
+layer attributes come from each family's `ArchSpec` (`out_proj`, `ffn_in`, `ffn_out`, its norms' `ffn_residual` and
+`after_ffn`, `reads_first_token`).
 """
 
 from __future__ import annotations
@@ -156,7 +156,7 @@ def _targets(reference: nn.Module, index: int, hidden: torch.Tensor, calls: Laye
     with capture(modules) as seen:
         out = run_layer(reference, index, hidden, calls)
     attention = hidden + seen["out"][1]
-    residual = attention if spec.pre_norm else seen["ffn_in"][0]
+    residual = spec.norms.ffn_residual(attention, seen["ffn_in"][0])
     return out, {"heads": attention, "neurons": residual + seen["ffn_out"][1]}
 
 
@@ -186,7 +186,7 @@ def _accumulate(model, index, sub: _Sublayer, hidden, calls: LayerCalls, target,
     if heads:
         residual = hidden
     else:
-        residual = hidden + seen["out"][1] if spec.pre_norm else seen["ffn_in"][0]
+        residual = spec.norms.ffn_residual(hidden + seen["out"][1], seen["ffn_in"][0])
     bias = proj.bias if proj.bias is not None else 0.0
     goal = _rows(target - residual - bias, calls.rows, first_only).float()
     z = _rows(seen["proj"][0], calls.rows, first_only).float()
@@ -196,12 +196,11 @@ def _accumulate(model, index, sub: _Sublayer, hidden, calls: LayerCalls, target,
 
 
 def _ffn_output(model: nn.Module, index: int, seen: _FfnPass) -> torch.Tensor:
-    """Layer `index`'s output from its down-projection's input and residual: the family's post-norm LayerNorm
-    (`ArchSpec.ffn_norm`) of their sum, or the sum itself (pre-norm); what the layer computes after its FFN."""
+    """Layer `index`'s output from its down-projection's input and residual: what the layer computes after its FFN
+    on their sum (`Norms.after_ffn`: a post-norm family's LayerNorm, the sum itself for a pre-norm one)."""
     spec, layer = arch_spec(model), layers(model)[index]
     proj = get_path(layer, spec.ffn_out)
-    total = seen.residual + F.linear(seen.z, proj.weight, proj.bias)
-    return total if spec.ffn_norm is None else get_path(layer, spec.ffn_norm)(total)
+    return spec.norms.after_ffn(layer, seen.residual + F.linear(seen.z, proj.weight, proj.bias))
 
 
 def rescale(

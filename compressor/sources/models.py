@@ -66,9 +66,7 @@ def max_positions(config) -> int | None:
     if not isinstance(limit, int):
         return None
     spec = declared(getattr(config, "model_type", ""))
-    if spec is not None and spec.padding_positions:
-        limit -= (getattr(config, "pad_token_id", None) or 0) + 1
-    return limit
+    return limit - (spec.reserved_positions(config) if spec is not None else 0)
 
 
 def _check_local_weights(spec: ModelSpec, source: str) -> None:

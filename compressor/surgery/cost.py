@@ -3,9 +3,10 @@
 FLOPs are 2 × multiply-accumulates. Per layer with h heads of size d, hidden H, n FFN neurons, T tokens:
 each head costs its Q/K/V rows and W_O columns (4·T·H·d) plus attention scores and weighted values (2·T²·d);
 each FFN neuron costs its W_1 row and W_2 column (2·T·H; 3·T·H in a gated FFN, whose W_1 has an input and a gate
-row per neuron); a family with more per-head work (DeBERTa's relative positions) adds it through
-`ArchSpec.extra_head_flops`. A layer's cost is the sum of its units, so removing a whole layer saves exactly its
-heads and neurons: the three unit costs below are the common currency of `selection.select_units`.
+row per neuron); each family's parts give them (`Attention.head_flops`, `FFN.neuron_flops`), so one with more
+per-head work (DeBERTa's relative positions) counts it there. A layer's cost is the sum of its units, so removing
+a whole layer saves exactly its heads and neurons: the three unit costs below are the common currency of
+`selection.select_units`.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import torch
 from torch import nn
 
 from compressor.surgery.arch import (
+    ArchSpec,
     declared,
     head_size,
     original_ffn_size,
@@ -53,11 +55,9 @@ def unit_costs(model: nn.Module, seq_len: int, width: int | None = None) -> Unit
     """FLOPs per example of one head, one FFN neuron and one whole original layer of `model` at `seq_len`, with the
     residual stream at `width` channels (default: the model's own)."""
     hidden, d, t = width or _hidden(model), head_size(model), int(seq_len)
-    head = 2 * (4 * t * hidden * d + 2 * t * t * d)
-    spec = declared(getattr(model.config, "model_type", ""))  # a bare config (latency tables): plain BERT costs
-    if spec is not None and spec.extra_head_flops is not None:
-        head += spec.extra_head_flops(model.config, t)
-    neuron = 2 * ((1 + (spec.ffn_in_blocks if spec else 1)) * t * hidden)  # W_1 row(s) and the W_2 column
+    spec = declared(getattr(model.config, "model_type", "")) or ArchSpec()  # a bare config (latency tables): BERT's
+    head = spec.attn.head_flops(model.config, t, hidden, d)
+    neuron = spec.ffn.neuron_flops(t, hidden)
     layer = original_num_heads(model) * head + original_ffn_size(model) * neuron
     return UnitCosts(seq_len=t, head=head, neuron=neuron, layer=layer)
 
@@ -85,9 +85,9 @@ def encoder_flops(model: nn.Module, seq_len: int) -> int:
 
     Per layer with h heads of size d, hidden H, FFN width I, T tokens: Q/K/V and output projections
     (4·T·H·h·d), attention scores and weighted values (2·T²·h·d), feed-forward (2·T·H·I; 3·T·H·I gated), plus
-    the family's `extra_head_flops` per head. Embeddings, the classifier head and DeBERTa-v2's conv after layer 0
-    are ignored (no pruning changes them; the first two are <1% of the total). A layer without heads costs only its
-    feed-forward block; a removed layer costs nothing.
+    what the family's attention adds per head (`Attention.head_flops`). Embeddings, the classifier head and
+    DeBERTa-v2's conv after layer 0 are ignored (no pruning changes them; the first two are <1% of the total). A
+    layer without heads costs only its feed-forward block; a removed layer costs nothing.
     """
     return masked_flops(model, {}, seq_len)
 

@@ -58,7 +58,7 @@ class EmptyAttention(nn.Module):
     """Attention block of a layer with no heads left: its output is W_O's bias, zeros where W_O has none (then
     residual and LayerNorm where the family's block normalises).
 
-    `norm` is the family's declared path from the block to that LayerNorm (`ArchSpec.attention_norm`:
+    `norm` is the family's declared path from the block to that LayerNorm (`Norms.attention_norm`:
     `output.LayerNorm` for BERT-like blocks, `LayerNorm` for MPNet's; None where the block returns W_O's output as
     is). The sub-module holding it is kept under its own name, so state-dict keys stay the family's own.
     Returns `(output, None)` like a transformers attention block; no attention map exists for zero heads.

@@ -34,14 +34,7 @@ from compressor.surgery.arch import (
     removed_layers,
     set_path,
 )
-from compressor.surgery.portable import (  # noqa: F401  (SkippedLayer re-exported)
-    EmptyAttention,
-    SkippedLayer,
-    empty_linear,
-    removal_marker,
-    select_bias_heads,
-    skip_layer,
-)
+from compressor.surgery.portable import EmptyAttention, SkippedLayer, empty_linear  # noqa: F401  (re-exported)
 
 Plan = dict[int, list[int]]
 
@@ -52,11 +45,6 @@ class PlanError(UserError, ValueError):
 
 def _index(heads: list[int], size: int) -> torch.Tensor:
     return torch.cat([torch.arange(h * size, (h + 1) * size) for h in heads]).long()
-
-
-def _blocks(index: torch.Tensor, width: int, blocks: int) -> torch.Tensor:
-    """`index` repeated in each of `blocks` consecutive row blocks of `width` (fused Q/K/V, gated FFN halves)."""
-    return torch.cat([index + block * width for block in range(blocks)])
 
 
 def _slice_linear(linear: nn.Linear, index: torch.Tensor, dim: int) -> nn.Linear:
@@ -132,21 +120,17 @@ def prune_heads(model: nn.Module, plan: Plan) -> nn.Module:
             continue
         recorded[layer] = recorded.get(layer, set()) | set(remove)
         if not keep_pos:
-            block = EmptyAttention(get_path(module, spec.attention), spec.attention_out, spec.attention_norm)
-            set_path(module, spec.attention, block)
+            set_path(module, spec.attention, spec.empty_attention(get_path(module, spec.attention)))
             continue
         index = _index(keep_pos, size)
-        attn, rows = get_path(module, spec.self_attn), _blocks(index, len(current) * size, spec.qkv_blocks)
-        for name in spec.qkv:
+        attn = get_path(module, spec.self_attn)
+        for name, rows in spec.attn.projection_rows(attn, index, len(current) * size).items():
             setattr(attn, name, _slice_linear(getattr(attn, name), rows, dim=0))
-        for name in [name for name in spec.head_rows if isinstance(getattr(attn, name, None), nn.Linear)]:
-            setattr(attn, name, _slice_linear(getattr(attn, name), index, dim=0))
         set_path(module, spec.out_proj, _slice_linear(get_path(module, spec.out_proj), index, dim=1))
         for attr, value in ((spec.heads_attr, len(keep_pos)), (spec.width_attr, len(keep_pos) * size)):
             if attr:
                 setattr(attn, attr, value)
-        if spec.shared_bias:
-            select_bias_heads(attn, spec.shared_bias, [current[i] for i in keep_pos])
+        spec.attn.keep_heads(attn, [current[i] for i in keep_pos])
     model.config.pruned_heads = {k: sorted(v) for k, v in sorted(recorded.items()) if v}
     return _drop_dead_layers(model)
 
@@ -178,7 +162,7 @@ def prune_neurons(model: nn.Module, plan: Plan) -> nn.Module:
             continue
         recorded[layer] = recorded.get(layer, set()) | set(remove)
         module, index = layers(model)[layer], torch.tensor(keep_pos, dtype=torch.long)
-        rows = _blocks(index, len(present[layer]), spec.ffn_in_blocks)
+        rows = spec.ffn.in_rows(index, len(present[layer]))
         set_path(module, spec.ffn_in, _slice_linear(get_path(module, spec.ffn_in), rows, dim=0))
         set_path(module, spec.ffn_out, _slice_linear(get_path(module, spec.ffn_out), index, dim=1))
     model.config.pruned_neurons = {k: sorted(v) for k, v in sorted(recorded.items()) if v}
@@ -196,8 +180,7 @@ def remove_layers(model: nn.Module, remove: Iterable[int]) -> nn.Module:
     heads = {k: set(v) for k, v in (getattr(model.config, "pruned_heads", None) or {}).items()}
     neurons = {k: set(v) for k, v in pruned_neurons(model).items()}
     for layer in ids:
-        marker = removal_marker(layers(model)[layer], spec.ffn_out)
-        skip_layer(model, layers(model), layer, marker, spec.layer_returns_tuple)
+        spec.skip_layer(model, layer)
         heads[layer] = set(range(original_num_heads(model)))
         neurons[layer] = set(range(original_ffn_size(model)))
     model.config.pruned_heads = {int(k): sorted(v) for k, v in sorted(heads.items()) if v}
@@ -228,7 +211,7 @@ def padded_empty_ffns(model: nn.Module) -> nn.Module:
     for i in empty:
         layer = layers(model)[i]
         w_in, w_out = get_path(layer, spec.ffn_in), get_path(layer, spec.ffn_out)
-        new_in = empty_linear(w_in.in_features, spec.ffn_in_blocks, w_in)
+        new_in = empty_linear(w_in.in_features, spec.ffn.neuron_rows(), w_in)
         new_out = empty_linear(1, w_out.out_features, w_out)
         with torch.no_grad():
             for new in (new_in, new_out):

@@ -33,10 +33,9 @@ def width_refusal(config) -> str | None:
     the config alone, so a run refuses before any weights load."""
     kind = config.model_type
     spec, width = arch_spec(kind), config_width(config)
-    if spec.pre_norm:
-        return f"{kind} normalises before each sublayer (pre-norm), so its residual stream is never re-normalised"
-    if spec.head_rows:
-        return f"{kind}'s relative-position embeddings form a second stream of the same width"
+    reason = spec.width_refusal(kind)
+    if reason is not None:
+        return reason
     if int(getattr(config, "embedding_size", None) or width) != width:
         return f"{kind}'s embeddings are narrower than its layers (a factorised embedding)"
     if int(getattr(config, "num_labels", 0)) == width:

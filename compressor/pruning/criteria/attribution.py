@@ -22,7 +22,7 @@ from torch import nn
 from compressor.pruning.criteria.confidence import model_inputs
 from compressor.pruning.criteria.registry import ScoreContext, mean_over_processes, register
 from compressor.pruning.masking import AttentionRecorder, gated
-from compressor.surgery.arch import arch_spec, get_path, hidden_kwarg, layers, present_heads, set_path
+from compressor.surgery.arch import arch_spec, hidden_kwarg, layers, present_heads, set_path
 
 
 def _replace_hidden(args: tuple, kwargs: dict, hidden: torch.Tensor | None) -> tuple[torch.Tensor, tuple, dict]:
@@ -61,12 +61,10 @@ def start_at(model: nn.Module, layer: int, hidden: torch.Tensor) -> Iterator[Non
     Temporarily swaps the encoder's layer list for its tail (hooks already on those modules keep firing) and
     replaces the tail's first input; embeddings still run (cheap) so the model's own forward, masks and
     classification head are used unchanged. Not where the encoder runs a module after the list's first layer
-    (`ArchSpec.encoder_side_module`): it would follow the wrong layer, so every layer runs instead.
+    (`ArchSpec.starts_anywhere`): it would follow the wrong layer, so every layer runs instead.
     """
     spec, stack = arch_spec(model), layers(model)
-    parent = spec.layers.rpartition(".")[0]
-    encoder = get_path(model.base_model, parent) if parent else model.base_model
-    if spec.encoder_side_module and getattr(encoder, spec.encoder_side_module, None) is not None:
+    if not spec.starts_anywhere(model):
         yield
         return
 

@@ -1,9 +1,11 @@
-"""Architecture families: one declaration module each (`bert`, `distilbert`, `deberta_v2`), the registry (`spec`)
-and the shape readers built on it (`shape`). Adding a family means adding one module here (and its tiny config to
-`compressor.testing.ARCHS`); importing this package registers every family.
+"""Architecture families: one declaration module each (`bert`, `distilbert`, `deberta_v2`, `modernbert`, `mpnet`),
+the parts a declaration is made of, BERT's by default (`parts`), the registry (`spec`) and the shape readers built on
+it (`shape`). Adding a family means adding one module here, overriding the parts' methods where it differs (and its
+tiny config to `compressor.testing.ARCHS`); importing this package registers every family.
 """
 
 from compressor.surgery.arch import bert, deberta_v2, distilbert, modernbert, mpnet  # noqa: F401  (registration)
+from compressor.surgery.arch.parts import FFN, Attention, Norms, PreNorm
 from compressor.surgery.arch.shape import (
     config_head_counts,
     config_width,
@@ -29,6 +31,7 @@ from compressor.surgery.arch.shape import (
 from compressor.surgery.arch.spec import (
     ARCHITECTURES,
     ArchSpec,
+    OrtFusion,
     UnsupportedArchitectureError,
     arch_spec,
     declared,
@@ -37,7 +40,12 @@ from compressor.surgery.arch.spec import (
 
 __all__ = [
     "ARCHITECTURES",
+    "FFN",
     "ArchSpec",
+    "Attention",
+    "Norms",
+    "OrtFusion",
+    "PreNorm",
     "UnsupportedArchitectureError",
     "arch_spec",
     "config_head_counts",

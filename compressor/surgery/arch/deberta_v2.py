@@ -3,8 +3,8 @@
 
 Relative positions add c2p/p2c scores per head. DeBERTa-v3 (`share_att_key`) projects the relative embeddings with the
 layer's own `key_proj`/`query_proj`, so slicing those covers them; otherwise `pos_key_proj` (c2p) and
-`pos_query_proj` (p2c) have one block of output rows per head and are sliced with the heads (`head_rows`). The score
-scale √(head size × number of score kinds) does not depend on the head count, and forward reads only the
+`pos_query_proj` (p2c) have one block of output rows per head and are sliced with the heads (`RelativeAttention`).
+The score scale √(head size × number of score kinds) does not depend on the head count, and forward reads only the
 `num_attention_heads` attribute. Its layers return `(hidden_states, attention)` (the encoder unpacks both), it has
 no SDPA path (eager attention applies `self.dropout` to the probabilities, where maps are read), and ORT has no
 fusion for its attention. `type_vocab_size` is 0 in DeBERTa-v3: the forward then ignores `token_type_ids`.
@@ -12,6 +12,12 @@ fusion for its attention. `type_vocab_size` is 0 in DeBERTa-v3: the forward then
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from compressor.surgery.arch.parts import Attention
 from compressor.surgery.arch.spec import ArchSpec, register
 
 
@@ -29,24 +35,40 @@ def relative_head_flops(config, seq_len: int) -> int:
     return 2 * (projections * 2 * span * hidden * size + len(kinds) * seq_len * 2 * span * size)
 
 
+@dataclass(frozen=True)
+class RelativeAttention(Attention):
+    """DeBERTa's disentangled attention: further Linears with one block of output rows per head (the relative
+    embeddings' projections, where the module has them), sliced with Q/K/V, and each head's relative-position work
+    counted in its cost."""
+
+    head_rows: tuple[str, ...] = ("pos_key_proj", "pos_query_proj")  # from self_attn
+
+    def projection_rows(self, module: nn.Module, index: torch.Tensor, width: int) -> dict[str, torch.Tensor]:
+        extra = {name: index for name in self.head_rows if isinstance(getattr(module, name, None), nn.Linear)}
+        return {**super().projection_rows(module, index, width), **extra}
+
+    def head_flops(self, config, seq_len: int, hidden: int, size: int) -> int:
+        return super().head_flops(config, seq_len, hidden, size) + relative_head_flops(config, seq_len)
+
+    def width_refusal(self, kind: str) -> str | None:
+        return f"{kind}'s relative-position embeddings form a second stream of the same width"
+
+    def portable(self) -> dict[str, object]:
+        return {"head_rows": list(self.head_rows)}
+
+    def check(self) -> None:
+        super().check()
+        if isinstance(self.head_rows, str) or not all(name.isidentifier() for name in self.head_rows):
+            raise ValueError(f"ArchSpec.head_rows: expected a tuple of attribute names, got {self.head_rows!r}")
+
+
 DEBERTA_V2 = register(
     ArchSpec(
-        layers="encoder.layer",
-        attention="attention",
-        self_attn="attention.self",
-        query="query_proj",
-        key="key_proj",
-        value="value_proj",
-        out_proj="attention.output.dense",
-        heads_attr="num_attention_heads",
-        width_attr="all_head_size",
-        head_size_attr="attention_head_size",
-        probs_dropout="dropout",
+        attn=RelativeAttention(
+            query="query_proj", key="key_proj", value="value_proj", probs_dropout="dropout", sdpa=False
+        ),
         ort_fuses_attention=False,
-        sdpa=False,
-        head_rows=("pos_key_proj", "pos_query_proj"),
         layer_returns_tuple=True,
-        extra_head_flops=relative_head_flops,
         encoder_side_module="conv",
         # tiny test models take DeBERTa-v3's shape: shared relative keys, log buckets, no token types or positions
         tiny={

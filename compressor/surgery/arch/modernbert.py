@@ -9,30 +9,63 @@ depends on the head count. Attention goes through transformers' attention interf
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from compressor.surgery.arch.parts import FFN, Attention, PreNorm, blocks
 from compressor.surgery.arch.spec import ArchSpec, register
+
+
+@dataclass(frozen=True)
+class FusedAttention(Attention):
+    """Query, key and value are ONE Linear whose output rows are [Q | K | V], each heads × head size in head order:
+    a head is three row blocks of it."""
+
+    def projection_rows(self, module: nn.Module, index: torch.Tensor, width: int) -> dict[str, torch.Tensor]:
+        return {name: blocks(index, width, 3) for name in self.qkv}
+
+    def portable(self) -> dict[str, object]:
+        return {"fused_qkv": True}
+
+    def check(self) -> None:
+        super().check()
+        if len(self.qkv) != 1:
+            raise ValueError(f"ArchSpec.fused_qkv: query, key and value must name the one fused Linear, got {self.qkv}")
+
+
+@dataclass(frozen=True)
+class GatedFFN(FFN):
+    """A GLU: ffn_in's output rows are [input | gate] halves of the FFN width, so neuron i is rows i and i + width of
+    ffn_in, plus column i of ffn_out."""
+
+    def in_rows(self, index: torch.Tensor, width: int) -> torch.Tensor:
+        return blocks(index, width, 2)
+
+    def portable(self) -> dict[str, object]:
+        return {"gated_ffn": True}
+
 
 MODERNBERT = register(
     ArchSpec(
         layers="layers",
-        attention="attn",
-        self_attn="attn",
-        query="Wqkv",
-        key="Wqkv",
-        value="Wqkv",
-        out_proj="attn.Wo",
-        heads_attr=None,
-        width_attr=None,
-        head_size_attr="head_dim",
-        ffn_in="mlp.Wi",
-        ffn_out="mlp.Wo",
+        attn=FusedAttention(
+            block="attn",
+            self_attn="attn",
+            query="Wqkv",
+            key="Wqkv",
+            value="Wqkv",
+            out_proj="attn.Wo",
+            heads_attr=None,
+            width_attr=None,
+            head_size_attr="head_dim",
+        ),  # fmt: skip
+        ffn=GatedFFN(ffn_in="mlp.Wi", ffn_out="mlp.Wo"),
+        norms=PreNorm(),
         token_type_ids=False,
-        fused_qkv=True,
-        gated_ffn=True,
-        pre_norm=True,
         pooling_attr="classifier_pooling",
         ort_fuses_attention=False,  # ORT's optimizer has no pattern for rotary attention
-        attention_norm=None,
-        ffn_norm=None,
         # tiny test models: layers 0, 3, ... global, the others a sliding window of ±2 tokens (local_attention 4)
         tiny={
             "local_attention": 4,
