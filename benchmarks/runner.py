@@ -9,6 +9,7 @@ when the experiment started, and its seconds."""
 
 from __future__ import annotations
 
+import shlex
 import subprocess
 import sys
 import time
@@ -77,7 +78,7 @@ def run_experiment(exp: Experiment, else_running: str, force: bool = False, resu
         else_running=else_running,
         cache=cache,
         seconds=round(time.perf_counter() - started, 1),
-        commands=[" ".join(c) for c in exp.commands()],
+        commands=[shlex.join(c) for c in exp.commands()],
     )
     result = Result(experiment=exp.name, figure=exp.figure, goal=exp.goal, rows=rows, provenance=record)
     write_result(path, result)

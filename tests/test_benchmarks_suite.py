@@ -25,6 +25,7 @@ from benchmarks.schema import read_result
 from compressor.bench.quality import hits_string
 from compressor.cli import app
 from compressor.core.errors import UserError
+from compressor.recipe import load_recipe, settings_of
 from compressor.report.seeds import summarize_seeds
 
 PAGE_TEXT = page.PAGE.read_text()
@@ -101,7 +102,10 @@ def test_every_declaration_runs_existing_recipes_with_parsable_commands() -> Non
         assert exp.recipe is None or (ROOT / exp.recipe).is_file(), exp.name
         for args in exp.commands():
             if args[0] == "compressor":
-                assert (ROOT / _parse_compressor(args[1:])["recipe"]).is_file(), exp.name
+                params = _parse_compressor(args[1:])
+                assert (ROOT / params["recipe"]).is_file(), exp.name
+                if params.get("settings"):  # `--set` fields the recipe takes, values it validates
+                    load_recipe(ROOT / params["recipe"], settings_of(params["settings"]))
 
 
 def test_the_headline_says_how_many_runs_were_made_toward_it() -> None:
