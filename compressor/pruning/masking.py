@@ -173,10 +173,12 @@ def _zeroed(keep: torch.Tensor):
 def narrowed(model: nn.Module, hidden: torch.Tensor | None) -> Iterator[None]:
     """Inside the block, `model` computes as if cut to the residual channels `hidden` keeps ([original width]
     bool; None: unchanged): what `surgery.width.prune_hidden` then makes exact."""
-    if hidden is not None:
-        _check_shape("hidden", hidden.unsqueeze(0), (1, original_hidden(model)))
+    if hidden is None:
+        yield
+        return
+    _check_shape("hidden", hidden.unsqueeze(0), (1, original_hidden(model)))
     present = present_hidden(model)
-    if hidden is None or bool(hidden[present].all()):
+    if bool(hidden[present].all()):
         yield
         return
     keep = torch.tensor([pos for pos, channel in enumerate(present) if hidden[channel]], dtype=torch.long)
