@@ -14,6 +14,7 @@ import pytest
 from conftest import make_tokenizer_dir
 
 from compressor.deploy import export as ex
+from compressor.deploy import exporters
 from compressor.surgery.arch import arch_spec, head_size, present_heads
 from compressor.surgery.checkpoint import load_pruned, save_pruned
 from compressor.surgery.slicing import prune_heads
@@ -116,12 +117,12 @@ def test_int8_is_quantized_from_the_fused_graph(exported):
 
 
 def test_without_pinned_head_counts_nothing_fuses(tmp_path, monkeypatch, caplog):
-    """Negative control: with transformers' -1 left in the attention reshapes, ORT cannot read a layer's head count
-    and fuses no attention; the export says so (label and a warning) and the graph still matches PyTorch."""
-    monkeypatch.setattr(ex, "pin_head_counts", lambda *args: 0)
+    """Negative control: with transformers' -1 left in TorchScript's attention reshapes, ORT cannot read a layer's
+    head count and fuses no attention; the export says so (label and a warning) and the graph still matches PyTorch."""
+    monkeypatch.setattr(exporters, "pin_head_counts", lambda *args: 0)
     model_dir = saved(tmp_path, "bert")
     with caplog.at_level(logging.WARNING, logger=ex.log.name):
-        result = ex.export_onnx(model_dir, tmp_path / "onnx", ["fp32", "optimized"], CHECK[:1])
+        result = ex.export_onnx(model_dir, tmp_path / "onnx", ["fp32", "optimized"], CHECK[:1], exporter="torchscript")
     opt = result["optimized"]
     assert opt["attention_fusion"] == "none" and opt["fused_attention_nodes"] == 0
     assert "Attention" not in opt["fused_ops"] and opt["max_abs_diff"] <= 1e-4

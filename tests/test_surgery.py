@@ -164,6 +164,7 @@ def test_pruned_copy_leaves_original_and_replay_is_idempotent(arch: str) -> None
 def test_empty_layers_export_to_onnx(arch: str) -> None:
     """EmptyAttention traces to a graph that matches PyTorch on a batch/length it was not traced with."""
     import onnxruntime as ort  # a core dependency: missing, the test fails rather than skips
+
     model = pruned_copy(base(arch), {0: [0, 1, 2, 3], 1: [2], 2: [0, 1, 2, 3]})
     names = ["input_ids", "attention_mask"]
     buffer = io.BytesIO()

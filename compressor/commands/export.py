@@ -71,7 +71,13 @@ def export(
         "--recipe for calibration; openvino-* need compressor[openvino])",
     ),
     atol: float = typer.Option(1e-4, "--atol", help="max |logit difference| allowed between ONNX fp32 and PyTorch"),
-    opset: int = typer.Option(None, "--opset", help="ONNX opset (default 17)"),
+    opset: int = typer.Option(None, "--opset", help="ONNX opset (default: the exporter's, 18 or TorchScript's 17)"),
+    exporter: str = typer.Option(
+        None,
+        "--exporter",
+        help="auto (torch.export, falling back to TorchScript), torch.export or torchscript; default: the recipe's"
+        " export.exporter, else auto",
+    ),
     recipe: Path = typer.Option(
         None,
         "--recipe",
@@ -82,6 +88,7 @@ def export(
 ) -> None:
     """Export to ONNX (fp32, ORT-optimised, dynamic int8); stop with one line if fp32 misses PyTorch by > atol."""
     from compressor.deploy.export import export_onnx
+    from compressor.deploy.exporters import choices as exporter_choices
     from compressor.deploy.quantize import smoothing_note
     from compressor.recipe import DataSpec
 
@@ -92,6 +99,8 @@ def export(
         raise UserError(f"--check-examples: expected a positive number, got {check_examples}")
     if opset is not None and opset < 11:
         raise UserError(f"--opset: expected 11 or higher, got {opset}")
+    if exporter is not None and exporter not in exporter_choices():
+        raise UserError(f"--exporter: unknown exporter {exporter!r}; expected one of {', '.join(exporter_choices())}")
     if not model_dir.is_dir():
         raise UserError(f"MODEL_DIR: directory '{model_dir}' not found (expected a saved model directory)")
     if not (model_dir / "config.json").is_file():
@@ -100,10 +109,12 @@ def export(
     max_length = (spec.data if spec else DataSpec()).max_length
     batches = check_batches(data, tokenizer, max_length, check_examples)
     int8 = recipe_int8(spec, data, tokenizer, names) if spec else None
-    result = export_onnx(model_dir, out_dir, names, batches, atol=atol, opset=opset, int8=int8)
+    how = exporter or (spec.export.exporter if spec else "auto")
+    result = export_onnx(model_dir, out_dir, names, batches, atol=atol, opset=opset, int8=int8, exporter=how)
     for name, info in result.items():
         nodes = info.get("fused_attention_nodes")  # ONNX graphs only: an IR or a PyTorch variant has none
         fusion = f", fused attention nodes {nodes}" if name != "fp32" and nodes is not None else ""
+        fusion += f", written by {info['exporter']}" if "exporter" in info else ""
         status = f", {info['status']}" if "status" in info else ""
         kept = info.get("excluded_nodes")
         status += f" ({len(kept)} node(s) kept in fp32)" if kept else ""

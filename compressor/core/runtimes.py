@@ -74,7 +74,8 @@ class ExportJob:
     """What every engine's `build` works from (`compressor.deploy.export.export_onnx` makes it): the saved model
     (loaded with eager attention) and its directory, where variants are built (`tmp`) and where they will be
     (`out_dir`), the requested variants, the parity check (batches, PyTorch's `evaluate_variant` result on them,
-    atol), the opset, the int8 options (`compressor.deploy.quantize.Int8Options`), and the entries built so far."""
+    atol), the opset, the int8 options (`compressor.deploy.quantize.Int8Options`), the exporter to ask for, and the
+    entries built so far."""
 
     model: Any
     model_dir: Path
@@ -86,6 +87,7 @@ class ExportJob:
     atol: float
     opset: int | None
     options: Any
+    exporter: str = "auto"  # `compressor.deploy.exporters.preference`
     built: dict[str, dict] = field(default_factory=dict)
 
 

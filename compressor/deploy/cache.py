@@ -28,7 +28,7 @@ from compressor.core.machine import cache_root, cpu_identity
 
 log = logging.getLogger("compressor")
 
-STACK = ("compressor", "torch", "transformers", "onnx", "onnxruntime", "openvino", "nncf")
+STACK = ("compressor", "torch", "transformers", "onnx", "onnxscript", "onnxruntime", "openvino", "nncf")
 MANIFEST = "export.json"
 
 

@@ -30,8 +30,7 @@ from __future__ import annotations
 import json
 import logging
 import shutil
-import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import torch
@@ -41,14 +40,8 @@ from compressor.core import atomic, runtimes
 from compressor.core.errors import UserError
 from compressor.core.runtimes import VARIANTS as DECLARED_VARIANTS
 from compressor.core.runtimes import ExportJob
-from compressor.deploy.graph import (
-    attention_nodes,
-    attention_scopes,
-    fusion_label,
-    node_count,
-    optimize_graph,
-    pin_head_counts,
-)
+from compressor.deploy.exporters import EXPORTERS, Exported, export_graph
+from compressor.deploy.graph import attention_nodes, fusion_label, node_count
 from compressor.deploy.inference import (
     ONNX_FILE,
     ExportParityError,
@@ -70,7 +63,7 @@ from compressor.deploy.quantize import (
 )
 from compressor.deploy.quantize import gate as int8_gate
 from compressor.deploy.quantize import status as int8_status
-from compressor.surgery.arch import arch_spec, head_size, present_heads
+from compressor.surgery.arch import arch_spec, present_heads
 from compressor.surgery.checkpoint import load_pruned
 from compressor.surgery.slicing import padded_empty_ffns
 
@@ -92,7 +85,6 @@ VARIANTS = DECLARED_VARIANTS  # one per declared runtime that runs an export (`c
 MANIFEST = "export.json"
 # Files of a saved model directory that are not copied next to the graphs (weights, the PyTorch model card).
 _NOT_COPIED = ("*.safetensors", "*.bin", "*.safetensors.index.json", "README.md", "config.json", "modeling_*.py")
-DEFAULT_OPSET = 17  # LayerNormalization as one op; ORT's optimizer and quantizer handle it
 
 
 # ------------------------------------------------------------------------------------------------------ variants
@@ -132,36 +124,24 @@ def _example_inputs(model: nn.Module) -> dict[str, torch.Tensor]:
     return {n: {"input_ids": ids, "attention_mask": mask}.get(n, torch.zeros_like(ids)) for n in graph_inputs(model)}
 
 
-def export_fp32(model: nn.Module, dest: Path, opset: int | None = None) -> Path:
-    """Trace the in-memory model with `torch.onnx.export` (TorchScript tracer, dynamic batch and sequence axes);
-    writes model.onnx and the model's config.json.
+def export_fp32(
+    model: nn.Module, dest: Path, opset: int | None = None, exporter: str = "auto", check: Callable | None = None
+) -> Exported:
+    """The in-memory model as dest/model.onnx (dynamic batch and sequence axes) and its config.json, written by
+    the exporter `exporter` names (`compressor.deploy.exporters`: torch.export first, TorchScript as the fallback).
+    `check(file)` raises when a graph is wrong (the parity gate): a wrong graph counts as a failed exporter.
 
-    The model object is exported as built (pruned shapes, `EmptyAttention` layers), never re-loaded from a path.
-    The TorchScript tracer is used because ORT's optimizer fuses attention on its graphs of eager attention, once
-    each layer's head count is pinned in its reshapes (`pin_head_counts`). A layer left with no FFN neuron is traced
-    with one zero-weight neuron (`padded_empty_ffns`: the same output, no zero-sized weight for OpenVINO to refuse).
+    The model object is exported as built (pruned shapes, `EmptyAttention` layers), never re-loaded from a path. A
+    layer left with no FFN neuron is exported with one zero-weight neuron (`padded_empty_ffns`: the same output, no
+    zero-sized weight for OpenVINO to refuse).
     """
     dest.mkdir(parents=True, exist_ok=True)
-    file, names = dest / ONNX_FILE, graph_inputs(model)
-    axes = {name: {0: "batch_size", 1: "sequence_length"} for name in names}
-    with warnings.catch_warnings(), torch.no_grad():  # tracer warnings about constant masks; parity checks the graph
-        warnings.simplefilter("ignore")
-        torch.onnx.export(  # the model itself (no wrapper), so node names are its module paths
-            padded_empty_ffns(model).eval(),
-            (),
-            str(file),
-            kwargs=_example_inputs(model),
-            input_names=names,
-            output_names=["logits"],
-            dynamic_axes={**axes, "logits": {0: "batch_size"}},
-            opset_version=opset or DEFAULT_OPSET,
-            dynamo=False,
-        )
+    file = dest / ONNX_FILE
+    exported = export_graph(padded_empty_ffns(model).eval(), file, _example_inputs(model), exporter, opset, check)
     if not file.is_file():
-        raise RuntimeError(f"export: torch.onnx.export wrote no {ONNX_FILE} in '{dest}'")
-    pin_head_counts(file, attention_scopes(model), head_size(model))
+        raise RuntimeError(f"export: {exported.exporter} wrote no {ONNX_FILE} in '{dest}'")
     model.config.to_json_file(str(dest / "config.json"))
-    return file
+    return exported
 
 
 # ------------------------------------------------------------------------------------------------------ export
@@ -186,25 +166,20 @@ def _check(file: Path, batches: Sequence[Mapping], reference: dict) -> dict:
     return compare(evaluate_variant(OnnxClassifier(file), batches), reference)
 
 
-def _build_optimized(
-    fp32: Path,
-    dest: Path,
-    batches,
-    reference: dict,
-    atol: float,
-    attention_layers: int,
-    model_type: str,
-    fuses: bool = True,
-):
-    """Optimised graph with fused attention, falling back to the unfused optimised graph when fusion breaks parity.
-    `fuses` False: the family's attention has no ORT fusion, so only the other fusions are asked for.
+def _build_optimized(fp32: Exported, dest: Path, check: tuple, attention_layers: int, model_type: str, fuses: bool):
+    """Optimised graph with fused attention, falling back to the graph without attention fusion when fusion breaks
+    parity. `check` is (batches, reference, atol). `fuses` False: ONNX Runtime's optimizer has no fusion for the
+    family's attention, so a TorchScript graph asks for the other fusions only (onnxscript's fusions, which
+    torch.export graphs get, fuse whatever attention they recognise).
 
     Returns (parity stats, extra result fields); raises `ExportParityError` when even the unfused graph fails.
     """
-    info = optimize_graph(fp32, dest / ONNX_FILE, fuse_attention=fuses, model_type=model_type)
+    (batches, reference, atol), exporter = check, EXPORTERS[fp32.exporter]
+    ask = fuses or fp32.exporter != "torchscript"
+    info = exporter.fuse(fp32.file, dest / ONNX_FILE, fuse_attention=ask, model_type=model_type)
     stats = _check(dest / ONNX_FILE, batches, reference)
     fused = sum(len(v) for v in attention_nodes(dest / ONNX_FILE).values())
-    fusion = fusion_label(attention_layers, fused, fuses)
+    fusion = fusion_label(attention_layers, fused, fuses or fused > 0)
     if fusion in ("partial", "none"):
         log.warning(
             "export: ORT fused attention in %d of the %d layers with heads; the optimised graph may be no faster"
@@ -219,7 +194,7 @@ def _build_optimized(
             atol,
         )
         fusion = f"unfused (fused attention differed by {stats['max_abs_diff']:.3g})"
-        info = optimize_graph(fp32, dest / ONNX_FILE, fuse_attention=False, model_type=model_type)
+        info = exporter.fuse(fp32.file, dest / ONNX_FILE, fuse_attention=False, model_type=model_type)
         stats = _check(dest / ONNX_FILE, batches, reference)
         check_parity("optimized", stats, atol)
     return stats, {**info, "attention_fusion": fusion, "attention_layers": attention_layers}
@@ -233,6 +208,7 @@ def export_onnx(
     atol: float = 1e-4,
     opset: int | None = None,
     int8: Int8Options | None = None,
+    exporter: str = "auto",
 ) -> dict[str, dict]:
     """Export a saved (pruned) model to ONNX variants under `out_dir`, each checked against PyTorch.
 
@@ -269,7 +245,8 @@ def export_onnx(
     reference = evaluate_variant(lambda b: torch_logits(model, b), check_batches)
 
     with atomic.directory(out_dir) as tmp:
-        job = ExportJob(model, model_dir, tmp, out_dir, names, check_batches, reference, atol, opset, options)
+        how = (atol, opset, options, exporter)
+        job = ExportJob(model, model_dir, tmp, out_dir, names, check_batches, reference, *how)
         for engine in runtimes.engines():  # in `order`: ONNX Runtime's fp32 graph before OpenVINO converts it
             wanted = [r.variant for r in runtimes.declared(engine) if r.variant in names]
             for name, entry in engine.build(job, wanted).items():
@@ -286,27 +263,30 @@ def build_onnx(job: ExportJob) -> dict:
     attention_layers = sum(1 for heads in present_heads(job.model) if heads)
     check = (job.batches, job.reference, job.atol)
     dirs = (job.tmp, job.out_dir)
-    results = _build_all(job.model, job.model_dir, dirs, job.names, check, job.opset, attention_layers)
+    results = _build_all(job.model, job.model_dir, dirs, job.names, check, job.opset, attention_layers, job.exporter)
     results.update(_build_int8(job.tmp, job.out_dir, job.names, results, job.batches, job.reference, job.options))
     return results
 
 
-def _build_all(model, model_dir, dirs: tuple, names, check: tuple, opset, attention_layers) -> dict:
+def _build_all(model, model_dir, dirs: tuple, names, check: tuple, opset, attention_layers, exporter: str) -> dict:
     """fp32 (parity-gated), then the optimised variant if requested, each in its own directory under `tmp`.
     `dirs` is (tmp, out_dir): where the variants are built and where they will be; `check` is (batches, the
-    PyTorch reference's outputs on them, atol), the parity check every variant passes."""
+    PyTorch reference's outputs on them, atol), the parity check every variant passes. A graph failing parity
+    counts as a failed exporter: "auto" then tries the next one (`deploy.exporters.export_graph`)."""
     (tmp, out_dir), (batches, reference, atol) = dirs, check
-    fp32 = export_fp32(model, tmp / "fp32", opset)
+    parity = {}
+
+    def gate(file: Path) -> None:
+        parity.update(_check(file, batches, reference))
+        check_parity("fp32", parity, atol)
+
+    fp32 = export_fp32(model, tmp / "fp32", opset, exporter, gate)
     _copy_side_files(model_dir, tmp / "fp32")
-    stats = _check(fp32, batches, reference)
-    check_parity("fp32", stats, atol)
-    results = {"fp32": _variant_entry("fp32", fp32, stats, {}, out_dir)}
+    results = {"fp32": _variant_entry("fp32", fp32.file, dict(parity), fp32.record(), out_dir)}
     if "optimized" in names:
         dest = _sibling_dir(tmp, "optimized", tmp / "fp32")
         fusion = arch_spec(model).ort_fusion()
-        stats, extra = _build_optimized(
-            fp32, dest, batches, reference, atol, attention_layers, fusion.model_type, fusion.fuses_attention
-        )
+        stats, extra = _build_optimized(fp32, dest, check, attention_layers, fusion.model_type, fusion.fuses_attention)
         results["optimized"] = _variant_entry("optimized", dest / ONNX_FILE, stats, extra, out_dir)
     return results
 

@@ -179,7 +179,9 @@ def export_stage(state: RunState) -> dict:
     batches = sample_batches(splits["validation"], state.tokenizer, 128, 32, seed=1)
     int8 = int8_options(spec.int8, spec.variants, splits["train"], splits["validation"], state.tokenizer)
     out = state.out / "onnx"
-    state.exported = export_onnx(state.model_dir, out, spec.variants, batches, spec.atol, spec.opset, int8)
+    state.exported = export_onnx(
+        state.model_dir, out, spec.variants, batches, spec.atol, spec.opset, int8, spec.exporter
+    )
     for name, info in state.exported.items():
         log.info(
             "export %s: %.1f MB, max |Δlogit| vs PyTorch %.2e, agreement %.4f",
@@ -206,6 +208,7 @@ def export_original(state: RunState, variants: list[str]) -> dict:
 
     from compressor.deploy.cache import cached_export, export_key
     from compressor.deploy.export import export_onnx
+    from compressor.deploy.exporters import preference
 
     if not variants:
         return {}
@@ -216,13 +219,14 @@ def export_original(state: RunState, variants: list[str]) -> dict:
     def build(out_dir: Path) -> dict:
         with tempfile.TemporaryDirectory() as tmp:
             save_pruned(state.original, Path(tmp) / "model", state.tokenizer)
-            return export_onnx(Path(tmp) / "model", out_dir, wanted, checks, spec.atol, spec.opset, int8)
+            return export_onnx(Path(tmp) / "model", out_dir, wanted, checks, spec.atol, spec.opset, int8, spec.exporter)
 
     read = [*checks, *(int8.calibration if int8 else ()), *(int8.validation if int8 else ())]
     vocab = json.dumps(state.tokenizer.get_vocab(), sort_keys=True)  # the tokenizer files the variants carry
     settings = {
         "variants": wanted,
         "export": spec.model_dump(mode="json"),
+        "exporters": preference(spec.exporter),  # what "auto" stands for here (`COMPRESSOR_EXPORTER`)
         "int8": repr(int8),
         "tokenizer": [type(state.tokenizer).__name__, hashlib.sha256(vocab.encode()).hexdigest()],
     }

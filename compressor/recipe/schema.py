@@ -164,6 +164,9 @@ class ExportSpec(Strict):
     int8: Int8Spec = Field(default_factory=Int8Spec)
     atol: float = Field(1e-4, gt=0, le=1, description="largest logit difference from PyTorch an fp32 graph may show")
     opset: int | None = Field(None, ge=11, le=30, description="ONNX opset; null = the exporter's default")
+    exporter: Literal["auto", "torch.export", "torchscript"] = Field(
+        "auto", description="auto = torch.export, falling back to TorchScript (the report names a fallback and why)"
+    )
 
 
 def _distinct_within(v: list[int], ok, expected: str, what: str) -> list[int]:

@@ -104,6 +104,25 @@ def _export_table(export: dict) -> list[str]:
     return lines
 
 
+def graph_lines(export: dict) -> list[str]:
+    """Which exporter wrote the graphs (and why another could not), and which of ONNX Runtime's fusions the
+    optimised graph holds: attention per layer with heads, with each fused node's head count, and the rest."""
+    fp32, opt = export.get("fp32", {}), export.get("optimized")
+    lines = []
+    if "exporter" in fp32:
+        why = "; ".join(f"{name} failed: {reason}" for name, reason in fp32.get("exporter_fallback", {}).items())
+        lines.append(f"Graphs written by {fp32['exporter']}" + (f" (fallback: {why})." if why else "."))
+    if opt and "fused_ops" in opt:
+        ops = ", ".join(f"{op} ×{n}" for op, n in opt["fused_ops"].items()) or "none"
+        heads = opt.get("attention_heads_per_node") or []
+        per_node = f" (heads per fused node: {', '.join(map(str, heads))})" if heads else ""
+        lines.append(
+            f"Optimised graph: attention fusion {opt['attention_fusion']}{per_node} over "
+            f"{opt['attention_layers']} layer(s) with heads; fused ops: {ops}."
+        )
+    return ["", *lines] if lines else []
+
+
 def _gate_cell(g: dict | None) -> str:
     """'val acc vs fp32 (drop, max)' for an int8 gate, plus the agreement when the gate requires one."""
     if g is None:
@@ -226,7 +245,7 @@ def render(report: RunReport) -> str:
     if report.member_finetune is not None:
         lines += final_finetune_lines([(None, report.member_finetune)], baseline=bool(report.baseline))
     if report.export is not None:
-        lines += ["", "## ONNX export", "", *_export_table(report.export)]
+        lines += ["", "## ONNX export", "", *_export_table(report.export), *graph_lines(report.export)]
     if report.bench is not None:
         lines += ["", "## Benchmark", "", *_bench_table(report.bench)]
         lines += [

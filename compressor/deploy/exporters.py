@@ -1,0 +1,191 @@
+"""How a model becomes an ONNX graph, and how that graph is fused for ONNX Runtime: one `Exporter` per exporter.
+
+- `torch.export` (the default): `torch.onnx.export(dynamo=True)`, the exporter torch maintains. Its graph is fused
+  by onnxscript's ONNX Runtime fusions (`onnxscript.rewriter.ort_fusions.optimize_for_ort`), which read each
+  layer's head count and head size off that layer's own subgraph: uneven heads per layer fuse, a layer without
+  heads has no attention left to fuse, and rotary attention (ModernBERT) fuses too.
+- `torchscript`: the deprecated TorchScript tracer, kept as the fallback for a model torch.export cannot take. Its
+  graph has each layer's head count pinned into the attention reshapes (`graph.pin_head_counts`) and is fused by
+  ONNX Runtime's transformer optimizer (`graph.optimize_graph`).
+
+`preference` turns the recipe's `export.exporter` ("auto", or one exporter by name) into the exporters to try in
+order; `export_graph` tries them and says which one wrote the graph and why an earlier one could not. "auto" tries
+torch.export and falls back to TorchScript; `COMPRESSOR_EXPORTER` names the exporter "auto" stands for (the fast
+test suite sets it, as TorchScript exports a tiny model in a fraction of torch.export's time).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import warnings
+from collections import Counter
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from compressor.core.errors import UserError
+from compressor.deploy.graph import attention_scopes, optimize_graph, pin_head_counts
+from compressor.surgery.arch import head_size
+
+log = logging.getLogger(__name__)
+
+AUTO = "auto"
+EXPORTER_ENV = "COMPRESSOR_EXPORTER"  # what "auto" stands for: auto (the default order) or one exporter's name
+CONTRIB_DOMAIN = "com.microsoft"  # ONNX Runtime's own ops: what a fusion leaves in a graph
+
+
+@dataclass(frozen=True)
+class Exported:
+    """A written fp32 graph: its file, the exporter that wrote it, and why each exporter tried before it failed."""
+
+    file: Path
+    exporter: str
+    fell_back: tuple[tuple[str, str], ...] = ()  # (exporter, one-line reason) of each earlier try
+
+    def record(self) -> dict:
+        """The manifest's fields: "exporter" and, after a fallback, "exporter_fallback" (`{exporter: reason}`)."""
+        return {"exporter": self.exporter, **({"exporter_fallback": dict(self.fell_back)} if self.fell_back else {})}
+
+
+class Exporter:
+    """One way of writing a model's ONNX graph (`write`) and of fusing that graph for ONNX Runtime (`fuse`)."""
+
+    name = ""
+    default_opset = 18
+
+    def write(self, model: nn.Module, file: Path, inputs: Mapping[str, torch.Tensor], opset: int | None) -> None:
+        """`model` (called with keyword `inputs`) as an ONNX graph at `file`: inputs named as `inputs` with dynamic
+        batch and sequence axes, output "logits" with a dynamic batch axis."""
+        raise NotImplementedError
+
+    def fuse(self, src: Path, dest: Path, fuse_attention: bool, model_type: str) -> dict:
+        """`src`'s graph with ONNX Runtime's fused ops, at `dest`; returns `{"fused_ops": {op_type: count}}`."""
+        raise NotImplementedError
+
+
+def _arguments(inputs: Mapping[str, torch.Tensor], opset: int) -> dict:
+    """`torch.onnx.export`'s arguments both exporters share: keyword inputs, names, dynamic batch/sequence axes."""
+    names = list(inputs)
+    axes = {**{n: {0: "batch_size", 1: "sequence_length"} for n in names}, "logits": {0: "batch_size"}}
+    return {"kwargs": dict(inputs), "input_names": names, "output_names": ["logits"], "dynamic_axes": axes,
+            "opset_version": opset}  # fmt: skip
+
+
+def fused_ops(file: Path) -> dict[str, int]:
+    """`{op_type: count}` of ONNX Runtime's own (contrib) ops in a graph: the fusions it holds, whoever made them."""
+    import onnx
+
+    graph = onnx.load(str(file), load_external_data=False).graph
+    return dict(sorted(Counter(n.op_type for n in graph.node if n.domain == CONTRIB_DOMAIN).items()))
+
+
+class TorchExport(Exporter):
+    """`torch.onnx.export(dynamo=True)`, fused by onnxscript's ONNX Runtime fusions."""
+
+    name = "torch.export"
+    default_opset = 18
+
+    def write(self, model, file, inputs, opset):
+        with warnings.catch_warnings(), torch.no_grad():
+            warnings.simplefilter("ignore")
+            shared = _arguments(inputs, opset or self.default_opset)
+            program = torch.onnx.export(model, (), **shared, dynamo=True, optimize=True, verbose=False)
+        program.save(str(file))
+
+    def fuse(self, src, dest, fuse_attention, model_type):
+        """With `fuse_attention`, onnxscript's fusions (attention included); without, ONNX Runtime's optimizer with
+        its attention fusion off (and the graph as exported where that optimizer cannot read it)."""
+        if not fuse_attention:
+            try:
+                optimize_graph(src, dest, fuse_attention=False, model_type=model_type)
+            except Exception as error:  # noqa: BLE001  ORT's optimizer does not parse every torch.export graph
+                log.warning("export: ONNX Runtime's optimizer could not read the graph (%s); kept it unfused", error)
+                shutil.copy2(src, dest)
+            return {"fused_ops": fused_ops(dest)}
+        import onnx
+        from onnxscript import ir
+        from onnxscript.rewriter.ort_fusions import optimize_for_ort
+
+        model, _ = optimize_for_ort(ir.load(str(src)))
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        onnx.save(ir.to_proto(model), str(dest))
+        return {"fused_ops": fused_ops(dest)}
+
+
+class TorchScript(Exporter):
+    """The TorchScript tracer (deprecated in torch), fused by ONNX Runtime's transformer optimizer once each layer's
+    head count is pinned into its attention reshapes."""
+
+    name = "torchscript"
+    default_opset = 17  # LayerNormalization as one op; ORT's optimizer and quantizer handle it
+
+    def write(self, model, file, inputs, opset):
+        with warnings.catch_warnings(), torch.no_grad():  # tracer warnings about constant masks; parity checks it
+            warnings.simplefilter("ignore")  # the model itself (no wrapper), so node names are its module paths
+            torch.onnx.export(model, (), str(file), **_arguments(inputs, opset or self.default_opset), dynamo=False)
+        pin_head_counts(file, attention_scopes(model), head_size(model))
+
+    def fuse(self, src, dest, fuse_attention, model_type):
+        optimize_graph(src, dest, fuse_attention=fuse_attention, model_type=model_type)
+        return {"fused_ops": fused_ops(dest)}
+
+
+EXPORTERS: dict[str, Exporter] = {e.name: e for e in (TorchExport(), TorchScript())}  # "auto" tries them in order
+
+
+def choices() -> tuple[str, ...]:
+    return (AUTO, *EXPORTERS)
+
+
+def preference(choice: str = AUTO) -> list[str]:
+    """The exporters to try, in order, for the recipe's `export.exporter`; "auto" is `COMPRESSOR_EXPORTER` when set."""
+    if choice == AUTO:
+        choice = os.environ.get(EXPORTER_ENV, "").strip() or AUTO
+        field = EXPORTER_ENV
+    else:
+        field = "export.exporter"
+    if choice not in choices():
+        raise UserError(f"{field}: unknown exporter {choice!r}; expected one of {', '.join(choices())}")
+    if choice == AUTO:
+        return list(EXPORTERS)
+    return [choice, *([n for n in EXPORTERS if n != choice] if field == EXPORTER_ENV else [])]
+
+
+def _reason(error: BaseException) -> str:
+    """The first line of an exporter's error, for one log line and the manifest."""
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0][:300]}" if text else type(error).__name__
+
+
+def export_graph(
+    model: nn.Module,
+    file: Path,
+    inputs: Mapping[str, torch.Tensor],
+    choice: str = AUTO,
+    opset: int | None = None,
+    check: Callable[[Path], None] | None = None,
+) -> Exported:
+    """`model`'s ONNX graph at `file`, by the first exporter of `preference(choice)` that writes one (and whose graph
+    passes `check`, when given). A fallback is one warning naming the exporter that failed and why; when every
+    exporter fails, the last error is raised."""
+    tried: list[tuple[str, str]] = []
+    names = preference(choice)
+    for position, name in enumerate(names):
+        try:
+            EXPORTERS[name].write(model, file, inputs, opset)
+            if check is not None:
+                check(file)
+            return Exported(file, name, tuple(tried))
+        except Exception as error:
+            if position == len(names) - 1:
+                raise
+            tried.append((name, _reason(error)))
+            log.warning("export: %s could not export this model (%s); falling back to %s", name, tried[-1][1],
+                        names[position + 1])  # fmt: skip
+            file.unlink(missing_ok=True)
+    raise AssertionError("unreachable: preference() is never empty")
