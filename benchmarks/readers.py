@@ -10,6 +10,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from benchmarks.schema import Row
 from compressor.core.errors import UserError
 
@@ -209,3 +211,27 @@ def peers(exp: Experiment, out: Path, model: str = "mpnet", file: str = "peers.j
     """benchmarks/peers.py's output: each peer's recovered model against ours."""
     data: dict[str, Any] = _json(out / file)
     return peers_rows(data["models"][model])
+
+
+@reader
+def export_paths(exp: Experiment, out: Path, file: str = "export_paths.json") -> list[Row]:
+    """benchmarks/export_paths.py's output: per exporter, the median seconds and peak memory of an export (every
+    run's value in the detail), the fusions of its optimised graph, and torch.export's time as a ratio of TorchScript's
+    (runs paired by repeat)."""
+    data: dict[str, Any] = _json(out / file)
+    by: dict[str, list[Mapping]] = {}
+    for entry in data["runs"]:
+        by.setdefault(entry["asked"], []).append(entry)
+    rows = []
+    for name, runs in by.items():
+        fusion = f"attention fusion {runs[0]['attention_fusion']}; wrote {runs[0]['exporter']}"
+        for key, unit, what in (("seconds", "s", "export, wall"), ("peak_mb", "MB", "export, peak memory")):
+            values = [r[key] for r in runs]
+            rows.append(Row(label=f"{name}: {what}", value=float(np.median(values)), n=len(values), unit=unit,
+                            seeds=list(exp.seeds), detail=f"runs: {values}; {fusion}"))  # fmt: skip
+    if {"torch.export", "torchscript"} <= set(by):
+        ratios = [a["seconds"] / b["seconds"] for a, b in zip(by["torch.export"], by["torchscript"], strict=False)]
+        rows.append(Row(label="torch.export / TorchScript, export seconds", value=round(float(np.median(ratios)), 2),
+                        n=len(ratios), unit="x", seeds=list(exp.seeds),
+                        detail=f"per repeat: {[round(r, 2) for r in ratios]}"))  # fmt: skip
+    return rows

@@ -14,8 +14,9 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from compressor.core import atomic
 from compressor.core.errors import UserError
 
-# points: accuracy points of a gap; accuracy: percent correct; x: a speed-up; s: seconds; %: a share
-UNITS = ("points", "accuracy", "x", "s", "%")
+# points: accuracy points of a gap; accuracy: percent correct; x: a speed-up (or another ratio); s: seconds; %: a
+# share; MB: memory
+UNITS = ("points", "accuracy", "x", "s", "%", "MB")
 
 
 class _Strict(BaseModel):

@@ -325,3 +325,22 @@ def test_the_readers_read_what_the_product_writes(tmp_path) -> None:
     assert int8.goal == "test within 1 points of the original" and int8.detail == "test 75.00"
     rescale = EXPERIMENTS["rescale"]
     assert suite.READERS["run"](rescale, tmp_path, **rescale.reader_args)[2].value == 25.0
+
+
+def test_the_export_paths_reader_gives_medians_and_a_paired_ratio(tmp_path) -> None:
+    """benchmarks/export_paths.py's output: per exporter the median seconds and peak memory over its runs, and the
+    ratio of torch.export's seconds to TorchScript's paired by repeat (not a ratio of the medians)."""
+
+    def entry(asked, repeat, seconds, peak):
+        return {"asked": asked, "exporter": asked, "repeat": repeat, "seconds": seconds, "peak_mb": peak,
+                "attention_fusion": "full"}  # fmt: skip
+
+    runs = [entry("torch.export", 0, 30.0, 900.0), entry("torchscript", 0, 10.0, 600.0),
+            entry("torch.export", 1, 60.0, 950.0), entry("torchscript", 1, 40.0, 650.0),
+            entry("torch.export", 2, 40.0, 1000.0), entry("torchscript", 2, 10.0, 700.0)]  # fmt: skip
+    (tmp_path / "export_paths.json").write_text(json.dumps({"runs": runs}))
+    rows = suite.READERS["export_paths"](EXPERIMENTS["export_paths"], tmp_path)
+    values = {r.label: (r.value, r.unit, r.n) for r in rows}
+    assert values["torch.export: export, wall"] == (40.0, "s", 3)
+    assert values["torchscript: export, peak memory"] == (650.0, "MB", 3)
+    assert values["torch.export / TorchScript, export seconds"] == (3.0, "x", 3)  # ratios 3, 1.5, 4: median 3

@@ -173,6 +173,11 @@ def optimum_venv(tmp_path_factory) -> Path:
 
 
 @pytest.mark.slow
+@pytest.mark.xfail(
+    strict=True,
+    reason="compressor's datasets>=5.2 needs huggingface-hub>=1.31 where optimum-intel 2.2 needs <1.22, and its "
+    "transformers floor is above optimum-intel's <5.6 (docs/versions.md, Clients): a known conflict, flagged when gone",
+)
 def test_installing_the_wheel_beside_optimum_intel_moves_no_installed_version(tmp_path, optimum_venv):
     """A user who serves models with optimum-intel 2.2 adds compressor: pip may add packages, never change one."""
     venv = tmp_path / "venv"
