@@ -283,6 +283,26 @@ def test_fused_attention_mismatch_falls_back_to_unfused(tmp_path, monkeypatch):
     assert ex.attention_nodes(Path(opt["file"])) == {}
 
 
+def test_fused_graph_that_fails_to_run_falls_back_to_unfused(tmp_path, monkeypatch):
+    """A fused op ONNX Runtime refuses at run time (as onnxscript's RotaryEmbedding fusion of ModernBERT under
+    transformers 5.5, whose position ids have batch size 1): the optimised variant is built without attention fusion
+    and says why, instead of failing the export."""
+    model_dir = saved_model(tmp_path, "bert", UNEVEN_EMPTY)
+    real_check = ex._check
+
+    def check(file, batches, reference):
+        if ex.attention_nodes(file).get("Attention"):
+            raise RuntimeError("[ONNXRuntimeError] : 2 : INVALID_ARGUMENT : Non-zero status code in Attention")
+        return real_check(file, batches, reference)
+
+    monkeypatch.setattr(ex, "_check", check)
+    result = ex.export_onnx(model_dir, tmp_path / "onnx", ["fp32", "optimized"], CHECK[:1])
+    opt = result["optimized"]
+    why = "RuntimeError: [ONNXRuntimeError] : 2 : INVALID_ARGUMENT : Non-zero status code in Attention"
+    assert opt["attention_fusion"] == f"unfused (fused attention failed to run: {why})"
+    assert opt["fused_attention_nodes"] == 0 and opt["max_abs_diff"] <= 1e-4
+
+
 @pytest.mark.parametrize("variants", [["fp32", "fp16"], [], "onnx"])
 def test_unknown_variant_is_one_line_error(tmp_path, variants):
     with pytest.raises(UserError, match=r"export.variants: unknown variant .*; expected some of fp32, optimized, int8"):

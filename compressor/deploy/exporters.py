@@ -156,7 +156,7 @@ def preference(choice: str = AUTO) -> list[str]:
     return [choice, *([n for n in EXPORTERS if n != choice] if field == EXPORTER_ENV else [])]
 
 
-def _reason(error: BaseException) -> str:
+def reason(error: BaseException) -> str:
     """The first line of an exporter's error, for one log line and the manifest."""
     text = str(error).strip().splitlines()
     return f"{type(error).__name__}: {text[0][:300]}" if text else type(error).__name__
@@ -184,7 +184,7 @@ def export_graph(
         except Exception as error:
             if position == len(names) - 1:
                 raise
-            tried.append((name, _reason(error)))
+            tried.append((name, reason(error)))
             log.warning("export: %s could not export this model (%s); falling back to %s", name, tried[-1][1],
                         names[position + 1])  # fmt: skip
             file.unlink(missing_ok=True)
