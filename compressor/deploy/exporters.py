@@ -12,6 +12,9 @@
 order; `export_graph` tries them and says which one wrote the graph and why an earlier one could not. "auto" tries
 torch.export and falls back to TorchScript; `COMPRESSOR_EXPORTER` names the exporter "auto" stands for (the fast
 test suite sets it, as TorchScript exports a tiny model in a fraction of torch.export's time).
+
+The latency tables' synthetic blocks (`deploy.engines.onnx_runtime.onnx_graph`) are traced with TorchScript too:
+those graphs are timed by the budget, never shipped, and a table has many of them.
 """
 
 from __future__ import annotations
