@@ -1,16 +1,16 @@
 """ONNX export of a saved (pruned) model: fp32, ORT graph-optimised and dynamic-int8 variants, each checked.
 
-`export_onnx` rebuilds the model with `load_pruned` and traces the in-memory model with `torch.onnx.export`, so the
-graph has the actual pruned shapes: uneven head counts per layer and `EmptyAttention` layers. The fp32 graph must
-reproduce PyTorch's logits on real batches within `atol` (the parity gate) before any variant is built; a failure
-raises `ExportParityError` and writes nothing.
+`export_onnx` rebuilds the model with `load_pruned` and exports the in-memory model (`deploy.exporters`: torch.export,
+TorchScript as the fallback), so the graph has the actual pruned shapes: uneven head counts per layer and
+`EmptyAttention` layers. The fp32 graph must reproduce PyTorch's logits on real batches within `atol` (the parity
+gate) before any variant is built; a failure raises `ExportParityError` and writes nothing.
 
 Layout of `out_dir` (each variant directory loads in a bare `onnxruntime.InferenceSession`, inputs `input_ids`,
 `attention_mask` and, where the family takes them, `token_type_ids`, output `logits`; tokenizer files and
 `config.json` sit beside every graph)::
 
     out_dir/fp32/model.onnx        torch → ONNX, dynamic batch and sequence axes
-    out_dir/optimized/model.onnx   onnxruntime.transformers optimizer (one fused Attention per layer, where ORT fuses)
+    out_dir/optimized/model.onnx   ONNX Runtime's fused ops (one fused attention per layer with heads, where it fuses)
     out_dir/int8/model.onnx        dynamic int8 quantisation of the optimised graph (else of fp32)
     out_dir/int8_static/model.onnx static QDQ int8 of the same graph, calibrated on training examples
     out_dir/openvino-fp32/         OpenVINO IR of the fp32 graph (`deploy.openvino`: openvino_model.xml/.bin)
