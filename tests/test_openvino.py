@@ -143,6 +143,19 @@ def test_openvino_int8_is_nncf_quantised_and_gated_like_ort_int8(tmp_path):
     assert ovd.quantized_matmuls(quantized) == nodes, "the quantised model itself is left as it was"
 
 
+@pytest.mark.parametrize("arch", ["bert", "modernbert"])
+def test_openvino_from_a_torch_export_graph(tmp_path, arch):
+    """The IRs converted from torch.export's graph (the default exporter; the rest of this file runs TorchScript's,
+    as the fast suite does): fp32 within 1e-4 of PyTorch at new shapes, int8 NNCF-quantised and gated."""
+    model_dir = saved_model(tmp_path, arch, UNEVEN_EMPTY)
+    int8 = ex.Int8Options(calibration=CALIBRATION, validation=labelled_by(model_dir, VALIDATION), max_drop=0.5)
+    variants = ["openvino-fp32", "openvino-int8"]
+    result = ex.export_onnx(model_dir, tmp_path / "onnx", variants, CHECK, int8=int8, exporter="torch.export")
+    assert result["fp32"]["exporter"] == "torch.export"
+    assert_matches_pytorch(model_dir, tmp_path / "onnx" / "openvino-fp32")
+    check_int8(model_dir, result, arch)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("arch", [a for a in ARCHS if a != "bert"])
 def test_openvino_int8_every_family(tmp_path, arch):
