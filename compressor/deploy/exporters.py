@@ -1,17 +1,21 @@
 """How a model becomes an ONNX graph, and how that graph is fused for ONNX Runtime: one `Exporter` per exporter.
 
-- `torch.export` (the default): `torch.onnx.export(dynamo=True)`, the exporter torch maintains. Its graph is fused
-  by onnxscript's ONNX Runtime fusions (`onnxscript.rewriter.ort_fusions.optimize_for_ort`), which read each
-  layer's head count and head size off that layer's own subgraph: uneven heads per layer fuse, a layer without
-  heads has no attention left to fuse, and rotary attention (ModernBERT) fuses too.
-- `torchscript`: the deprecated TorchScript tracer, kept as the fallback for a model torch.export cannot take. Its
-  graph has each layer's head count pinned into the attention reshapes (`graph.pin_head_counts`) and is fused by
-  ONNX Runtime's transformer optimizer (`graph.optimize_graph`).
+- `torchscript` (tried first by "auto"): the TorchScript tracer. Its graph has each layer's head count pinned into
+  the attention reshapes (`graph.pin_head_counts`) and is fused by ONNX Runtime's transformer optimizer
+  (`graph.optimize_graph`): one `Attention` per layer with heads, its packed Q/K/V weight an initializer and its mask
+  a mask index, so ONNX Runtime's quantizer turns it into `QAttention` and int8 covers the Q/K/V projections.
+- `torch.export`: `torch.onnx.export(dynamo=True)`, the exporter torch maintains (TorchScript is deprecated). Its
+  graph is fused by onnxscript's ONNX Runtime fusions (`onnxscript.rewriter.ort_fusions.optimize_for_ort`), which
+  read each layer's head count off its own subgraph: uneven heads fuse, ModernBERT's rotary attention too. But the
+  fused `Attention` takes its Q/K/V weight from a `Concat` and the padding mask as an additive `attention_bias`, which
+  ONNX Runtime's quantizer cannot make a `QAttention` of (it would drop the bias): int8 then leaves the Q/K/V
+  projections in fp32 and runs slower than int8 of the TorchScript graph. Until that graph is rewritten for the
+  quantizer, "auto" falls back to torch.export rather than starting from it.
 
 `preference` turns the recipe's `export.exporter` ("auto", or one exporter by name) into the exporters to try in
-order; `export_graph` tries them and says which one wrote the graph and why an earlier one could not. "auto" tries
-torch.export and falls back to TorchScript; `COMPRESSOR_EXPORTER` names the exporter "auto" stands for (the fast
-test suite sets it, as TorchScript exports a tiny model in a fraction of torch.export's time).
+order; `export_graph` tries them and says which one wrote the graph and why an earlier one could not (an error, or a
+graph failing the parity gate). `COMPRESSOR_EXPORTER` names the exporter "auto" starts from (the other stays its
+fallback).
 
 The latency tables' synthetic blocks (`deploy.engines.onnx_runtime.onnx_graph`) are traced with TorchScript too:
 those graphs are timed by the budget, never shipped, and a table has many of them.
@@ -38,7 +42,7 @@ from compressor.surgery.arch import head_size
 log = logging.getLogger(__name__)
 
 AUTO = "auto"
-EXPORTER_ENV = "COMPRESSOR_EXPORTER"  # what "auto" stands for: auto (the default order) or one exporter's name
+EXPORTER_ENV = "COMPRESSOR_EXPORTER"  # the exporter "auto" starts from (the other stays its fallback)
 CONTRIB_DOMAIN = "com.microsoft"  # ONNX Runtime's own ops: what a fusion leaves in a graph
 
 
@@ -138,7 +142,7 @@ class TorchScript(Exporter):
         return {"fused_ops": fused_ops(dest)}
 
 
-EXPORTERS: dict[str, Exporter] = {e.name: e for e in (TorchExport(), TorchScript())}  # "auto" tries them in order
+EXPORTERS: dict[str, Exporter] = {e.name: e for e in (TorchScript(), TorchExport())}  # "auto" tries them in order
 
 
 def choices() -> tuple[str, ...]:
