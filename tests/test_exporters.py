@@ -168,3 +168,43 @@ def test_torch_export_of_the_demo_model_with_uneven_heads(tmp_path):
     assert opt["attention_heads_per_node"] == [6, 12, 9, 12, 12]
     got = ex.OnnxClassifier(tmp_path / "onnx" / "optimized")(batch)
     assert np.abs(got - ex.torch_logits(load_pruned(model_dir), batch)).max() <= 1e-4
+
+
+def _rotary_graph():
+    """A graph of one ONNX Runtime `RotaryEmbedding` on x (batch, heads, seq, 4), its position ids a (1, seq) row
+    (graph input "row") as onnxscript's fusion passes transformers' broadcast row on."""
+    from onnxscript import ir
+
+    seq = ir.SymbolicDim("seq")
+    x = ir.Value(name="x", shape=ir.Shape(["batch", 2, seq, 4]), type=ir.TensorType(ir.DataType.FLOAT))
+    row = ir.Value(name="row", shape=ir.Shape([1, seq]), type=ir.TensorType(ir.DataType.INT64))
+    angles = np.arange(16, dtype=np.float32)[:, None] * np.array([[0.5, 0.25]], dtype=np.float32)
+    cos = ir.node("Constant", [], {"value": ir.tensor(np.cos(angles))})
+    sin = ir.node("Constant", [], {"value": ir.tensor(np.sin(angles))})
+    rotary = ir.node("RotaryEmbedding", [x, row, cos.outputs[0], sin.outputs[0]], domain=exporters.CONTRIB_DOMAIN)
+    rotary.outputs[0].name = "y"
+    graph = ir.Graph([x, row], rotary.outputs, nodes=[cos, sin, rotary], opset_imports={"": 18, "com.microsoft": 1})
+    return ir.Model(graph, ir_version=9)
+
+
+def _run(model, feeds: dict) -> np.ndarray:
+    import onnxruntime as ort
+    from onnxscript import ir
+
+    session = ort.InferenceSession(ir.to_proto(model).SerializeToString(), providers=["CPUExecutionProvider"])
+    return session.run(None, feeds)[0]
+
+
+def test_rotary_positions_of_one_row_are_expanded_to_the_batch():
+    """ONNX Runtime's RotaryEmbedding refuses a (1, seq) position row for a batch of 3; after the rewrite the batch
+    runs, and each sequence is rotated as it is alone (batch 1, where the row is accepted as is)."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((3, 2, 5, 4)).astype(np.float32)
+    row = np.arange(5, dtype=np.int64)[None]
+    model = _rotary_graph()
+    with pytest.raises(Exception, match="position_ids"):
+        _run(model, {"x": x, "row": row})
+    alone = np.concatenate([_run(model, {"x": x[i : i + 1], "row": row}) for i in range(3)])
+    assert exporters.rotary_positions_per_row(model) == 1
+    np.testing.assert_allclose(_run(model, {"x": x, "row": row}), alone, atol=1e-6)
+    assert exporters.rotary_positions_per_row(model) == 0  # already one row per sequence: left as it is

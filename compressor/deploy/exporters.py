@@ -119,9 +119,40 @@ class TorchExport(Exporter):
         from onnxscript.rewriter.ort_fusions import optimize_for_ort
 
         model, _ = optimize_for_ort(ir.load(str(src)))
+        rotary_positions_per_row(model)
         dest.parent.mkdir(parents=True, exist_ok=True)
         onnx.save(ir.to_proto(model), str(dest))
         return {"fused_ops": fused_ops(dest)}
+
+
+def rotary_positions_per_row(model) -> int:
+    """Expand the position ids of each fused `RotaryEmbedding` that gets one row for the whole batch to one row per
+    sequence; returns how many it expanded.
+
+    transformers builds position ids as a (1, seq) row and broadcasts it; onnxscript's rotary fusion passes that row
+    on, but ONNX Runtime's `RotaryEmbedding` wants (batch, seq) (or a scalar offset) and refuses any batch but 1 at run
+    time. An `Expand` to (batch of the rotated input, 1) broadcasts it as PyTorch did; a row per sequence, or a
+    shape the graph does not state, is left as it is.
+    """
+    from onnxscript import ir
+
+    rows: dict[int, ir.Value] = {}  # one expansion per position-id value, shared by the layers that read it
+    for node in list(model.graph):
+        if node.op_type != "RotaryEmbedding" or node.domain != CONTRIB_DOMAIN:
+            continue
+        positions = node.inputs[1]
+        shape = positions.shape
+        if shape is None or len(shape) != 2 or shape[0] != 1:
+            continue
+        if id(positions) not in rows:
+            batch = ir.node("Shape", [node.inputs[0]], {"start": 0, "end": 1})
+            one = ir.node("Constant", [], {"value": ir.tensor([1], dtype=ir.DataType.INT64)})
+            target = ir.node("Concat", [batch.outputs[0], one.outputs[0]], {"axis": 0})
+            expand = ir.node("Expand", [positions, target.outputs[0]])
+            model.graph.insert_before(node, [batch, one, target, expand])
+            rows[id(positions)] = expand.outputs[0]
+        node.replace_input_with(1, rows[id(positions)])
+    return len(rows)
 
 
 class TorchScript(Exporter):
