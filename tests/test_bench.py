@@ -654,18 +654,21 @@ def test_ort_default_threads_matches_the_threads_a_default_session_starts(tmp_pa
 
 def synthetic_timer(monkeypatch, seconds: dict[str, list[float]]) -> list[str]:
     """Replace the clock of the timing protocol: a visit of candidate `name` takes `seconds[name][i]` on its i-th
-    timed visit (warm-up calls are not timed). Returns the log of timed visits."""
+    timed visit (warm-up visits are not timed). Returns the log of timed visits."""
     from compressor.core import timing
 
     visits: list[str] = []
-    calls = {name: iter(times) for name, times in seconds.items()}
+    times = {name: iter(values) for name, values in seconds.items()}
 
-    def fake_time_call(fn, min_time_s, min_calls=3):
-        name = fn.func.__name__  # the candidate's predict, named after it (`named`)
-        visits.append(name)
-        return next(calls[name]), min_calls
+    class SyntheticVisit(timing.Visit):
+        def __iter__(self):
+            yield  # the candidate's predict, called once
+            if self.timed:
+                name = self.key[0]
+                visits.append(name)
+                self.seconds, self.calls = next(times[name]), self.min_calls
 
-    monkeypatch.setattr(timing, "time_call", fake_time_call)
+    monkeypatch.setattr(timing, "Visit", SyntheticVisit)
     return visits
 
 
@@ -718,6 +721,6 @@ def test_without_precision_every_candidate_gets_every_round(monkeypatch):
     ],
 )
 def test_settled_ratio(ratios, settled):
-    from compressor.bench.timing import settled_ratio
+    from compressor.core.timing import settled_ratio
 
     assert settled_ratio(ratios, 0.03) is settled

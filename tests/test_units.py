@@ -24,10 +24,10 @@ from compressor.surgery.arch import (
 )
 from compressor.surgery.checkpoint import PLAN_FILE, load_pruned, save_pruned
 from compressor.surgery.portable import LAYOUT_KEY
+from compressor.surgery.positions import cut_positions
 from compressor.surgery.slicing import (
     PlanError,
     SkippedLayer,
-    cut_positions,
     prune_neurons,
     pruned_copy,
     remove_layers,

@@ -13,7 +13,15 @@ import torch
 
 from compressor.bench.candidates import Batch, Candidate, check_names, lengths_of
 from compressor.core.errors import UserError
-from compressor.core.timing import ORT_DEFAULT_NOTE, ort_default_threads, set_threads, timed_rounds
+from compressor.core.timing import (
+    MIN_ROUNDS,
+    ORT_DEFAULT_NOTE,
+    STOPPING_NOTE,
+    Rounds,
+    Visit,
+    ort_default_threads,
+    set_threads,
+)
 
 log = logging.getLogger("compressor")
 
@@ -81,7 +89,7 @@ def measure_throughput(
     precision: float | None = None,
     reference: str | None = None,
 ) -> dict:
-    """Interleaved timing of every candidate at every (sequence length, batch size), by `core.timing.timed_rounds`.
+    """Interleaved timing of every candidate at every (sequence length, batch size), by `core.timing.Rounds`.
 
     After `warmup` calls per candidate and shape, each round visits every sequence length, inside it every batch
     size, and inside that every candidate (order rotated each round) for at least `min_time_s` and `min_calls`
@@ -91,9 +99,10 @@ def measure_throughput(
     Returns {"setup": ..., "results": {name: {str(seq_len): {str(batch): {...}}}}} with per-round seconds,
     median/IQR/min/max of ms per batch and examples/s, and the peak-RSS growth (median and per round); `desc` names
     the progress bar over the rounds. With `precision` and `reference`, `rounds` is a maximum: a candidate stops
-    being timed at a shape once its paired ratio to `reference` is settled (`settled_ratio`), and the reference once
-    every other candidate at that shape has. The protocol's settings are keyword arguments (not a `BenchSpec`) because
-    `compressor bench`, the run's bench, the budget check and the benchmarks/ scripts each call it with their own.
+    being timed at a shape once its paired ratio to `reference` is settled (`core.timing.settled_ratio`), and the
+    reference once every other candidate at that shape has. The protocol's settings are keyword arguments (not a
+    `BenchSpec`) because `compressor bench`, the run's bench, the budget check and the benchmarks/ scripts each call
+    it with their own.
     """
     check_names(candidates)
     lengths = lengths_of(seq_lens)  # batch sizes and lengths are checked by `BenchSpec`
@@ -102,17 +111,23 @@ def measure_throughput(
     shapes = [(s, b) for s in lengths for b in batch_sizes]
     inputs = {(s, b): synthetic_batch(b, s, vocab, seed + b + 1000 * (s - lengths[0])) for s, b in shapes}
     memory: dict[tuple[str, tuple[int, int]], list[int | None]] = {}
-
-    def with_memory(key: tuple[str, tuple[int, int]], measure: Callable[[], float]) -> float:
-        timed: list[float] = []
-        memory.setdefault(key, []).append(peak_rss_delta(lambda: timed.append(measure())))
-        return timed[0]
-
-    calls = {(c.name, shape): partial(c.predict, inputs[shape]) for shape in shapes for c in candidates}
+    predict = {(c.name, shape): c.predict for shape in shapes for c in candidates}
     groups = [[(c.name, shape) for c in candidates] for shape in shapes]  # every shape's candidates, rotated
     log.info("bench: timing %d candidates at %d shapes, %d rounds", len(candidates), len(shapes), rounds)
-    settled = None if precision is None or reference is None else partial(_settled, reference, precision)
-    secs = timed_rounds(calls, rounds, min_time_s, min_calls, warmup, groups, with_memory, desc=desc, settled=settled)
+    stopping = precision is not None and reference is not None
+    compared = {(c.name, shape): (reference, shape) for shape in shapes for c in candidates if c.name != reference}
+    schedule = Rounds(
+        groups, rounds, min_time_s, min_calls, warmup, desc, reference=compared if stopping else None,
+        precision=precision,
+    )  # fmt: skip
+    for visit in schedule:
+        fn, batch = predict[visit.key], inputs[visit.key[1]]
+        run = partial(_visit, visit, fn, batch)
+        if visit.timed:  # the peak memory around every timed visit, so it sees the same rotating order
+            memory.setdefault(visit.key, []).append(peak_rss_delta(run))
+        else:
+            run()
+    secs = schedule.per_round
     setup = {
         "batch_sizes": list(batch_sizes),
         "seq_lens": lengths,
@@ -124,7 +139,7 @@ def measure_throughput(
         "min_time_s": min_time_s,
         "min_calls": min_calls,
         "precision": precision,
-        "stopping": None if settled is None else STOPPING_NOTE.format(MIN_ROUNDS, precision),
+        "stopping": STOPPING_NOTE.format(MIN_ROUNDS, precision) if stopping else None,
         "torch_threads": used_threads,
         **_threads_setup(candidates, used_threads),
         "memory": MEMORY_NOTE,
@@ -133,41 +148,10 @@ def measure_throughput(
     return {"setup": setup, "results": _results(candidates, shapes, secs, memory)}
 
 
-MIN_ROUNDS = 3  # rounds every candidate gets before its ratio may be called settled
-STOPPING_NOTE = (
-    "a candidate stops being timed at a shape after {} rounds or more once the 95% interval of its paired ratio to "
-    "the reference is within ±{:.0%} of it, or lies wholly below 1 (slower than the reference: never a recommended "
-    "speed-up); the reference is timed while any candidate of its shape is"
-)
-
-
-def settled_ratio(ratios: Sequence[float], precision: float, min_rounds: int = MIN_ROUNDS) -> bool:
-    """Whether paired per-round speed-ups `ratios` need no more rounds: at least `min_rounds` of them, and the 95%
-    t-interval of their mean log is within ±`precision` (relative) or wholly below 1.
-
-    Logs, because a ratio's errors multiply; a t-interval, because the rounds are few."""
-    if len(ratios) < max(2, min_rounds):
-        return False
-    from scipy import stats
-
-    logs = np.log(np.asarray(ratios, dtype=float))
-    half = stats.t.ppf(0.975, len(logs) - 1) * logs.std(ddof=1) / np.sqrt(len(logs))
-    return bool(half <= np.log1p(precision) or logs.mean() + half < 0.0)
-
-
-def _settled(reference: str, precision: float, per_round: dict) -> set:
-    """The (candidate, shape) keys of `per_round` whose paired ratio to `reference` is settled, and each shape's
-    reference key once every other candidate at that shape is."""
-    done = set()
-    for (name, shape), times in per_round.items():
-        if name != reference:
-            ref = per_round[(reference, shape)][: len(times)]
-            if settled_ratio([r / t for r, t in zip(ref, times, strict=True)], precision):
-                done.add((name, shape))
-    for name, shape in per_round:
-        if name == reference and all(k in done for k in per_round if k[1] == shape and k[0] != reference):
-            done.add((name, shape))
-    return done
+def _visit(visit: Visit, predict: Callable[[Batch], object], batch: Batch) -> None:
+    """Drive one visit of the protocol: `predict(batch)` once per step."""
+    for _ in visit:
+        predict(batch)
 
 
 MEMORY_NOTE = (

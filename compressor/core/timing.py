@@ -1,6 +1,10 @@
 """Timing shared by the latency tables (pruning) and the benchmark: intra-op threads, a call timed to a minimum
-duration, the interleaved rotating rounds both measure with (each timed again when other processes took the CPU
-during it: `core.contention`), and ONNX Runtime's default thread count.
+duration (`Visit`), the interleaved rotating rounds both measure with (`Rounds`: each round timed again when other
+processes took the CPU during it, `core.contention`; a call leaving the rounds once its paired ratio is settled), and
+ONNX Runtime's default thread count.
+
+The protocol is a schedule the caller drives: it iterates the visits and makes each call itself, so the stage that
+owns what is timed (a benchmark candidate, a latency-table block) is never called back from here.
 """
 
 from __future__ import annotations
@@ -8,9 +12,9 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Callable, Generator, Hashable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import TypeVar
+from typing import Generic, TypeVar
 
 import torch
 from tqdm.auto import tqdm
@@ -29,99 +33,169 @@ def set_threads(threads: int | None) -> int:
     return torch.get_num_threads()
 
 
+class Visit(Generic[K]):
+    """One visit of one call in the timing protocol, driven by the caller: iterate it and make the call once per step.
+
+    It keeps the fastest call's seconds (`seconds`) of at least `min_calls` calls lasting `min_time_s` together, and
+    how many calls it took (`calls`). The minimum, as `timeit` recommends: on a shared machine other processes only
+    ever add time to a call, so the fastest call is the best estimate of the cost of the code itself; spread comes
+    from the rounds instead. A warm-up visit (`timed` False) is `min_calls` calls, kept nowhere.
+
+    The caller makes the call itself (`for _ in visit: predict(batch)`), rather than handing it to the protocol, so
+    the stage that owns what is timed keeps control: no callback climbs back into it from `core`.
+    """
+
+    def __init__(self, key: K, min_time_s: float, min_calls: int, timed: bool = True) -> None:
+        self.key, self.min_time_s, self.min_calls, self.timed = key, min_time_s, min_calls, timed
+        self.seconds = float("inf")
+        self.calls = 0
+
+    def __iter__(self) -> Iterator[None]:
+        self.seconds, self.calls = float("inf"), 0
+        start = time.perf_counter()
+        while True:
+            t0 = time.perf_counter()
+            yield
+            t1 = time.perf_counter()
+            self.seconds, self.calls = min(self.seconds, t1 - t0), self.calls + 1
+            if t1 - start >= self.min_time_s and self.calls >= self.min_calls:
+                return
+
+
 def time_call(fn: Callable[[], object], min_time_s: float, min_calls: int = 3) -> tuple[float, int]:
-    """Fastest seconds per call of `fn`, called until `min_time_s` has passed and at least `min_calls` times.
-
-    The minimum, as `timeit` recommends: on a shared machine other processes only ever add time to a call, so the
-    fastest call is the best estimate of the cost of the code itself. Spread comes from the rounds instead.
-    Returns (seconds, calls).
-    """
-    times: list[float] = []
-    start = time.perf_counter()
-    while True:
-        t0 = time.perf_counter()
+    """Fastest seconds per call of `fn` over one `Visit` (called until `min_time_s` has passed and at least
+    `min_calls` times). Returns (seconds, calls)."""
+    visit = Visit(None, min_time_s, min_calls)
+    for _ in visit:
         fn()
-        t1 = time.perf_counter()
-        times.append(t1 - t0)
-        if t1 - start >= min_time_s and len(times) >= min_calls:
-            return min(times), len(times)
+    return visit.seconds, visit.calls
 
 
-def _alone(run_round: Callable[[], dict[K, float]], quiet: Quiet) -> dict[K, float]:
-    """One round's seconds per call, timed again (after waiting for the CPU) while other processes kept more than
-    `quiet.cores` busy during it, as long as `quiet` allows; a round that still had them beside it is kept, counted."""
-    while True:
-        before = snapshot()
-        seconds = run_round()
-        load = others_cores(before, snapshot())
-        if quiet.calm(load):
-            return seconds
-        quiet.loads.append(load)
-        if len(quiet.loads) == 1:
-            then = "waiting for the CPU" if quiet.max_wait_s > 0 else "not waiting ($COMPRESSOR_TIMING_WAIT_S is 0)"
-            log.info("timing: other processes kept %.1f cores busy during a round; %s", load, then)
-        if not quiet.retry():
-            quiet.contended += 1
-            return seconds
+MIN_ROUNDS = 3  # rounds every call gets before its ratio may be called settled
+STOPPING_NOTE = (
+    "a candidate stops being timed at a shape after {} rounds or more once the 95% interval of its paired ratio to "
+    "the reference is within ±{:.0%} of it, or lies wholly below 1 (slower than the reference: never a recommended "
+    "speed-up); the reference is timed while any candidate of its shape is"
+)
 
 
-def timed_rounds(
-    calls: Mapping[K, Callable[[], object]],
-    rounds: int,
-    min_time_s: float,
-    min_calls: int = 3,
-    warmup: int = 1,
-    groups: Sequence[Sequence[K]] | None = None,
-    visit: Callable[[K, Callable[[], float]], float] | None = None,
-    desc: str | None = None,
-    quiet: Quiet | None = None,
-    settled: Callable[[Mapping[K, list[float]]], set[K]] | None = None,
-) -> dict[K, list[float]]:
-    """Seconds per call of each of `calls`, one figure per round: the timing protocol of the benchmark and of the
-    latency table.
+def settled_ratio(ratios: Sequence[float], precision: float, min_rounds: int = MIN_ROUNDS) -> bool:
+    """Whether paired per-round speed-ups `ratios` need no more rounds: at least `min_rounds` of them, and the 95%
+    t-interval of their mean log is within ±`precision` (relative) or wholly below 1.
 
-    Every call is first run `warmup` times. Then each round visits every call once, group by group (`groups`,
-    default: all calls in one group), and inside a group in an order rotated one further every round, so slow drift
-    of a shared machine (thermal, other processes) spreads over all of them instead of favouring the ones timed
-    first; a visit keeps the fastest of at least `min_calls` calls lasting `min_time_s` together (`time_call`).
-    Ratios between calls are best taken round by round, figures over rounds as medians. `visit(key, measure)`, when
-    given, runs each visit's `measure()` (returning its seconds) and returns them, to observe something around it
-    (the benchmark's peak memory). `desc` shows a progress bar over the rounds. A round during which other processes
-    kept more of the CPU busy than `quiet` allows (default `Quiet()`) is timed again once they are gone, within its
-    limits, and the log says so. `settled(per_round)`, when given, is asked after every round which calls need no
-    more rounds (their figure is known well enough): they are left out of the rounds after it, so a call's list may
-    be shorter than `rounds`, and its i-th figure was still timed in the same round as every other call's i-th.
+    Logs, because a ratio's errors multiply; a t-interval, because the rounds are few."""
+    if len(ratios) < max(2, min_rounds):
+        return False
+    import numpy as np
+    from scipy import stats
+
+    logs = np.log(np.asarray(ratios, dtype=float))
+    half = stats.t.ppf(0.975, len(logs) - 1) * logs.std(ddof=1) / np.sqrt(len(logs))
+    return bool(half <= np.log1p(precision) or logs.mean() + half < 0.0)
+
+
+class Rounds(Generic[K]):
+    """Seconds per call of each of `groups`' keys, one figure per round (`per_round`): the timing protocol of the
+    benchmark and of the latency tables, as a schedule of `Visit`s the caller drives.
+
+        rounds = Rounds([["a", "b"]], rounds=5, min_time_s=0.5)
+        for visit in rounds:
+            for _ in visit:
+                calls[visit.key]()
+        rounds.per_round  # {"a": [s, s, s, s, s], "b": [...]}
+
+    Every key is first visited `warmup` times, untimed. Then each round visits every key once, group by group, and
+    inside a group in an order rotated one further every round, so slow drift of a shared machine (thermal, other
+    processes) spreads over all of them instead of favouring the ones timed first; a visit keeps the fastest of at
+    least `min_calls` calls lasting `min_time_s` together. Ratios between keys are best taken round by round, figures
+    over rounds as medians. `desc` shows a progress bar over the rounds. A round during which other processes kept
+    more of the CPU busy than `quiet` allows (default `Quiet()`) is visited again once they are gone, within its
+    limits, and the log says so.
+
+    With `reference` (`{key: the key it is compared with}`) and `precision`, `rounds` is a maximum: after each round,
+    a key whose paired ratio to its reference is settled (`settled_ratio`) leaves the rounds after it, and a reference
+    once every key compared with it has; a key's list may then be shorter than `rounds`, and its i-th figure was still
+    timed in the same round as every other key's i-th.
     """
-    groups = [list(group) for group in groups] if groups is not None else [list(calls)]
-    quiet = Quiet() if quiet is None else quiet
-    for key in (key for group in groups for key in group):
-        for _ in range(warmup):
-            calls[key]()
-    per_round: dict[K, list[float]] = {key: [] for group in groups for key in group}
 
-    done: set[K] = set()
+    def __init__(
+        self,
+        groups: Sequence[Sequence[K]],
+        rounds: int,
+        min_time_s: float,
+        min_calls: int = 3,
+        warmup: int = 1,
+        desc: str | None = None,
+        quiet: Quiet | None = None,
+        reference: Mapping[K, K] | None = None,
+        precision: float | None = None,
+    ) -> None:
+        self.groups = [list(group) for group in groups]
+        self.rounds, self.min_time_s, self.min_calls, self.warmup = rounds, min_time_s, min_calls, warmup
+        self.desc, self.quiet = desc, Quiet() if quiet is None else quiet
+        self.reference = dict(reference or {}) if precision is not None else {}
+        self.precision = precision
+        self.per_round: dict[K, list[float]] = {key: [] for group in self.groups for key in group}
+        self.done: set[K] = set()
 
-    def one_round(r: int) -> dict[K, float]:
-        seconds = {}
-        for group in groups:
-            for key in _rotated([k for k in group if k not in done], r):
-
-                def measure(key: K = key) -> float:
-                    return time_call(calls[key], min_time_s, min_calls)[0]
-
-                seconds[key] = visit(key, measure) if visit is not None else measure()
-        return seconds
-
-    for r in tqdm(range(rounds), desc=desc, leave=False, disable=desc is None):
-        for key, value in _alone(lambda r=r: one_round(r), quiet).items():
-            per_round[key].append(value)
-        if settled is not None:
-            done |= settled(per_round)
-            if len(done) == len(per_round):
+    def __iter__(self) -> Iterator[Visit[K]]:
+        keys = [key for group in self.groups for key in group]
+        if self.warmup > 0:
+            for key in keys:
+                yield Visit(key, 0.0, self.warmup, timed=False)
+        for r in tqdm(range(self.rounds), desc=self.desc, leave=False, disable=self.desc is None):
+            visits = yield from self._alone(r)
+            for visit in visits:
+                self.per_round[visit.key].append(visit.seconds)
+            self.done |= self._settled()
+            if len(self.done) == len(self.per_round):
                 break
-    if (line := quiet.summary(rounds)) is not None:
-        log.log(logging.WARNING if quiet.contended else logging.INFO, line)
-    return per_round
+        if (line := self.quiet.summary(self.rounds)) is not None:
+            log.log(logging.WARNING if self.quiet.contended else logging.INFO, line)
+
+    def _round(self, r: int) -> Iterator[Visit[K]]:
+        """Round `r`'s visits: group by group, each group's keys not yet settled in an order rotated `r` places."""
+        for group in self.groups:
+            for key in _rotated([k for k in group if k not in self.done], r):
+                yield Visit(key, self.min_time_s, self.min_calls)
+
+    def _alone(self, r: int) -> Generator[Visit[K], None, list[Visit[K]]]:
+        """Round `r`, visited again (after waiting for the CPU) while other processes kept more than `quiet.cores`
+        busy during it, as long as `quiet` allows; a round that still had them beside it is kept, counted. Returns
+        the visits of the round kept."""
+        quiet = self.quiet
+        while True:
+            before = snapshot()
+            visits = []
+            for visit in self._round(r):
+                yield visit
+                visits.append(visit)
+            load = others_cores(before, snapshot())
+            if quiet.calm(load):
+                return visits
+            quiet.loads.append(load)
+            if len(quiet.loads) == 1:
+                then = "waiting for the CPU" if quiet.max_wait_s > 0 else "not waiting ($COMPRESSOR_TIMING_WAIT_S is 0)"
+                log.info("timing: other processes kept %.1f cores busy during a round; %s", load, then)
+            if not quiet.retry():
+                quiet.contended += 1
+                return visits
+
+    def _settled(self) -> set[K]:
+        """The keys whose paired ratio to their reference is settled, and each reference once every key compared
+        with it is."""
+        if not self.reference:
+            return set()
+        done = set(self.done)
+        for key, ref in self.reference.items():
+            times = self.per_round[key]
+            paired = self.per_round[ref][: len(times)]
+            if key not in done and settled_ratio([r / t for r, t in zip(paired, times, strict=True)], self.precision):
+                done.add(key)
+        for ref in set(self.reference.values()):
+            if all(key in done for key, r in self.reference.items() if r == ref):
+                done.add(ref)
+        return done
 
 
 def _rotated(keys: list, r: int) -> list:

@@ -34,7 +34,6 @@ from compressor.recovery.loop import Member, PruneResult
 from compressor.recovery.train import train, train_kept
 from compressor.report.schema import MemberSection
 from compressor.surgery.checkpoint import load_pruned, save_pruned
-from compressor.surgery.cost import masked_flops
 
 log = logging.getLogger("compressor")
 MEMBER_FILE = "member.json"  # written last in a member's directory: its presence means the member is complete
@@ -204,7 +203,7 @@ def _baseline(
     seq = recipe.prune.resolved_budget.seq_len
     log.info("baseline: dropping top layers to the pruned model's FLOPs and fine-tuning alike")
     baseline = layer_drop_baseline(
-        original, masked_flops(result.model, result.masks, seq), seq, run.splits["train"], run.tokenizer,
+        original, result.masks.flops(result.model, seq), seq, run.splits["train"], run.tokenizer,
         recipe.prune.recovery_finetune, len(result.steps) - steps_before, run.accelerator, seed=recipe.seed + index,
         teacher=teacher, start=previous,
     )  # fmt: skip

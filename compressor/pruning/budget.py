@@ -160,7 +160,7 @@ class Budget:
         if self.kind == "heads":
             return float((~alive["heads"]).sum())
         if self.kind == "flops":
-            return float(self.total_flops - masked_flops(self.model, alive, self.costs.seq_len))
+            return float(self.total_flops - Masks.of(alive).flops(self.model, self.costs.seq_len))
         return self.expected_speedup(alive) or 1.0
 
     def closing(self, index: int, tries: int, closed: list[float], alive: Masks) -> list[float]:
@@ -253,7 +253,7 @@ class Budget:
         if self.kind == "heads":
             return {"heads": int(self.goal(step)) - int((~alive["heads"]).sum())}
         if self.kind == "flops":
-            left = masked_flops(self.model, alive, self.costs.seq_len)
+            left = Masks.of(alive).flops(self.model, self.costs.seq_len)
             share = (self.goal(step) - (self.total_flops - left)) / max(left, 1)
         else:
             share = 1 - (self.expected_speedup(alive) or 1.0) / self.aim(step)
@@ -272,7 +272,7 @@ class Budget:
         speed-up) from `alive`, lowest importance per FLOP or per millisecond first (FLOP / speed-up budgets)."""
         p = self.spec
         if self.kind == "flops":
-            removed = self.total_flops - masked_flops(self.model, alive, self.costs.seq_len)
+            removed = self.total_flops - Masks.of(alive).flops(self.model, self.costs.seq_len)
             return select_units(scores, alive, self.costs, int(goal) - removed, p.min_heads_per_layer, p.uniform_ffn)
         goal /= self.calibration  # the table's own scale
         table = self.table_for(alive)
@@ -283,7 +283,7 @@ class Budget:
         FLOPs removed spaced linearly, predicted speed-ups geometrically (FLOP / speed-up budgets)."""
         goal = self.aim(step)
         if self.kind == "flops":
-            now = self.total_flops - masked_flops(self.model, alive, self.costs.seq_len)
+            now = self.total_flops - Masks.of(alive).flops(self.model, self.costs.seq_len)
             return [now + (goal - now) * (k + 1) / parts for k in range(parts)]
         now = self.expected_speedup(alive) or 1.0
         return [now * (goal / now) ** ((k + 1) / parts) for k in range(parts)]
@@ -292,13 +292,13 @@ class Budget:
         """What the budget counts for `alive`: encoder FLOPs, or predicted milliseconds under a speed-up budget."""
         table = self.table_for(alive)
         if table is None:
-            return float(masked_flops(self.model, alive, self.costs.seq_len))
+            return float(Masks.of(alive).flops(self.model, self.costs.seq_len))
         widths = widths_of(alive, table.dims)
         return table.model_ms(widths.heads, widths.neurons)
 
     def progress(self, alive: Masks) -> dict:
         """What the step log records about the budget after a step."""
-        left = masked_flops(self.model, alive, self.costs.seq_len)
+        left = Masks.of(alive).flops(self.model, self.costs.seq_len)
         out = {"flops_left_fraction": round(left / self.total_flops, 6)}
         if (speedup := self.predicted_speedup(alive)) is not None:
             out["predicted_speedup"] = round(speedup, 4)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
@@ -33,8 +34,10 @@ from compressor.surgery.arch import (
     original_num_heads,
     presence_mask,
 )
-from compressor.surgery.slicing import cut_positions, prune_heads, prune_neurons, write_back
-from compressor.surgery.width import prune_hidden
+from compressor.surgery.cost import masked_flops
+from compressor.surgery.positions import cut_positions, write_back
+from compressor.surgery.slicing import prune_heads, prune_neurons
+from compressor.surgery.width import cut_units
 
 UNIT_KINDS = ("heads", "neurons")
 UnitPlan = dict[str, dict[int, list[int]]]
@@ -132,10 +135,15 @@ class Masks(Mapping[str, torch.Tensor]):
     def cut(self, model: nn.Module) -> nn.Module:
         """Physically remove every dead unit from `model` in place: heads, neurons, empty layers, then the residual
         channels the width mask drops."""
-        apply_unit_plan(model, self.unit_plan())
-        if self.hidden is not None and not bool(self.hidden.all()):
-            prune_hidden(model, (~self.hidden).nonzero().flatten().tolist())
-        return model
+        return cut_units(model, self.unit_plan(), self.dropped_channels())
+
+    def dropped_channels(self) -> list[int]:
+        """The residual channels (original ids) the width mask drops; none when the width is not pruned."""
+        return [] if self.hidden is None else (~self.hidden).nonzero().flatten().tolist()
+
+    def flops(self, model: nn.Module, seq_len: int) -> int:
+        """Encoder FLOPs per example of `model` with only these units kept, at this width (`surgery.cost`)."""
+        return masked_flops(model, self.alive(), seq_len, self.width())
 
     def unit_plan(self) -> UnitPlan:
         """The cumulative unit plan (original ids) of every dead unit."""
@@ -152,7 +160,8 @@ class Masks(Mapping[str, torch.Tensor]):
         """Copy the weights of `trained` (`self.pruned_copy(model)`, since trained) into the slots of `model` they
         were cut from, in place; the dead units' slots keep their weights (under these masks they are never read).
         So a masked model can be trained at the pruned model's cost and stay the run's one representation."""
-        write_back(model, trained, cut_positions(model, self.cut))
+        cut = partial(cut_units, plan=self.unit_plan(), channels=self.dropped_channels())
+        write_back(model, trained, cut_positions(model, cut))
 
 
 def alive_units(model: nn.Module) -> Masks:

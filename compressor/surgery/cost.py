@@ -62,12 +62,11 @@ def unit_costs(model: nn.Module, seq_len: int, width: int | None = None) -> Unit
     return UnitCosts(seq_len=t, head=head, neuron=neuron, layer=layer)
 
 
-def masked_flops(model: nn.Module, alive: Mapping[str, torch.Tensor], seq_len: int) -> int:
+def masked_flops(model: nn.Module, alive: Mapping[str, torch.Tensor], seq_len: int, width: int | None = None) -> int:
     """Encoder FLOPs per example of `model` with only the units in `alive` ({"heads": .., "neurons": ..} bool
     masks over original ids) kept: what physically removing the rest would leave. A kind missing from `alive`
-    counts as fully present; a residual width mask (`Masks.hidden`, where `alive` carries one) narrows every unit."""
-    width = getattr(alive, "hidden", None)
-    costs = unit_costs(model, seq_len, None if width is None else int(width.sum()))
+    counts as fully present; `width` (residual channels kept, None: as the model has them) narrows every unit."""
+    costs = unit_costs(model, seq_len, width)
     heads = alive.get("heads")
     neurons = alive.get("neurons")
     n_heads = int(heads.sum()) if heads is not None else sum(len(h) for h in present_heads(model))

@@ -15,13 +15,14 @@ of the same width) and a factorised embedding (ELECTRA's projection) are refused
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 
 import torch
 from torch import nn
 
 from compressor.surgery.arch import arch_spec, config_width, original_hidden, present_hidden, pruned_hidden
 from compressor.surgery.portable import narrow_stream, stream_paths
+from compressor.surgery.slicing import prune_heads, prune_neurons
 
 
 class WidthError(ValueError):
@@ -63,6 +64,16 @@ def prune_hidden(model: nn.Module, remove: Iterable[int]) -> nn.Module:
     narrow_stream(model, arch_spec(model).portable(), len(keep), torch.tensor(keep, dtype=torch.long))
     model.config.pruned_hidden = sorted(set(pruned_hidden(model)) | (ids & set(present)))
     return model
+
+
+def cut_units(
+    model: nn.Module, plan: Mapping[str, Mapping[int, Sequence[int]]], channels: Sequence[int] = ()
+) -> nn.Module:
+    """Physically remove from `model`, in place, the heads and FFN neurons of `plan` (`{kind: {layer: [original
+    ids]}}`; a layer left with neither is removed whole), then the residual channels `channels`. Returns `model`."""
+    prune_heads(model, plan.get("heads", {}))
+    prune_neurons(model, plan.get("neurons", {}))
+    return prune_hidden(model, channels) if len(channels) else model
 
 
 def stream_norms(model: nn.Module) -> list[nn.LayerNorm]:

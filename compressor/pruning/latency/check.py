@@ -16,9 +16,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from compressor.core.timing import set_threads, timed_rounds
+from compressor.core.timing import set_threads
 from compressor.pruning.deployed import as_deployed
-from compressor.pruning.latency.probe import check_runtime, is_pytorch, runner
+from compressor.pruning.latency.probe import check_runtime, is_pytorch, runner, timed_rounds
 
 
 class _Logits(nn.Module):

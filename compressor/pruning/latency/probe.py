@@ -8,9 +8,9 @@ next to nothing at these sizes. Each runtime's engine runs a module its own way 
 (fused Attention) of `compressor.deploy.export`'s optimised graph are not applied, so ONNX attention costs are an
 upper estimate.
 
-Timing is `core.timing.timed_rounds`, the benchmark's protocol: rounds are interleaved over every piece in a rotating
-order so the drift of a shared machine hits all pieces alike; within a round a piece's time is its fastest call,
-across rounds the median is kept.
+Timing is `core.timing.Rounds`, the benchmark's protocol, driven here (`timed_rounds`): rounds are interleaved over
+every piece in a rotating order so the drift of a shared machine hits all pieces alike; within a round a piece's
+time is its fastest call, across rounds the median is kept.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from torch.nn import functional as F
 
 from compressor.core import runtimes
 from compressor.core.errors import UserError
-from compressor.core.timing import timed_rounds
+from compressor.core.timing import Rounds
 from compressor.surgery.arch import arch_spec
 
 BudgetRuntime = Literal[runtimes.BUDGET_NAMES]  # the name of a runtime a speed-up budget can be measured on
@@ -184,10 +184,22 @@ def runner(
     return runtimes.engine_of(runtime).timer(declared, module.eval(), example, threads, workdir)
 
 
+def timed_rounds(
+    calls: Mapping[Hashable, Callable[[], object]], rounds: int, min_time_s: float, min_calls: int = 3, warmup: int = 1
+) -> dict[Hashable, list[float]]:
+    """Seconds per call of each of `calls` (`{key: a call of no arguments}`), one figure per round: the benchmark's
+    protocol (`core.timing.Rounds`, all calls in one group), driven here."""
+    schedule = Rounds([list(calls)], rounds, min_time_s, min_calls, warmup)
+    for visit in schedule:
+        for _ in visit:
+            calls[visit.key]()
+    return schedule.per_round
+
+
 def measure(
     calls: Mapping[Hashable, Callable[[], object]], rounds: int = 3, min_time_s: float = 0.05, warmup: int = 1
 ) -> dict[Hashable, float]:
-    """Milliseconds per call of each of `calls`: median over interleaved rotating rounds (`core.timing.timed_rounds`,
+    """Milliseconds per call of each of `calls`: median over interleaved rotating rounds (`timed_rounds`,
     the benchmark's protocol) of each round's fastest call."""
     per_round = timed_rounds(calls, rounds, min_time_s, warmup=warmup)
     return {name: float(np.median(times)) * 1e3 for name, times in per_round.items()}
