@@ -16,7 +16,7 @@ from compressor.pruning.latency.table import grid_axes
 from compressor.pruning.masking import gated
 from compressor.pruning.units import apply_plan_to_masks
 from compressor.recipe import PruneSpec, RecipeError, TrainSpec, parse_recipe
-from compressor.recovery.baseline import drop_top_layers, layers_to_drop, recovery_spec
+from compressor.recovery.layer_drop import drop_top_layers, layers_to_drop, recovery_spec
 from compressor.recovery.loop import Masks, PruneState, StepRecord
 from compressor.recovery.train import model_inputs
 from compressor.sources.batches import sample_batches

@@ -208,7 +208,7 @@ def test_original_int8_is_quantised_like_the_pruned_one(tmp_path, tiny_model_dir
     from transformers import AutoModelForSequenceClassification
 
     from compressor.deploy.export import MANIFEST
-    from compressor.pipeline.family import original_variants
+    from compressor.pipeline.measure import original_variants
     from compressor.pipeline.stages import RunState, export_original
     from compressor.sources import load_task_data
     from compressor.sources.batches import tokenize

@@ -13,8 +13,8 @@ from datasets import Dataset
 import compressor
 from compressor.recipe import DistillSpec, FinetuneSpec, PruneSpec
 from compressor.recovery import distill
-from compressor.recovery.baseline import layer_drop_baseline, recovery_spec
 from compressor.recovery.draws import drawn_examples, recovery_examples
+from compressor.recovery.layer_drop import layer_drop_baseline, recovery_spec
 from compressor.surgery.cost import masked_flops
 
 FINETUNE = FinetuneSpec(epochs=1, lr=5e-4, batch_size=16, max_examples=40, distill=DistillSpec(alpha=0.7))

@@ -132,7 +132,7 @@ def test_a_runtime_whose_int8_cannot_pay_here_is_left_out_of_the_bench_in_one_li
 
     from compressor.core import machine
     from compressor.core.runtimes import NAMES, cannot_pay
-    from compressor.pipeline.family import unpaid_runtimes
+    from compressor.pipeline.measure import unpaid_runtimes
 
     monkeypatch.setattr(machine, "cpu_has_vnni", lambda: vnni)
     assert {name for name in NAMES if cannot_pay(name)} == unpaid

@@ -3,7 +3,7 @@
 Everything here works on *candidates*: a name, a `predict(batch) -> logits` function, size on disk, FLOPs per example
 and heads per layer. PyTorch models and export variants become candidates through `pytorch_candidate` and
 `exported_candidate` (loaded by their runtime's engine), so the measuring code never knows which runtime it times.
-Measurement only: the layer-drop baseline is trained beside the recovery it mirrors (`compressor.recovery.baseline`),
+Measurement only: the layer-drop baseline is trained beside the recovery it mirrors (`compressor.recovery.layer_drop`),
 and the users' CI guard that decides a bench result against a saved baseline is its own package (`compressor.guard`).
 
 May import every stage below it; `report`, `analysis`, `pipeline` and the commands import it.

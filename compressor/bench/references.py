@@ -21,7 +21,7 @@ from compressor.sources.batches import sample_batches, tokenize
 def reference_candidates(section: dict, data: TaskData, max_length: int, spec) -> list[Candidate]:
     """The candidates of the reference whose report section is `section`, in `reference_points` order, on the test
     split of `data` tokenised by its own tokenizer (at most `spec.eval_examples`, sampled as the bench samples), and
-    its whole validation split likewise (the bench's validation batches, `pipeline.family.run_bench`)."""
+    its whole validation split likewise (the bench's validation batches, `pipeline.measure.run_bench`)."""
     model_dir = Path(section["model_dir"])
     tokenizer = load_tokenizer(ModelSpec(source=str(model_dir)))
     test = tokenize(data.test, tokenizer, data.text_fields, max_length)

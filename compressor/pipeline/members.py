@@ -26,10 +26,10 @@ from compressor.core.candidates import SINGLE
 from compressor.pipeline.stages import STAGES, RunState, run_stages
 from compressor.pruning.selection import mask_to_plan
 from compressor.recipe import BudgetSpec
-from compressor.recovery.baseline import LayerDropBaseline, layer_drop_baseline
 from compressor.recovery.distill import TeacherTargets
 from compressor.recovery.draws import member_seed
 from compressor.recovery.evaluate import evaluate_kept
+from compressor.recovery.layer_drop import LayerDropBaseline, layer_drop_baseline
 from compressor.recovery.loop import Member, PruneResult
 from compressor.recovery.train import train, train_kept
 from compressor.report.schema import MemberSection

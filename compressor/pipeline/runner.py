@@ -195,9 +195,9 @@ def _finish(
     run: RunState, start: torch.nn.Module, teacher: TeacherTargets | None, base_info: dict, original: dict, t0: float
 ) -> dict:
     """After the loop: make each member shippable (`members.make_members`; one member for a one-target run), then one
-    bench of them all, the budget check and frontier (`family.run_report`), the analysis, the report and, last and
+    bench of them all, the budget check and frontier (`measure.run_report`), the analysis, the report and, last and
     atomically, the done marker; release the run directory. Returns the report."""
-    from compressor.pipeline import family
+    from compressor.pipeline import measure
     from compressor.pipeline.stages import analysis_stage
 
     run.report = _report_head(run, base_info, original)
@@ -208,7 +208,7 @@ def _finish(
         run.accelerator.wait_for_everyone()
         return {}
     run.report |= {"references": references} if references else {}
-    run.report |= family.run_report(run, sections)
+    run.report |= measure.run_report(run, sections)
     if run.recipe.analysis.enabled:
         with run.timed("analysis"):
             run.report["analysis"] = analysis_stage(run)

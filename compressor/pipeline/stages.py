@@ -2,7 +2,7 @@
 pieces the bench and the analysis use (the original's exports, the bench settings, the measured speed-up).
 
 `runner.run_recipe` builds a `RunState` (sources, base model, the API's `PruneResult`); for each member
-(`pipeline.family`: one for a one-target run) `run_stages` runs `STAGES` in order: surgery + save → layer-drop
+(`pipeline.measure`: one for a one-target run) `run_stages` runs `STAGES` in order: surgery + save → layer-drop
 baseline → export → model card. Each stage reads the state, may add to it (the saved model directory, the exports)
 and returns its section of the report. The bench, the budget check and the analysis then run once for the run.
 """
@@ -27,8 +27,8 @@ from tqdm.auto import tqdm
 from compressor.core.runtimes import for_variant, runtime
 from compressor.pruning.masking import gated
 from compressor.recipe import BenchSpec, Recipe
-from compressor.recovery.baseline import LayerDropBaseline
 from compressor.recovery.evaluate import evaluate
+from compressor.recovery.layer_drop import LayerDropBaseline
 from compressor.recovery.loop import PruneResult
 from compressor.recovery.train import model_inputs
 from compressor.sources import TaskData

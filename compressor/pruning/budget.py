@@ -57,7 +57,7 @@ OVERSHOOT = 0.05
 # one whole layer, after which the step selects heads and neurons again (`compressor.recovery.choice.give_back`).
 GIVE_BACKS = 2
 # A member's measured speed-up is on target when it lies within this fraction of the target, on either side: the
-# report's "within 10%" verdict on each member's budget check (`pipeline.family.member_budget`).
+# report's "within 10%" verdict on each member's budget check (`pipeline.measure.member_budget`).
 WITHIN = 0.10
 
 

@@ -72,7 +72,7 @@ class BudgetSpec(Strict):
     `runtime` (a `compressor.core.runtimes` declaration with `budget`), `batch_size`, `seq_len`: where a speed-up
     is measured;
     `calibrate`: time the real pruned model after every step to correct the table (`compressor.pruning.latency.check`).
-    `check_rounds`: the rounds of each member's final check against its target (`pipeline.family.budget_checks`).
+    `check_rounds`: the rounds of each member's final check against its target (`pipeline.measure.budget_checks`).
     `latency_table`: a table file (JSON, as `compressor.pruning.latency.load_or_build` caches it, e.g. measured on
     another CPU) used instead of this machine's; the calibration still times this machine, so the table steers which
     units go (its cost ratios) while the measured speed-up decides when a target is met.
