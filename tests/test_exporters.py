@@ -10,6 +10,7 @@ import logging
 from pathlib import Path
 
 import numpy as np
+import onnx
 import pytest
 from conftest import make_tokenizer_dir
 from typer.testing import CliRunner
@@ -149,8 +150,9 @@ def test_recipe_refuses_an_unknown_exporter():
 
 def test_torch_export_of_the_demo_model_with_uneven_heads(tmp_path):
     """The demo's model (MiniLM-L6, the built-in default) with uneven heads per layer and one layer without any,
-    through torch.export: fp32 and the fused graph match PyTorch on real-length batches, one fused Attention per
-    layer that kept heads, each with that layer's head count."""
+    through torch.export: fp32 and the fused graph match PyTorch on real-length (padded) batches, one fused Attention
+    per layer that kept heads, each with that layer's head count, its Q/K/V weight one initializer and its padding
+    mask a mask index; so int8 quantizes every one of them into a `QAttention`."""
     from compressor.recipe.schema import ModelSpec
     from compressor.sources.models import load_model, load_tokenizer
 
@@ -161,11 +163,17 @@ def test_torch_export_of_the_demo_model_with_uneven_heads(tmp_path):
     model_dir = save_pruned(model, tmp_path / "model", tokenizer)
     texts = ["a gorgeous, witty film", "tedious and overlong, with a plot that goes nowhere at all", "fine"]
     batch = dict(tokenizer(texts, padding=True, return_tensors="pt"))
-    result = ex.export_onnx(model_dir, tmp_path / "onnx", ["fp32", "optimized"], [batch], exporter="torch.export")
+    variants = ["fp32", "optimized", "int8"]
+    result = ex.export_onnx(model_dir, tmp_path / "onnx", variants, [batch], exporter="torch.export")
     assert result["fp32"]["exporter"] == "torch.export" and result["fp32"]["max_abs_diff"] <= 1e-4
     opt = result["optimized"]
     assert opt["max_abs_diff"] <= 1e-4 and opt["attention_fusion"] == "full"
     assert opt["attention_heads_per_node"] == [6, 12, 9, 12, 12]
+    graph = onnx.load(opt["file"], load_external_data=False).graph
+    weights = {init.name for init in graph.initializer}
+    inputs = [list(n.input) + [""] * 6 for n in graph.node if n.op_type == "Attention"]
+    assert len(inputs) == 5 and all(i[1] in weights and i[3] and not i[5] for i in inputs)  # weight folded, mask index
+    assert exporters.fused_ops(Path(result["int8"]["file"])).get("QAttention") == 5
     got = ex.OnnxClassifier(tmp_path / "onnx" / "optimized")(batch)
     assert np.abs(got - ex.torch_logits(load_pruned(model_dir), batch)).max() <= 1e-4
 

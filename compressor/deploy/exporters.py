@@ -6,11 +6,12 @@
   a mask index, so ONNX Runtime's quantizer turns it into `QAttention` and int8 covers the Q/K/V projections.
 - `torch.export`: `torch.onnx.export(dynamo=True)`, the exporter torch maintains (TorchScript is deprecated). Its
   graph is fused by onnxscript's ONNX Runtime fusions (`onnxscript.rewriter.ort_fusions.optimize_for_ort`), which
-  read each layer's head count off its own subgraph: uneven heads fuse, ModernBERT's rotary attention too. But the
-  fused `Attention` takes its Q/K/V weight from a `Concat` and the padding mask as an additive `attention_bias`, which
-  ONNX Runtime's quantizer cannot make a `QAttention` of (it would drop the bias): int8 then leaves the Q/K/V
-  projections in fp32 and runs slower than int8 of the TorchScript graph. Until that graph is rewritten for the
-  quantizer, "auto" falls back to torch.export rather than starting from it.
+  read each layer's head count off its own subgraph: uneven heads fuse, ModernBERT's rotary attention too. Its fused
+  `Attention` comes with the Q/K/V weight as a `Concat` and the padding mask as an additive `attention_bias`, which
+  ONNX Runtime's quantizer cannot make a `QAttention` of; `attention_for_quantizer` folds the weight into one
+  initializer and passes the mask as a mask index, so int8 covers the Q/K/V projections as with TorchScript.
+  "auto" still starts from TorchScript: torch.export's int8 was measured slower before that rewrite, and has not
+  been timed since.
 
 `preference` turns the recipe's `export.exporter` ("auto", or one exporter by name) into the exporters to try in
 order; `export_graph` tries them and says which one wrote the graph and why an earlier one could not (an error, or a
@@ -120,6 +121,7 @@ class TorchExport(Exporter):
 
         model, _ = optimize_for_ort(ir.load(str(src)))
         rotary_positions_per_row(model)
+        attention_for_quantizer(model)
         dest.parent.mkdir(parents=True, exist_ok=True)
         onnx.save(ir.to_proto(model), str(dest))
         return {"fused_ops": fused_ops(dest)}
@@ -153,6 +155,87 @@ def rotary_positions_per_row(model) -> int:
             rows[id(positions)] = expand.outputs[0]
         node.replace_input_with(1, rows[id(positions)])
     return len(rows)
+
+
+def attention_for_quantizer(model) -> int:
+    """Rewrite each fused `Attention` the way ONNX Runtime's quantizer can make a `QAttention` of it; returns how
+    many it rewrote.
+
+    onnxscript's fusion leaves the packed Q/K/V weight and bias as a `Concat` of the three projections' initializers
+    (too large for its constant folding) and passes the padding mask as an additive `attention_bias`; the quantizer
+    wants the weight as one initializer, the mask as `mask_index` and no `qkv_hidden_sizes`, and leaves the node in
+    fp32 otherwise. So the `Concat`s of initializers are folded into one initializer each, equal Q/K/V sizes are left
+    to the weight's shape (the op's default), and an `attention_bias` computed from the
+    graph's `attention_mask` input alone (padding, nothing else) is replaced by that mask as `mask_index` (the raw
+    0/1 mask, int32), which masks the same keys. The parity gate checks the result like any fused graph.
+    """
+    from onnxscript import ir
+
+    mask = next((v for v in model.graph.inputs if v.name == "attention_mask" and len(v.shape or ()) == 2), None)
+    mask_index = None
+    rewritten = 0
+    for node in list(model.graph):
+        if node.op_type != "Attention" or node.domain != CONTRIB_DOMAIN:
+            continue
+        for i in (1, 2):  # weight, bias
+            if len(node.inputs) > i and (folded := _folded_concat(model, node.inputs[i])) is not None:
+                node.replace_input_with(i, folded)
+        sizes = node.attributes.get("qkv_hidden_sizes")
+        if sizes is not None and len(set(sizes.as_ints())) == 1:  # the default; the quantizer skips a node naming it
+            del node.attributes["qkv_hidden_sizes"]
+        bias = node.inputs[5] if len(node.inputs) > 5 else None
+        if mask is None or bias is None or node.inputs[3] is not None or _graph_inputs_of(bias) != {mask.name}:
+            continue
+        if mask_index is None:
+            cast = ir.node("Cast", [mask], {"to": ir.DataType.INT32})
+            model.graph.insert_before(node, cast)
+            mask_index = cast.outputs[0]
+        node.replace_input_with(3, mask_index)
+        node.replace_input_with(5, None)
+        rewritten += 1
+    if rewritten:
+        ir.passes.common.RemoveUnusedNodesPass()(model)
+    return rewritten
+
+
+def _folded_concat(model, value):
+    """One new initializer holding the `Concat` of initializers that produces `value`, or None when `value` is not
+    such a `Concat`."""
+    import numpy as np
+    from onnxscript import ir
+
+    node = value.producer() if value is not None else None
+    if node is None or node.op_type != "Concat" or node.domain not in ("", "ai.onnx"):
+        return None
+    parts = [v.const_value for v in node.inputs]
+    if any(part is None for part in parts):
+        return None
+    axis = node.attributes["axis"].as_int()
+    folded = ir.Value(
+        name=f"{value.name}_folded", const_value=ir.tensor(np.concatenate([p.numpy() for p in parts], axis))
+    )
+    folded.shape, folded.type = folded.const_value.shape, ir.TensorType(folded.const_value.dtype)
+    model.graph.register_initializer(folded)
+    return folded
+
+
+def _graph_inputs_of(value) -> set[str]:
+    """The names of the graph inputs whose values `value` is computed from (constants and initializers aside; an
+    input only measured by `Shape` lends its shape, not its values)."""
+    seen, stack, inputs = set(), [value], set()
+    while stack:
+        current = stack.pop()
+        if current is None or id(current) in seen:
+            continue
+        seen.add(id(current))
+        node = current.producer()
+        if node is None:
+            if current.const_value is None and current.is_graph_input():
+                inputs.add(current.name)
+            continue
+        if node.op_type not in ("Shape", "Size"):
+            stack.extend(node.inputs)
+    return inputs
 
 
 class TorchScript(Exporter):
