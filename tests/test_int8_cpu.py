@@ -65,6 +65,25 @@ def test_under_an_isa_cap_compressor_sees_the_cpu_it_caps_to(tmp_path, monkeypat
     assert cpu_identity(cpuinfo).endswith(f"capped at {cap.upper()}" if cap else "]")
 
 
+@pytest.mark.parametrize(
+    ("flags", "cap", "expected"),
+    [
+        ("sse2 avx avx2 fma", "", False),  # an AVX2-only CPU: a cap at AVX2 changes nothing
+        ("sse2 avx avx2 fma avx_vnni", "", True),
+        ("sse2 avx avx2 fma " + " ".join(SAPPHIRE["flags"]), "", True),
+        ("sse2 avx avx2 fma " + " ".join(SAPPHIRE["flags"]), "avx2", False),  # already run as an AVX2 CPU
+        ("neon asimd", "", None),
+    ],
+)
+def test_above_avx2_says_whether_an_avx2_cap_changes_the_run(tmp_path, monkeypatch, flags, cap, expected):
+    from compressor.core.machine import above_avx2
+
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text(f"model name\t: test\nflags\t\t: {flags}\n")
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", cap)
+    assert above_avx2(cpuinfo) is expected
+
+
 def test_int8_features_default_to_this_machine():
     assert int8_features() == int8_features(cpu_summary())
 

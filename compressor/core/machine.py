@@ -88,6 +88,14 @@ def cpu_has_bf16(cpuinfo: Path = CPUINFO) -> bool | None:
     return None if flags is None else any(flag in flags for flag in BF16_FLAGS)
 
 
+def above_avx2(cpuinfo: Path = CPUINFO) -> bool | None:
+    """Whether this CPU, as its math libraries run (under `$ONEDNN_MAX_CPU_ISA` where set), has anything an AVX2 cap
+    takes away (AVX-512, AVX-VNNI, AMX); None when its flags are unknown. Where it has not, a run capped at AVX2 is
+    the same run as one without the cap (`make test-avx2` says so and runs nothing twice)."""
+    flags = cpu_flags(cpuinfo)
+    return None if flags is None else any(flag.startswith(_ABOVE_AVX2) for flag in flags)
+
+
 def _vnni(flags: set[str] | None) -> bool | None:
     """Whether `flags` include a VNNI-class int8 dot product (None when the flags are unknown)."""
     return None if flags is None else any(flag in flags for flag in VNNI_FLAGS)
