@@ -235,3 +235,27 @@ def export_paths(exp: Experiment, out: Path, file: str = "export_paths.json") ->
                         n=len(ratios), unit="x", seeds=list(exp.seeds),
                         detail=f"per repeat: {[round(r, 2) for r in ratios]}"))  # fmt: skip
     return rows
+
+
+@reader
+def bench_pair(exp: Experiment, out: Path, min_speedup: float | None = 1.0) -> list[Row]:
+    """`compressor bench --reference R --candidate C`'s report: each candidate's paired speed-up over the reference
+    at the headline shape, the median over rounds with a 95% t-interval of the per-round ratios (on their logs, as
+    ratios multiply), against `min_speedup` (met only where the whole interval clears it)."""
+    from scipy import stats
+
+    report = _json(out / "report.json")
+    rows = []
+    for name, summary in report["summary"].items():
+        if name == report["reference"]:
+            continue
+        seq, batch = str(summary["headline_seq_len"]), str(summary["headline_batch"])
+        ratios = np.log(report["speedups"][name][seq][batch]["per_round"])
+        half = float(stats.t.ppf(0.975, len(ratios) - 1) * ratios.std(ddof=1) / np.sqrt(len(ratios)))
+        low, high = (round(float(np.exp(ratios.mean() + d)), 3) for d in (-half, half))
+        value = round(float(summary["headline_speedup"]), 3)
+        rows.append(Row(label=f"{name} over {report['reference']}, batch {batch} x {seq} tokens", value=value, low=low,
+                        high=high, n=len(ratios), unit="x", seeds=list(exp.seeds),
+                        goal=_goal(">=", min_speedup, "x"), met=at_least(value, min_speedup, low, high),
+                        detail=f"per round: {[round(float(np.exp(r)), 3) for r in ratios]}"))  # fmt: skip
+    return rows

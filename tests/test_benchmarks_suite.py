@@ -89,7 +89,8 @@ def test_every_command_on_the_page_runs_as_written(command) -> None:
             assert parsed.name in EXPERIMENTS, f"{command}: no experiment '{parsed.name}'"
     elif args[0] == "compressor":
         params = _parse_compressor(args[1:])
-        assert "recipe" not in params or (ROOT / params["recipe"]).is_file(), f"{command}: no recipe file"
+        recipe = params.get("recipe")
+        assert recipe is None or (ROOT / recipe).is_file(), f"{command}: no recipe file"
     elif args[0] == "python":
         assert (ROOT / args[1]).is_file(), command
     else:
@@ -102,7 +103,9 @@ def test_every_declaration_runs_existing_recipes_with_parsable_commands() -> Non
         assert exp.recipe is None or (ROOT / exp.recipe).is_file(), exp.name
         for args in exp.commands():
             if args[0] == "compressor":
-                params = _parse_compressor(args[1:])
+                params = _parse_compressor(args[1:])  # parsing checks the options; a `run` must name a recipe
+                if params.get("recipe") is None:  # `export`, `bench` without one
+                    continue
                 assert (ROOT / params["recipe"]).is_file(), exp.name
                 if params.get("settings"):  # `--set` fields the recipe takes, values it validates
                     load_recipe(ROOT / params["recipe"], settings_of(params["settings"]))
@@ -344,3 +347,22 @@ def test_the_export_paths_reader_gives_medians_and_a_paired_ratio(tmp_path) -> N
     assert values["torch.export: export, wall"] == (40.0, "s", 3)
     assert values["torchscript: export, peak memory"] == (650.0, "MB", 3)
     assert values["torch.export / TorchScript, export seconds"] == (3.0, "x", 3)  # ratios 3, 1.5, 4: median 3
+
+
+def test_the_bench_pair_reader_gives_the_paired_speedup_with_its_interval(tmp_path) -> None:
+    """`compressor bench --reference R --candidate C`'s report: the candidate's headline speed-up over the reference
+    with a 95% interval from its per-round ratios; level (met null) while the interval straddles the goal, met
+    once all of it clears it."""
+
+    def report(per_round):
+        summary = {"headline_seq_len": 64, "headline_batch": 32, "headline_speedup": float(np.median(per_round))}
+        speedups = {"candidate": {"64": {"32": {"per_round": per_round}}}}
+        return {"reference": "reference", "summary": {"reference": {}, "candidate": summary}, "speedups": speedups}
+
+    exp = EXPERIMENTS["exporters_int8"]
+    (tmp_path / "report.json").write_text(json.dumps(report([0.9, 1.1, 1.0, 1.05, 0.95])))
+    (row,) = suite.READERS["bench_pair"](exp, tmp_path, **exp.reader_args)
+    assert row.value == 1.0 and row.low < 1.0 < row.high and row.met is None and row.n == 5 and row.unit == "x"
+    (tmp_path / "report.json").write_text(json.dumps(report([1.2, 1.21, 1.19, 1.2, 1.22])))
+    (row,) = suite.READERS["bench_pair"](exp, tmp_path, **exp.reader_args)
+    assert row.met is True and 1.18 < row.low < 1.2 < row.high < 1.23
