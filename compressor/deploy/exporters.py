@@ -10,8 +10,8 @@
   `Attention` comes with the Q/K/V weight as a `Concat` and the padding mask as an additive `attention_bias`, which
   ONNX Runtime's quantizer cannot make a `QAttention` of; `attention_for_quantizer` folds the weight into one
   initializer and passes the mask as a mask index, so int8 covers the Q/K/V projections as with TorchScript.
-  "auto" still starts from TorchScript: torch.export's int8 was measured slower before that rewrite, and has not
-  been timed since.
+  "auto" still starts from TorchScript: with the rewrite the two int8 graphs time level (the `exporters_int8`
+  benchmark), so moving the default buys nothing measured.
 
 `preference` turns the recipe's `export.exporter` ("auto", or one exporter by name) into the exporters to try in
 order; `export_graph` tries them and says which one wrote the graph and why an earlier one could not (an error, or a
