@@ -165,9 +165,9 @@ def attention_for_quantizer(model) -> int:
     (too large for its constant folding) and passes the padding mask as an additive `attention_bias`; the quantizer
     wants the weight as one initializer, the mask as `mask_index` and no `qkv_hidden_sizes`, and leaves the node in
     fp32 otherwise. So the `Concat`s of initializers are folded into one initializer each, equal Q/K/V sizes are left
-    to the weight's shape (the op's default), and an `attention_bias` computed from the
-    graph's `attention_mask` input alone (padding, nothing else) is replaced by that mask as `mask_index` (the raw
-    0/1 mask, int32), which masks the same keys. The parity gate checks the result like any fused graph.
+    to the weight's shape (the op's default), and an `attention_bias` computed from the graph's `attention_mask` input
+    alone (padding, nothing else) is replaced by that mask as `mask_index` (the raw 0/1 mask, int32), which masks the
+    same keys. The parity gate checks the result like any fused graph.
     """
     from onnxscript import ir
 
@@ -193,8 +193,7 @@ def attention_for_quantizer(model) -> int:
         node.replace_input_with(3, mask_index)
         node.replace_input_with(5, None)
         rewritten += 1
-    if rewritten:
-        ir.passes.common.RemoveUnusedNodesPass()(model)
+    ir.passes.common.RemoveUnusedNodesPass()(model)  # the folded Concats, the bias's subgraph
     return rewritten
 
 
