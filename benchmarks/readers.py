@@ -6,6 +6,7 @@ retired scripts' results (their files held the same report sections)."""
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -242,7 +243,7 @@ def bench_pair(exp: Experiment, out: Path, min_speedup: float | None = 1.0) -> l
     """`compressor bench --reference R --candidate C`'s report: each candidate's paired speed-up over the reference
     at the headline shape, the median over rounds with a 95% t-interval of the per-round ratios (on their logs, as
     ratios multiply), against `min_speedup` (met only where the whole interval clears it)."""
-    from scipy import stats
+    from compressor.core.timing import log_ratio_interval
 
     report = _json(out / "report.json")
     rows = []
@@ -250,12 +251,12 @@ def bench_pair(exp: Experiment, out: Path, min_speedup: float | None = 1.0) -> l
         if name == report["reference"]:
             continue
         seq, batch = str(summary["headline_seq_len"]), str(summary["headline_batch"])
-        ratios = np.log(report["speedups"][name][seq][batch]["per_round"])
-        half = float(stats.t.ppf(0.975, len(ratios) - 1) * ratios.std(ddof=1) / np.sqrt(len(ratios)))
-        low, high = (round(float(np.exp(ratios.mean() + d)), 3) for d in (-half, half))
+        ratios = report["speedups"][name][seq][batch]["per_round"]
+        mean, half = log_ratio_interval(ratios)
+        low, high = (round(math.exp(mean + d), 3) for d in (-half, half))
         value = round(float(summary["headline_speedup"]), 3)
         rows.append(Row(label=f"{name} over {report['reference']}, batch {batch} x {seq} tokens", value=value, low=low,
                         high=high, n=len(ratios), unit="x", seeds=list(exp.seeds),
                         goal=_goal(">=", min_speedup, "x"), met=at_least(value, min_speedup, low, high),
-                        detail=f"per round: {[round(float(np.exp(r)), 3) for r in ratios]}"))  # fmt: skip
+                        detail=f"per round: {[round(r, 3) for r in ratios]}"))  # fmt: skip
     return rows

@@ -43,18 +43,6 @@ NEGATIVE = ["bad", "awful", "dull", "poor", "boring", "weak"]
 FILLER = ["the", "movie", "film", "was", "plot", "acting", "a", "really", "quite", "story", "and", "but", ".", ","]
 
 
-def drive_rounds(calls: dict, rounds: int, min_time_s: float, groups=None, **options) -> dict[str, list[float]]:
-    """`core.timing.Rounds` over `calls` (`{key: a call of no arguments}`), driven as the benchmark drives it: each
-    visit's calls made by the caller. Returns `per_round`."""
-    from compressor.core.timing import Rounds
-
-    schedule = Rounds([list(calls)] if groups is None else groups, rounds, min_time_s, **options)
-    for visit in schedule:
-        for _ in visit:
-            calls[visit.key]()
-    return schedule.per_round
-
-
 def make_tokenizer_dir(path: Path) -> Path:
     """A BERT word-piece tokenizer over the fixture vocabulary, saved like any hub tokenizer."""
     from transformers import BertTokenizerFast

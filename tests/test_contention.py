@@ -11,11 +11,11 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import drive_rounds
 
 from compressor.core import contention, timing
 from compressor.core.contention import Quiet, Snapshot, others_cores, snapshot, wait_budget
 from compressor.core.errors import UserError
+from compressor.pruning.latency.probe import timed_rounds
 
 STAT = """cpu  500 0 100 900 0 0 0 0 0 0
 cpu0 100 0 50 400 10 0 0 0 0 0
@@ -59,7 +59,7 @@ def test_a_round_crowded_by_others_is_timed_again(monkeypatch, caplog) -> None:
     calls = {"a": lambda: made.append("a"), "b": lambda: made.append("b")}
     quiet = Quiet(max_wait_s=10)
     with caplog.at_level(logging.INFO, logger="compressor"):
-        per_round = drive_rounds(calls, 2, 0.0, min_calls=1, warmup=0, quiet=quiet)
+        per_round = timed_rounds(calls, 2, 0.0, min_calls=1, warmup=0, quiet=quiet)
     assert {k: len(v) for k, v in per_round.items()} == {"a": 2, "b": 2}, (
         "one figure per round, the crowded one replaced"
     )
@@ -75,7 +75,7 @@ def test_timing_gives_up_on_a_busy_machine_within_its_limits(monkeypatch, caplog
     calls = {"a": lambda: None}
     quiet = Quiet(max_wait_s=10, max_retries=2)
     with caplog.at_level(logging.INFO, logger="compressor"):
-        per_round = drive_rounds(calls, 3, 0.0, min_calls=1, warmup=0, quiet=quiet)
+        per_round = timed_rounds(calls, 3, 0.0, min_calls=1, warmup=0, quiet=quiet)
     assert len(per_round["a"]) == 3
     assert len(quiet.loads) == 5 and quiet.contended == 3, "two retries in all, then every round kept and counted"
     assert "timed 2 again; 3 of 3 rounds still ran beside them: its figures may be off" in caplog.text
@@ -88,7 +88,7 @@ def test_no_waiting_when_the_budget_is_zero(monkeypatch, caplog) -> None:
     monkeypatch.setattr(Quiet, "wait", lambda self: waited.append(1) or True)
     quiet = Quiet()
     with caplog.at_level(logging.INFO, logger="compressor"):
-        drive_rounds({"a": lambda: None}, 2, 0.0, min_calls=1, warmup=0, quiet=quiet)
+        timed_rounds({"a": lambda: None}, 2, 0.0, min_calls=1, warmup=0, quiet=quiet)
     assert quiet.max_wait_s == 0 and not waited and quiet.contended == 2
     assert "not waiting ($COMPRESSOR_TIMING_WAIT_S is 0)" in caplog.text and "timed" not in caplog.text
 
@@ -108,7 +108,7 @@ def test_a_busy_process_beside_a_round_is_seen() -> None:
     try:
         time.sleep(0.3)  # let it start spinning
         quiet = Quiet(max_wait_s=0)
-        drive_rounds({"nap": lambda: time.sleep(0.2)}, 1, 0.8, min_calls=1, warmup=0, quiet=quiet)
+        timed_rounds({"nap": lambda: time.sleep(0.2)}, 1, 0.8, min_calls=1, warmup=0, quiet=quiet)
     finally:
         spin.kill()
         spin.wait()

@@ -268,9 +268,7 @@ def test_budget_spec_errors_name_the_field(budget, message):
 def test_the_table_times_with_the_benchmarks_rotating_rounds():
     """`probe.measure` drives `core.timing.Rounds`: warm-up calls first, then every round visits every call once,
     one further along each round; the figure is the median over rounds of each round's fastest call."""
-    from conftest import drive_rounds
-
-    from compressor.pruning.latency.probe import measure
+    from compressor.pruning.latency.probe import measure, timed_rounds
 
     log: list[str] = []
     calls = {name: (lambda name=name: log.append(name)) for name in "abc"}
@@ -279,6 +277,6 @@ def test_the_table_times_with_the_benchmarks_rotating_rounds():
     assert log[3:] == [name for order in ("abc", "bca", "cab") for name in order for _ in range(3)]  # 3 calls a visit
     assert set(ms) == set("abc") and all(v >= 0 for v in ms.values())
     log.clear()
-    per_round = drive_rounds(calls, 3, 0.0, groups=[["a", "b"], ["c"]], min_calls=1, warmup=0)
+    per_round = timed_rounds(calls, 3, 0.0, min_calls=1, warmup=0, groups=[["a", "b"], ["c"]])
     assert log == ["a", "b", "c", "b", "a", "c", "a", "b", "c"]  # each group rotated on its own, groups in order
     assert {k: len(v) for k, v in per_round.items()} == {"a": 3, "b": 3, "c": 3}

@@ -10,6 +10,7 @@ owns what is timed (a benchmark candidate, a latency-table block) is never calle
 from __future__ import annotations
 
 import logging
+import math
 import os
 import time
 from collections.abc import Callable, Generator, Hashable, Iterator, Mapping, Sequence
@@ -79,19 +80,24 @@ STOPPING_NOTE = (
 )
 
 
-def settled_ratio(ratios: Sequence[float], precision: float, min_rounds: int = MIN_ROUNDS) -> bool:
-    """Whether paired per-round speed-ups `ratios` need no more rounds: at least `min_rounds` of them, and the 95%
-    t-interval of their mean log is within ±`precision` (relative) or wholly below 1.
+def log_ratio_interval(ratios: Sequence[float]) -> tuple[float, float]:
+    """The mean log of paired per-round ratios (at least two) and the half-width of its 95% t-interval.
 
     Logs, because a ratio's errors multiply; a t-interval, because the rounds are few."""
-    if len(ratios) < max(2, min_rounds):
-        return False
     import numpy as np
     from scipy import stats
 
     logs = np.log(np.asarray(ratios, dtype=float))
-    half = stats.t.ppf(0.975, len(logs) - 1) * logs.std(ddof=1) / np.sqrt(len(logs))
-    return bool(half <= np.log1p(precision) or logs.mean() + half < 0.0)
+    return float(logs.mean()), float(stats.t.ppf(0.975, len(logs) - 1) * logs.std(ddof=1) / np.sqrt(len(logs)))
+
+
+def settled_ratio(ratios: Sequence[float], precision: float, min_rounds: int = MIN_ROUNDS) -> bool:
+    """Whether paired per-round speed-ups `ratios` need no more rounds: at least `min_rounds` of them, and the 95%
+    t-interval of their mean log (`log_ratio_interval`) is within ±`precision` (relative) or wholly below 1."""
+    if len(ratios) < max(2, min_rounds):
+        return False
+    mean, half = log_ratio_interval(ratios)
+    return bool(half <= math.log1p(precision) or mean + half < 0.0)
 
 
 class Rounds(Generic[K]):

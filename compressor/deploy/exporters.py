@@ -210,10 +210,10 @@ def _folded_concat(model, value):
     if any(part is None for part in parts):
         return None
     axis = node.attributes["axis"].as_int()
+    tensor = ir.tensor(np.concatenate([part.numpy() for part in parts], axis))
     folded = ir.Value(
-        name=f"{value.name}_folded", const_value=ir.tensor(np.concatenate([p.numpy() for p in parts], axis))
+        name=f"{value.name}_folded", shape=tensor.shape, type=ir.TensorType(tensor.dtype), const_value=tensor
     )
-    folded.shape, folded.type = folded.const_value.shape, ir.TensorType(folded.const_value.dtype)
     model.graph.register_initializer(folded)
     return folded
 

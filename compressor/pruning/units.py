@@ -36,7 +36,6 @@ from compressor.surgery.arch import (
 )
 from compressor.surgery.cost import masked_flops
 from compressor.surgery.positions import cut_positions, write_back
-from compressor.surgery.slicing import prune_heads, prune_neurons
 from compressor.surgery.width import cut_units
 
 UNIT_KINDS = ("heads", "neurons")
@@ -194,8 +193,7 @@ def masks_to_plan(alive: Mapping[str, torch.Tensor]) -> UnitPlan:
 
 def apply_unit_plan(model: nn.Module, plan: UnitPlan) -> nn.Module:
     """Physically remove every unit of `plan` from `model` in place (layers left empty are removed whole)."""
-    prune_heads(model, plan.get("heads", {}))
-    return prune_neurons(model, plan.get("neurons", {}))
+    return cut_units(model, plan)
 
 
 def pruned_units_copy(model: nn.Module, plan: UnitPlan) -> nn.Module:

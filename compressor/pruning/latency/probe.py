@@ -27,6 +27,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from compressor.core import runtimes
+from compressor.core.contention import Quiet
 from compressor.core.errors import UserError
 from compressor.core.timing import Rounds
 from compressor.surgery.arch import arch_spec
@@ -185,11 +186,17 @@ def runner(
 
 
 def timed_rounds(
-    calls: Mapping[Hashable, Callable[[], object]], rounds: int, min_time_s: float, min_calls: int = 3, warmup: int = 1
+    calls: Mapping[Hashable, Callable[[], object]],
+    rounds: int,
+    min_time_s: float,
+    min_calls: int = 3,
+    warmup: int = 1,
+    groups: Sequence[Sequence[Hashable]] | None = None,
+    quiet: Quiet | None = None,
 ) -> dict[Hashable, list[float]]:
     """Seconds per call of each of `calls` (`{key: a call of no arguments}`), one figure per round: the benchmark's
-    protocol (`core.timing.Rounds`, all calls in one group), driven here."""
-    schedule = Rounds([list(calls)], rounds, min_time_s, min_calls, warmup)
+    protocol (`core.timing.Rounds`; `groups` default: all calls in one), driven here."""
+    schedule = Rounds([list(calls)] if groups is None else groups, rounds, min_time_s, min_calls, warmup, quiet=quiet)
     for visit in schedule:
         for _ in visit:
             calls[visit.key]()
