@@ -22,7 +22,7 @@ VOCAB = 120
 
 
 def tiny_config(arch: str = "bert", layers: int = 3, heads: int = 4, head_size: int = 8, num_labels: int = 2):
-    """A tiny config of model type `arch`: the sizes every family shares, plus what its declaration needs (`tiny`)."""
+    """A tiny config of model type `arch`: the shared sizes, plus what its architecture's declaration needs (`tiny`)."""
     hidden = heads * head_size
     spec = arch_spec(arch)
     sizes = {
@@ -133,7 +133,7 @@ def _fake_quantize(
 # How far past the simulated int8 deviation (`simulated_int8_deviation`) a real int8 graph may land, for dynamic and
 # for static (calibrated) activation ranges: what the simulation leaves out (ONNX Runtime's requantisation of fused
 # ops; NNCF's SmoothQuant and its quantised attention products), never a CPU's kernel, which with 7-bit weights on
-# CPUs without VNNI cannot saturate. Set from the tiny models of every family on an AVX2-only CPU, where the real
+# CPUs without VNNI cannot saturate. Set from the tiny models of every architecture on an AVX2-only CPU, where the real
 # deviation is largest (docs/versions.md, "int8 in the tests").
 INT8_SLACK = {"dynamic": 4.0, "static": 8.0}
 

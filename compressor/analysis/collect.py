@@ -158,7 +158,7 @@ def attention_maps(
 ) -> Iterator[tuple[Example, torch.Tensor]]:
     """Yield (example, attention [layers, original heads, n, n]) in float32 on CPU; absent heads are zeros.
 
-    Works with any attention implementation the family's recorder supports (`AttentionRecorder`).
+    Works with any attention implementation the architecture's recorder supports (`AttentionRecorder`).
     """
     model.eval()
     n_layers, n_heads = num_layers(model), original_num_heads(model)

@@ -105,10 +105,10 @@ def _roles_found(result: dict) -> list[str]:
         "### Overlaps (roles are not exclusive)",
         "",
     ]
-    for family, ov in result["overlaps"].items():
+    for group, ov in result["overlaps"].items():
         combos = ", ".join(f"{k}: {v}" for k, v in ov["combinations"].items())
         pairs = ", ".join(f"{k}: {v}" for k, v in ov["pairs"].items())
-        lines += [f"- {family} — combinations: {combos}", f"- {family} — pairs: {pairs}"]
+        lines += [f"- {group} — combinations: {combos}", f"- {group} — pairs: {pairs}"]
     return lines
 
 

@@ -21,9 +21,9 @@ Why the floor is 5.9 (found by running the suite, README "Versions"): up to 5.8.
 tracer fails inside `transformers.masking_utils.sdpa_mask` (an IndexError in its deprecated `cache_position`
 branch, which the traced graph enters; seen at 5.5.4, 5.7.0 and 5.8.1); in 5.0, ModernBERT's attention also
 reshapes by its configured head count, so a pruned ModernBERT cannot run, and ORT's attention fusion finds no heads
-in the export. torch.export (the exporter "auto" falls back to, `deploy.exporters`) takes every family at 5.5.4 (the
-per-family export parity tests pass there, but for ModernBERT's fused graph that ONNX Runtime refuses, now replaced
-by the unfused one); the whole suite has not been run below 5.9, so the floor stays until it has.
+in the export. torch.export (the exporter "auto" falls back to, `deploy.exporters`) takes every architecture at 5.5.4
+(the per-architecture export parity tests pass there, but for ModernBERT's fused graph that ONNX Runtime refuses, now
+replaced by the unfused one); the whole suite has not been run below 5.9, so the floor stays until it has.
 """
 
 from __future__ import annotations

@@ -121,8 +121,8 @@ def cpu_generation(cpuinfo: Path = CPUINFO) -> str | None:
     """The x86 family and model numbers ("family 26 model 2"), None where `cpuinfo` lacks them: virtual machines often
     name only the brand ("AMD EPYC"), and these tell the generations under one name apart (Zen 4 is family 25, Zen 5
     family 26), whose kernels and cost ratios differ."""
-    family, model = _cpuinfo_field(cpuinfo, "cpu family"), _cpuinfo_field(cpuinfo, "model")
-    return f"family {family} model {model}" if family and model else None
+    cpu_family, model = _cpuinfo_field(cpuinfo, "cpu family"), _cpuinfo_field(cpuinfo, "model")
+    return f"family {cpu_family} model {model}" if cpu_family and model else None
 
 
 def cpu_summary(cpuinfo: Path = CPUINFO) -> dict:

@@ -9,7 +9,7 @@ A `Runtime` says, as data, everything the stages need to know about one way of r
 
 - `name`: what users write and read (`prune.budget.runtime`, `compressor pick --runtime`, the frontier's `runtime`
   column, the candidate names of `compressor.core.candidates`);
-- `engine`: the engine family it runs on ("pytorch", "onnx", "openvino"): how its threads are set (PyTorch's
+- `engine`: the engine it runs on ("pytorch", "onnx", "openvino"): how its threads are set (PyTorch's
   through torch, the others' when a session is made) and the bench candidate's `kind`;
 - `variant`: the export variant it runs (`export.variants`, a directory under `onnx/`), None for the saved
   PyTorch model itself;
@@ -95,8 +95,9 @@ class Engine:
     """How the runtimes of one engine are built, loaded, timed and versioned. Subclasses live in
     `compressor.deploy.engines` (one module each) and override what their runtimes need.
 
-    `name` is the family of `Runtime.engine`; `order` places its runtimes in every list (error messages, canonical
-    variant order) and its `build` in the export (ONNX Runtime's fp32 graph comes before OpenVINO converts it).
+    `name` is what `Runtime.engine` says for its runtimes; `order` places its runtimes in every list (error messages,
+    canonical variant order) and its `build` in the export (ONNX Runtime's fp32 graph comes before OpenVINO converts
+    it).
     """
 
     name: str = ""

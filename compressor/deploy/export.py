@@ -6,7 +6,7 @@ tracer, torch.export as the fallback), so the graph has the actual pruned shapes
 gate) before any variant is built; a failure raises `ExportParityError` and writes nothing.
 
 Layout of `out_dir` (each variant directory loads in a bare `onnxruntime.InferenceSession`, inputs `input_ids`,
-`attention_mask` and, where the family takes them, `token_type_ids`, output `logits`; tokenizer files and
+`attention_mask` and, where the architecture takes them, `token_type_ids`, output `logits`; tokenizer files and
 `config.json` sit beside every graph)::
 
     out_dir/fp32/model.onnx        torch → ONNX, dynamic batch and sequence axes
@@ -109,7 +109,7 @@ def _copy_side_files(model_dir: Path, dest: Path) -> None:
 
 
 def graph_inputs(model: nn.Module) -> list[str]:
-    """The graph's input names, in order: token ids, attention mask, and token types where the family takes them
+    """The graph's input names, in order: token ids, attention mask, and token types where the architecture takes them
     and the model has any (DeBERTa-v3's `type_vocab_size` is 0: its forward ignores them)."""
     types = arch_spec(model).takes_token_types(model.config)
     return ["input_ids", "attention_mask", *(["token_type_ids"] if types else [])]
@@ -170,7 +170,7 @@ def _check(file: Path, batches: Sequence[Mapping], reference: dict) -> dict:
 def _build_optimized(fp32: Exported, dest: Path, check: tuple, attention_layers: int, model_type: str, fuses: bool):
     """Optimised graph with fused attention, falling back to the graph without attention fusion when fusion breaks
     parity. `check` is (batches, reference, atol). `fuses` False: ONNX Runtime's optimizer has no fusion for the
-    family's attention, so a TorchScript graph asks for the other fusions only (onnxscript's fusions, which
+    architecture's attention, so a TorchScript graph asks for the other fusions only (onnxscript's fusions, which
     torch.export graphs get, fuse whatever attention they recognise).
 
     Returns (parity stats, extra result fields); raises `ExportParityError` when even the unfused graph fails.

@@ -62,9 +62,9 @@ def pin_head_counts(file: Path, scopes: dict[str, int], head_size: int) -> int:
 
 
 def optimize_graph(src: Path, dest: Path, fuse_attention: bool = True, model_type: str = "bert") -> dict:
-    """ORT transformer optimizer on `src` (`model_type`: the family's `ArchSpec.ort_model_type`), written to `dest`;
-    returns `{"fused_ops": {op_type: count}}`, the optimizer's count of each fused op it made (Attention,
-    SkipLayerNormalization, EmbedLayerNormalization, BiasGelu, ...; zero counts left out).
+    """ORT transformer optimizer on `src` (`model_type`: ONNX Runtime's optimizer model type, the architecture's
+    `ArchSpec.ort_model_type`), written to `dest`; returns `{"fused_ops": {op_type: count}}`: how many of each fused
+    op it made (Attention, SkipLayerNormalization, EmbedLayerNormalization, BiasGelu, ...; zero counts left out).
 
     num_heads=0 / hidden_size=0 make the attention fusion read each layer's head count and width from its own Q
     reshape (pinned by `export_fp32`) instead of one value for the whole model, which is what a pruned model with
@@ -112,5 +112,5 @@ def fusion_label(attention_layers: int, fused: int, fuses: bool) -> str:
     if attention_layers == 0:
         return "n/a (no layer has heads left)"
     if not fuses:
-        return "n/a (ONNX Runtime has no fusion for this family's attention)"
+        return "n/a (ONNX Runtime has no fusion for this architecture's attention)"
     return "full" if fused == attention_layers else ("partial" if fused else "none")

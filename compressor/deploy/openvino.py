@@ -10,7 +10,7 @@ optimum-intel itself is not needed, nor imported)::
                                                        output logits, dynamic batch and sequence axes
     <variant>/config.json + tokenizer files            copied from the fp32 ONNX variant beside it
 
-* `openvino-fp32` is `openvino.convert_model` of our parity-gated fp32 ONNX graph (so every family that exports to
+* `openvino-fp32` is `openvino.convert_model` of our parity-gated fp32 ONNX graph (so every architecture that exports to
   ONNX converts, ModernBERT included; no second trace of the model). It must reproduce PyTorch's logits within the
   export's `atol`, like the ONNX graphs. It runs with `INFERENCE_PRECISION_HINT f32`: on CPUs with bf16 (AVX512-BF16,
   AMX) OpenVINO would otherwise run an fp32 model in bf16, which is neither fp32 nor gated.

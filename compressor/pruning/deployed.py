@@ -1,10 +1,10 @@
-"""A (pruned) model as it is deployed, for timing: a copy with SDPA attention, where its family has it.
+"""A (pruned) model as it is deployed, for timing: a copy with SDPA attention, where its architecture has it.
 
 Users load a saved model with SDPA attention (`load_pruned`'s default), so the benchmark and the in-run check of a
 speed-up budget both time that, not the eager attention pruning trains and masks with. transformers builds the
 attention modules of some architectures at construction time, so switching an existing model's implementation is
-not enough: the copy is rebuilt from the config (eager where the family has no SDPA), pruned the same way and given
-the same weights, in memory.
+not enough: the copy is rebuilt from the config (eager where the architecture has no SDPA), pruned the same way and
+given the same weights, in memory.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from compressor.surgery.width import prune_hidden
 def as_deployed(model: nn.Module) -> nn.Module:
     """A copy of an eager-attention model (pruned or not) using SDPA (what users deploy), in eval mode; `model` is
     left as it is."""
-    from compressor.surgery.checkpoint import _build as build_classifier  # eager where the family has no SDPA
+    from compressor.surgery.checkpoint import _build as build_classifier  # eager where the architecture has no SDPA
     from compressor.surgery.checkpoint import _original_shape
 
     config = copy.deepcopy(model.config)

@@ -233,7 +233,7 @@ _register_recorded_attention()
 class AttentionRecorder:
     """Captures (and optionally rescales) attention probabilities per layer during a forward pass.
 
-    Families whose attention goes through transformers' attention interface (`ArchSpec.probs_dropout` None) are
+    Architectures whose attention goes through transformers' attention interface (`ArchSpec.probs_dropout` None) are
     switched to an eager implementation of our own while attached, whatever they were loaded with (SDPA included);
     the others are hooked at the dropout module their eager attention applies to the probabilities, which needs the
     model loaded with eager attention (refused in one line otherwise). `scale[layer]` multiplies that layer's

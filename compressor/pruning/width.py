@@ -24,7 +24,7 @@ from compressor.surgery.width import stream_norms, width_refusal
 
 
 def check_width(config, spec: PruneSpec) -> None:
-    """Refuse, from the model config alone, a width cut this model cannot take: a family that cannot cut it, or a
+    """Refuse, from the model config alone, a width cut this model cannot take: an architecture that cannot cut it, or a
     `hidden_size` that is not below the model's width."""
     if "hidden" not in spec.units:
         return

@@ -164,8 +164,9 @@ def capture(modules: dict[str, nn.Module], stop: str | None = None) -> Iterator[
 
 
 def check_chain(model: nn.Module, calls: LayerCalls) -> None:
-    """Replaying the layers one by one must reproduce the inputs the model's own forward gave each layer (a family
-    whose encoder does more between layers, e.g. DeBERTa's optional convolution, is refused in one line)."""
+    """Replaying the layers one by one must reproduce the inputs the model's own forward gave each layer (an
+    architecture whose encoder does more between layers, e.g. DeBERTa's optional convolution, is refused in one
+    line)."""
     hidden = calls.hidden
     for index in range(len(calls.args) - 1):
         hidden = run_layer(model, index, hidden, calls)

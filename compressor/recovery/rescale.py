@@ -5,7 +5,7 @@ Kwon et al. 2022's mask tuning. After a step removes units, each sublayer's outp
 columns times those columns, or one FFN neuron's activation times its column of the down-projection) and `m_i = 1`.
 Sublayer by sublayer from the first layer, on the pruned model's own inputs to that layer, `m` is fitted by linear
 least squares so that this sum matches the unpruned model's same sum (the pre-LayerNorm residual sum of post-norm
-families, the residual stream itself of pre-norm ones). Rows are every real token, or only the first token from the
+architectures, the residual stream itself of pre-norm ones). Rows are every real token, or only the first token from the
 last layer that mixes tokens on where the classifier reads the first token (CLS pooling). The normal equations
 `G m = c` (k × k, k kept units) are accumulated over batches in float64 on the CPU, solved with `torch.linalg`, and
 `m` is folded into W_O's columns per head and the down-projection's columns per neuron: a saved, reloaded or
@@ -14,10 +14,10 @@ is skipped (scales stay 1); scales outside [0, `max_scale`] are clamped; both ar
 
 Layers are run one at a time (`replay`: each layer called as the encoder calls it): per layer, the unpruned layer
 once for the targets; the pruned layer up to W_O for the head fit, then whole for the neuron fit, whose pass also
-gives the layer's output after the fold (the down-projection and the family's output LayerNorm on what that pass
+gives the layer's output after the fold (the down-projection and the architecture's output LayerNorm on what that pass
 captured, checked against the pass's own output), so the whole fit costs about two and a half forward passes. The
-layer attributes come from each family's `ArchSpec` (`out_proj`, `ffn_in`, `ffn_out`, its norms' `ffn_residual` and
-`after_ffn`, `reads_first_token`).
+layer attributes come from each architecture's `ArchSpec` (`out_proj`, `ffn_in`, `ffn_out`, its norms' `ffn_residual`
+and `after_ffn`, `reads_first_token`).
 """
 
 from __future__ import annotations
@@ -197,7 +197,7 @@ def _accumulate(model, index, sub: _Sublayer, hidden, calls: LayerCalls, target,
 
 def _ffn_output(model: nn.Module, index: int, seen: _FfnPass) -> torch.Tensor:
     """Layer `index`'s output from its down-projection's input and residual: what the layer computes after its FFN
-    on their sum (`Norms.after_ffn`: a post-norm family's LayerNorm, the sum itself for a pre-norm one)."""
+    on their sum (`Norms.after_ffn`: a post-norm architecture's LayerNorm, the sum itself for a pre-norm one)."""
     spec, layer = arch_spec(model), layers(model)[index]
     proj = get_path(layer, spec.ffn_out)
     return spec.norms.after_ffn(layer, seen.residual + F.linear(seen.z, proj.weight, proj.bias))

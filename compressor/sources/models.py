@@ -251,7 +251,7 @@ def load_model(spec: ModelSpec, label_names: list[str] | None = None, attention:
     """
     config = load_config(spec)
     source = resolve_model_path(spec)
-    attention = supported_attention(config.model_type, attention)  # eager for families without SDPA
+    attention = supported_attention(config.model_type, attention)  # eager for architectures without SDPA
     if (Path(source) / PLAN_FILE).exists():
         model = load_pruned(source, attn_implementation=attention)
         check_sequence_classifier(model, "model.source")

@@ -1,6 +1,7 @@
-"""Surgery: what each architecture family looks like and how its weights are cut.
+"""Surgery: what each architecture looks like and how its weights are cut.
 
-Owns the per-family declarations (`arch`: where heads, FFN neurons and layers live, one module per family), the
+Owns the per-architecture declarations (`arch`: where heads, FFN neurons and layers live, one module per
+architecture), the
 physical removal of heads, neurons and layers (`slicing`, written once per kind of module), FLOP and parameter
 counts (`cost`), and pruned checkpoints (`checkpoint`: save and `load_pruned`).
 

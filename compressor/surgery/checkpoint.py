@@ -3,8 +3,9 @@
 A saved directory is a normal transformers model directory: safetensors weights, tokenizer files and the *original*
 `config.json`, plus what a pruned model needs to be rebuilt anywhere:
 
-- `compressor_layout` in `config.json`: the family's module paths and, per layer, the heads and FFN neurons left or
-  that the layer was removed (transformers 5 has no config field for per-layer shapes);
+- `compressor_layout` in `config.json`: the architecture's module paths (under the key `family`, which saved models
+  carry) and, per layer, the heads and FFN neurons left or that the layer was removed (transformers 5 has no config
+  field for per-layer shapes);
 - `modeling_compressor.py` (a copy of `surgery.portable`) and an `auto_map` entry, so plain transformers loads it
   with `AutoModelForSequenceClassification.from_pretrained(dir, trust_remote_code=True)`, no compressor install;
 - our bookkeeping in `config.json` (`pruned_heads`, `pruned_neurons`, `removed_layers`, original ids) and
@@ -101,12 +102,12 @@ def uniform_ffn_width(model: nn.Module) -> int | None:
 
 
 def layout(model: nn.Module) -> dict:
-    """The `compressor_layout` of `model`: family paths, original sizes and per-layer heads / FFN neurons left."""
+    """The `compressor_layout` of `model`: its architecture's paths, original sizes, per-layer heads / neurons left."""
     gone = set(removed_layers(model))
     units = enumerate(zip(present_heads(model), present_neurons(model), strict=True))
     out = {
         "version": LAYOUT_VERSION,
-        "family": arch_spec(model).portable(),
+        "family": arch_spec(model).portable(),  # the architecture's paths; the key is what saved models carry
         "head_size": head_size(model),
         "num_heads": original_num_heads(model),
         "ffn_size": original_ffn_size(model),
@@ -279,7 +280,7 @@ def _read_weights(model_dir: Path) -> dict[str, torch.Tensor]:
 
 
 def _build(config, attn_implementation: str, dtype: torch.dtype) -> nn.Module:
-    """The unpruned classifier for `config`; eager where SDPA is asked for and the family has none (DeBERTa-v2,
+    """The unpruned classifier for `config`; eager where SDPA is asked for and the architecture has none (DeBERTa-v2,
     MPNet: `ArchSpec.sdpa`)."""
     implementation = supported_attention(config.model_type, attn_implementation)
     if implementation != attn_implementation:

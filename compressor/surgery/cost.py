@@ -3,7 +3,7 @@
 FLOPs are 2 × multiply-accumulates. Per layer with h heads of size d, hidden H, n FFN neurons, T tokens:
 each head costs its Q/K/V rows and W_O columns (4·T·H·d) plus attention scores and weighted values (2·T²·d);
 each FFN neuron costs its W_1 row and W_2 column (2·T·H; 3·T·H in a gated FFN, whose W_1 has an input and a gate
-row per neuron); each family's parts give them (`Attention.head_flops`, `FFN.neuron_flops`), so one with more
+row per neuron); each architecture's parts give them (`Attention.head_flops`, `FFN.neuron_flops`), so one with more
 per-head work (DeBERTa's relative positions) counts it there. A layer's cost is the sum of its units, so removing
 a whole layer saves exactly its heads and neurons: the three unit costs below are the common currency of
 `selection.select_units`.
@@ -84,7 +84,7 @@ def encoder_flops(model: nn.Module, seq_len: int) -> int:
 
     Per layer with h heads of size d, hidden H, FFN width I, T tokens: Q/K/V and output projections
     (4·T·H·h·d), attention scores and weighted values (2·T²·h·d), feed-forward (2·T·H·I; 3·T·H·I gated), plus
-    what the family's attention adds per head (`Attention.head_flops`). Embeddings, the classifier head and
+    what the architecture's attention adds per head (`Attention.head_flops`). Embeddings, the classifier head and
     DeBERTa-v2's conv after layer 0 are ignored (no pruning changes them; the first two are <1% of the total). A
     layer without heads costs only its feed-forward block; a removed layer costs nothing.
     """

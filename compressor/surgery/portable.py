@@ -3,9 +3,9 @@ model directory as `modeling_compressor.py`, so plain transformers loads the mod
 
 transformers builds every layer of an encoder at the size `config.json` gives, and has no field for per-layer head
 counts or FFN widths. A saved model therefore keeps the *original* config plus a `compressor_layout` entry: the
-family's module paths and, per layer, the heads and FFN neurons left (or that the layer was removed). `apply_layout`
-rebuilds the stock model at those shapes before the weights load; `load_pruned` in compressor uses the same function,
-so both routes build the same modules.
+architecture's module paths and, per layer, the heads and FFN neurons left (or that the layer was removed).
+`apply_layout` rebuilds the stock model at those shapes before the weights load; `load_pruned` in compressor uses the
+same function, so both routes build the same modules.
 
 Self-contained on purpose: it imports only torch and transformers, and compressor imports nothing back into it.
 """
@@ -20,7 +20,7 @@ from torch import nn
 
 LAYOUT_KEY = "compressor_layout"
 LAYOUT_VERSION = 1
-HEAD_IDS = "compressor_head_ids"  # buffer of a pruned attention's present original head ids (shared-bias families)
+HEAD_IDS = "compressor_head_ids"  # buffer of a pruned attention's present original head ids (shared-bias architectures)
 
 
 def get_path(root: nn.Module, path: str) -> nn.Module:
@@ -56,11 +56,11 @@ def empty_linear(in_features: int, out_features: int, like: nn.Linear) -> nn.Lin
 
 class EmptyAttention(nn.Module):
     """Attention block of a layer with no heads left: its output is W_O's bias, zeros where W_O has none (then
-    residual and LayerNorm where the family's block normalises).
+    residual and LayerNorm where the architecture's block normalises).
 
-    `norm` is the family's declared path from the block to that LayerNorm (`Norms.attention_norm`:
+    `norm` is the architecture's declared path from the block to that LayerNorm (`Norms.attention_norm`:
     `output.LayerNorm` for BERT-like blocks, `LayerNorm` for MPNet's; None where the block returns W_O's output as
-    is). The sub-module holding it is kept under its own name, so state-dict keys stay the family's own.
+    is). The sub-module holding it is kept under its own name, so state-dict keys stay the architecture's own.
     Returns `(output, None)` like a transformers attention block; no attention map exists for zero heads.
     """
 
@@ -96,7 +96,7 @@ class EmptyAttention(nn.Module):
 
 
 def legacy_attention_norm(block: nn.Module) -> str | None:
-    """The LayerNorm path of a layout saved before families declared it (`attention_norm`), as it was read off the
+    """The LayerNorm path of a layout saved before architectures declared it (`attention_norm`), as it was read off the
     block then: BERT-like blocks normalise in `output`, MPNet's block itself."""
     if hasattr(block, "output"):
         return "output.LayerNorm"
@@ -106,7 +106,7 @@ def legacy_attention_norm(block: nn.Module) -> str | None:
 class SkippedLayer(nn.Module):
     """A layer removed whole (no heads and no FFN neurons): returns its input, with no parameters.
 
-    `marker` (a dotted path, e.g. the family's `output.dense.bias`) holds a zero-size buffer where the stock layer
+    `marker` (a dotted path, e.g. the architecture's `output.dense.bias`) holds a zero-size buffer where the stock layer
     keeps a weight, so stock transformers meets a size mismatch and refuses the checkpoint instead of filling the
     removed layer with fresh random weights. Put in place with `skip_layer`, which keeps its output in
     `output_hidden_states` (one entry per layer). `returns_tuple`: `(input, None)` for encoders that unpack or index
@@ -125,7 +125,7 @@ class SkippedLayer(nn.Module):
 
 
 def _capture_hidden_state(model: nn.Module, replaced: nn.Module, skipped: SkippedLayer) -> None:
-    """Give `skipped` the hook transformers' output capture puts on every layer of its family's class, which
+    """Give `skipped` the hook transformers' output capture puts on every layer of its architecture's class, which
     `skipped` is not: without it `output_hidden_states` would drop the removed layer's entry and shift the rest.
 
     The hooks are otherwise installed lazily, once per model, on modules of the declared class (`_can_record_outputs`),
@@ -199,41 +199,39 @@ def select_bias_heads(attn: nn.Module, arg: str, head_ids) -> None:
     attn.register_forward_pre_hook(_select_bias, with_kwargs=True)
 
 
-def shrink_attention(layer: nn.Module, family: dict, heads: int, head_size: int) -> None:
-    """Rebuild `layer`'s Q/K/V rows (and those of the family's other per-head Linears it has), and W_O columns, for
+def shrink_attention(layer: nn.Module, arch: dict, heads: int, head_size: int) -> None:
+    """Rebuild `layer`'s Q/K/V rows (and those of its architecture's other per-head Linears), and W_O columns, for
     `heads` heads (an `EmptyAttention` for none); a fused Q/K/V Linear (`fused_qkv`) gets the three blocks of rows."""
     if heads == 0:
-        block = get_path(layer, family["attention"])
-        norm = family["attention_norm"] if "attention_norm" in family else legacy_attention_norm(block)
-        set_path(layer, family["attention"], EmptyAttention(block, family["attention_out"], norm))
+        block = get_path(layer, arch["attention"])
+        norm = arch["attention_norm"] if "attention_norm" in arch else legacy_attention_norm(block)
+        set_path(layer, arch["attention"], EmptyAttention(block, arch["attention_out"], norm))
         return
-    attn, width = get_path(layer, family["self_attn"]), heads * head_size
-    extra = [name for name in family.get("head_rows", ()) if isinstance(getattr(attn, name, None), nn.Linear)]
-    fused = dict.fromkeys((family["query"], family["key"], family["value"]))
+    attn, width = get_path(layer, arch["self_attn"]), heads * head_size
+    extra = [name for name in arch.get("head_rows", ()) if isinstance(getattr(attn, name, None), nn.Linear)]
+    fused = dict.fromkeys((arch["query"], arch["key"], arch["value"]))
     for name in (*fused, *extra):
-        blocks = 3 if family.get("fused_qkv") and name in fused else 1
+        blocks = 3 if arch.get("fused_qkv") and name in fused else 1
         old = getattr(attn, name)
         setattr(attn, name, empty_linear(old.in_features, width * blocks, old))
-    out = get_path(layer, family["out_proj"])
-    set_path(layer, family["out_proj"], empty_linear(width, out.out_features, out))
-    for attr, value in ((family["heads_attr"], heads), (family["width_attr"], width)):
-        if attr:  # None: the family's forward reads the head count off the weights
+    out = get_path(layer, arch["out_proj"])
+    set_path(layer, arch["out_proj"], empty_linear(width, out.out_features, out))
+    for attr, value in ((arch["heads_attr"], heads), (arch["width_attr"], width)):
+        if attr:  # None: the architecture's forward reads the head count off the weights
             setattr(attn, attr, value)
-    if family.get("shared_bias"):  # placeholder ids (invalid, so never silently used): the saved buffer loads over
-        select_bias_heads(attn, family["shared_bias"], [-1] * heads)
+    if arch.get("shared_bias"):  # placeholder ids (invalid, so never silently used): the saved buffer loads over
+        select_bias_heads(attn, arch["shared_bias"], [-1] * heads)
 
 
-def shrink_ffn(layer: nn.Module, family: dict, width: int) -> None:
+def shrink_ffn(layer: nn.Module, arch: dict, width: int) -> None:
     """Rebuild `layer`'s FFN for `width` neurons (W_1 rows, both halves of a gated W_1; W_2 columns)."""
-    first, second = get_path(layer, family["ffn_in"]), get_path(layer, family["ffn_out"])
-    set_path(
-        layer, family["ffn_in"], empty_linear(first.in_features, width * (2 if family.get("gated_ffn") else 1), first)
-    )
-    set_path(layer, family["ffn_out"], empty_linear(width, second.out_features, second))
+    first, second = get_path(layer, arch["ffn_in"]), get_path(layer, arch["ffn_out"])
+    set_path(layer, arch["ffn_in"], empty_linear(first.in_features, width * (2 if arch.get("gated_ffn") else 1), first))
+    set_path(layer, arch["ffn_out"], empty_linear(width, second.out_features, second))
 
 
-def stream_paths(model: nn.Module, family: dict) -> dict[str, list[str]]:
-    """Where the residual stream of `model` (a classifier of a post-norm family) is read and written, as dotted paths
+def stream_paths(model: nn.Module, arch: dict) -> dict[str, list[str]]:
+    """Where the residual stream of `model` (a post-norm architecture's classifier) is read and written, as dotted paths
     from `model`: "tables" (the embedding tables of the stream's width), "norms" (every LayerNorm over it),
     "readers" (Linears whose input columns are the stream: each layer's Q/K/V and FFN-in, the head's Linears) and
     "writers" (Linears whose output rows are: each layer's W_O and FFN-out, the head's hidden Linear, whose
@@ -251,17 +249,17 @@ def stream_paths(model: nn.Module, family: dict) -> dict[str, list[str]]:
     out["tables"] = [names[id(m)] for m in owner.modules() if isinstance(m, nn.Embedding) and m.embedding_dim == width]
     norms = [(n, m) for n, m in model.named_modules() if isinstance(m, nn.LayerNorm)]
     out["norms"] = [name for name, norm in norms if norm.normalized_shape == (width,)]
-    stack = get_path(model.base_model, family["layers"])
+    stack = get_path(model.base_model, arch["layers"])
     inside = {id(m) for m in stack.modules()}
-    attn_names = dict.fromkeys((family["query"], family["key"], family["value"]))
+    attn_names = dict.fromkeys((arch["query"], arch["key"], arch["value"]))
     for layer in stack:
         prefix = names[id(layer)] + "."
         try:
-            attn = get_path(layer, family["self_attn"])
-            out["readers"] += [prefix + family["self_attn"] + "." + q for q in attn_names if hasattr(attn, q)]
+            attn = get_path(layer, arch["self_attn"])
+            out["readers"] += [prefix + arch["self_attn"] + "." + q for q in attn_names if hasattr(attn, q)]
         except AttributeError:  # a layer without heads (EmptyAttention) or removed whole (SkippedLayer)
             pass
-        sides = ((family["ffn_in"], "readers"), (family["out_proj"], "writers"), (family["ffn_out"], "writers"))
+        sides = ((arch["ffn_in"], "readers"), (arch["out_proj"], "writers"), (arch["ffn_out"], "writers"))
         for path, kind in sides:
             try:
                 found = get_path(layer, path)
@@ -308,10 +306,10 @@ def _narrowed(module: nn.Module, width: int, index: torch.Tensor | None, rows: b
     return new
 
 
-def narrow_stream(model: nn.Module, family: dict, width: int, index: torch.Tensor | None = None) -> nn.Module:
+def narrow_stream(model: nn.Module, arch: dict, width: int, index: torch.Tensor | None = None) -> nn.Module:
     """Give `model`'s residual stream `width` channels, in place: with `index` (positions in the current stream,
     sorted), keeping those channels' weights; without, as empty modules for a saved model's weights to load into."""
-    paths = stream_paths(model, family)
+    paths = stream_paths(model, arch)
     readers, writers = set(paths["readers"]), set(paths["writers"])
     for path in paths["tables"] + paths["norms"]:
         set_path(model, path, _narrowed(get_path(model, path), width, index, rows=False, cols=False))
@@ -325,23 +323,23 @@ def apply_layout(model: nn.Module, layout: dict) -> nn.Module:
     """Give a freshly built (full-size) `model` the per-layer shapes of `layout`, in place; weights load after."""
     if layout.get("version") != LAYOUT_VERSION:
         raise ValueError(f"{LAYOUT_KEY}: version {layout.get('version')!r} is not {LAYOUT_VERSION}; update compressor")
-    family, size = layout["family"], int(layout["head_size"])
-    stack = get_path(model.base_model, family["layers"])
+    arch, size = layout["family"], int(layout["head_size"])
+    stack = get_path(model.base_model, arch["layers"])
     if len(stack) != len(layout["blocks"]):
         raise ValueError(f"{LAYOUT_KEY}: {len(layout['blocks'])} blocks for a model of {len(stack)} layers")
     full_heads = int(layout["num_heads"])
     full_ffn = int(layout["ffn_size"])
     for index, block in enumerate(layout["blocks"]):
         if block.get("removed"):
-            marker = removal_marker(stack[index], family["ffn_out"])
-            skip_layer(model, stack, index, marker, bool(family.get("layer_tuple")))
+            marker = removal_marker(stack[index], arch["ffn_out"])
+            skip_layer(model, stack, index, marker, bool(arch.get("layer_tuple")))
             continue
         if int(block["heads"]) != full_heads:
-            shrink_attention(stack[index], family, int(block["heads"]), size)
+            shrink_attention(stack[index], arch, int(block["heads"]), size)
         if int(block["ffn"]) != full_ffn:
-            shrink_ffn(stack[index], family, int(block["ffn"]))
+            shrink_ffn(stack[index], arch, int(block["ffn"]))
     if "hidden" in layout:  # the residual stream's width, where it was cut (absent otherwise)
-        narrow_stream(model, family, int(layout["hidden"]))
+        narrow_stream(model, arch, int(layout["hidden"]))
     return model
 
 

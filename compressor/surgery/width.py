@@ -4,11 +4,11 @@ The stream is shared by every layer, so a width cut is one set of channels (orig
 taken out of every embedding table and LayerNorm of the stream's width, the input columns of every Linear that
 reads it (Q/K/V, FFN-in, the head) and the output rows of every Linear that writes it (W_O, FFN-out, the head's
 hidden Linear): `surgery.portable.stream_paths` lists them, and the same list rebuilds a saved model. Heads keep
-their head size: after a cut, heads × head size no longer equals the width, and nothing in the supported families'
+their head size: after a cut, heads × head size no longer equals the width, and nothing in the supported architectures'
 forward derives one from the other.
 
-Exact for post-norm families when the model was trained with every stream LayerNorm normalising over the kept
-channels only (`pruning.masking.gated`'s `hidden`), as CoFi does: then masked == pruned. Pre-norm families (the
+Exact for post-norm architectures when the model was trained with every stream LayerNorm normalising over the kept
+channels only (`pruning.masking.gated`'s `hidden`), as CoFi does: then masked == pruned. Pre-norm architectures (the
 stream is never normalised before it is summed), DeBERTa (its relative-position embeddings are a second stream
 of the same width) and a factorised embedding (ELECTRA's projection) are refused in one line (`width_refusal`).
 """
@@ -46,8 +46,8 @@ def width_refusal(config) -> str | None:
 
 def prune_hidden(model: nn.Module, remove: Iterable[int]) -> nn.Module:
     """Remove the residual channels `remove` (original ids) from `model` in place and record them in
-    `config.pruned_hidden`. Channels already removed are ignored (a cumulative list replays idempotently); a
-    channel out of range, a cut that leaves nothing, or a family that cannot be cut is refused before any change."""
+    `config.pruned_hidden`. Channels already removed are ignored (a cumulative list replays idempotently); a channel out
+    of range, a cut that leaves nothing, or an architecture that cannot be cut is refused before any change."""
     reason = width_refusal(model.config)
     if reason is not None:
         raise WidthError(f"prune.units: 'hidden' cannot be cut here: {reason}")

@@ -33,7 +33,7 @@ class _Logits(nn.Module):
 
 
 def _for_timing(model: nn.Module) -> nn.Module:
-    """`model` as deployed (`as_deployed`: a copy with SDPA attention where its family has it, as the benchmark
+    """`model` as deployed (`as_deployed`: a copy with SDPA attention where its architecture has it, as the benchmark
     times it), called with token ids only."""
     return _Logits(as_deployed(model))
 

@@ -70,7 +70,8 @@ class Dims:
 
     @classmethod
     def from_config(cls, config) -> Dims:
-        """Read a transformers config (the FFN width under the family's declared name, `ArchSpec.ffn_size_attr`)."""
+        """Read a transformers config (the FFN width under the architecture's declared name,
+        `ArchSpec.ffn_size_attr`)."""
         hidden, heads = int(config.hidden_size), int(config.num_attention_heads)
         name = arch_spec(config.model_type).ffn_size_attr
         intermediate = getattr(config, name, None)

@@ -1,7 +1,7 @@
-"""Architecture families: one declaration module each (`bert`, `distilbert`, `deberta_v2`, `modernbert`, `mpnet`),
+"""Architectures: one declaration module each (`bert`, `distilbert`, `deberta_v2`, `modernbert`, `mpnet`),
 the parts a declaration is made of, BERT's by default (`parts`), the registry (`spec`) and the shape readers built on
-it (`shape`). Adding a family means adding one module here, overriding the parts' methods where it differs (and its
-tiny config to `compressor.testing.ARCHS`); importing this package registers every family.
+it (`shape`). Adding an architecture means adding one module here, overriding the parts' methods where it differs (and
+its tiny config to `compressor.testing.ARCHS`); importing this package registers every architecture.
 """
 
 from compressor.surgery.arch import bert, deberta_v2, distilbert, modernbert, mpnet  # noqa: F401  (registration)

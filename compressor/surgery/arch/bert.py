@@ -1,4 +1,4 @@
-"""The BERT family: BERT and the models that share its module layout (RoBERTa, XLM-RoBERTa, CamemBERT, ELECTRA).
+"""The BERT architecture: BERT and the models that share its module layout (RoBERTa, XLM-RoBERTa, CamemBERT, ELECTRA).
 
 Separate `query`/`key`/`value` Linears under `attention.self`, `attention.output.dense` mixing heads back, and a
 two-Linear FFN (`intermediate.dense` → `output.dense`): `ArchSpec`'s defaults. RoBERTa-style position ids start after

@@ -1,8 +1,8 @@
-"""The parts a family declaration is made of: its attention, its FFN and where it normalises, each with BERT's
+"""The parts an architecture's declaration is made of: its attention, its FFN and where it normalises, each with BERT's
 behaviour as the default and methods that answer what the other stages ask (the rows of a head, the rows of a
-neuron, the residual the FFN adds to, an empty attention). A family whose part differs overrides the method in its
-own module (ModernBERT's fused Q/K/V and gated FFN, DeBERTa's relative positions, MPNet's shared bias): no stage
-outside this package branches on what a family is.
+neuron, the residual the FFN adds to, an empty attention). An architecture whose part differs overrides the method in
+its own module (ModernBERT's fused Q/K/V and gated FFN, DeBERTa's relative positions, MPNet's shared bias): no stage
+outside this package branches on what an architecture is.
 """
 
 from __future__ import annotations
@@ -40,8 +40,8 @@ class Attention:
     width_attr: str | None = "all_head_size"  # heads × head size attribute on self_attn (None: as heads_attr)
     head_size_attr: str = "attention_head_size"
     probs_dropout: str | None = None  # from self_attn: the dropout eager attention applies to probabilities, where
-    # attention maps are read; None: the family runs transformers' attention interface (read there instead)
-    sdpa: bool = True  # transformers has an SDPA path for the family (loads asking for SDPA fall back to eager if not)
+    # attention maps are read; None: the architecture runs transformers' attention interface (read there instead)
+    sdpa: bool = True  # transformers has SDPA for the architecture (loads asking for SDPA fall back to eager if not)
 
     @property
     def qkv(self) -> tuple[str, ...]:

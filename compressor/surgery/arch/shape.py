@@ -1,5 +1,5 @@
-"""Reading a model's shape through its family's declaration: layers, heads and FFN neurons present, original sizes,
-and what was pruned. Every stage goes through these instead of hard-coding attribute names.
+"""Reading a model's shape through its architecture's declaration: layers, heads and FFN neurons present, original
+sizes, and what was pruned. Every stage goes through these instead of hard-coding attribute names.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ def layers(model: nn.Module) -> nn.ModuleList:
     return get_path(model.base_model, arch_spec(model).layers)
 
 
-HIDDEN_KWARGS = ("hidden_states", "hidden_state", "x")  # what each family's layer names its input, when by name
+HIDDEN_KWARGS = ("hidden_states", "hidden_state", "x")  # what each architecture's layer names its input, when by name
 
 
 def hidden_kwarg(kwargs: dict) -> str:

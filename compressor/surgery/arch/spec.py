@@ -1,10 +1,10 @@
-"""What an architecture family declares, the validated registry of families, and the lookup every stage uses.
+"""What an architecture declares, the validated registry of architectures, and the lookup every stage uses.
 
-A family is declared once, in its own module of this package (`bert.py`, `distilbert.py`, ...): an `ArchSpec` made of
-its attention, FFN and norm parts (`parts`), BERT's by default, where the family module overrides what differs, plus
-the few facts other stages ask about the model as a whole (position embeddings reserved for padding, token type
-inputs, the ONNX Runtime fusion family). Stages call the spec's and its parts' methods; none tests a quirk of a
-family. `register` validates a declaration when it is made, so a typo fails at import, not in the middle of a run.
+An architecture is declared once, in its own module of this package (`bert.py`, `distilbert.py`, ...): an `ArchSpec`
+made of its attention, FFN and norm parts (`parts`), BERT's by default, where the architecture's module overrides what
+differs, plus the few facts other stages ask about the model as a whole (position embeddings reserved for padding, token
+type inputs, ONNX Runtime's optimizer model type). Stages call the spec's and its parts' methods; none tests a quirk of
+an architecture. `register` validates a declaration when it is made, so a typo fails at import, not mid-run.
 """
 
 from __future__ import annotations
@@ -30,15 +30,15 @@ def _part(part: str, name: str) -> property:
 
 
 class OrtFusion(NamedTuple):
-    """How ONNX Runtime's transformer optimizer handles a family's graph."""
+    """How ONNX Runtime's transformer optimizer handles an architecture's graph."""
 
-    model_type: str  # the optimizer's fusion family for this graph
-    fuses_attention: bool  # whether it fuses the family's attention into Attention nodes
+    model_type: str  # ONNX Runtime's optimizer model type for this graph
+    fuses_attention: bool  # whether it fuses the architecture's attention into Attention nodes
 
 
 @dataclass(frozen=True)
 class ArchSpec:
-    """One architecture family: where its layers are, its attention, FFN and norm parts, and the few facts other
+    """One architecture: where its layers are, its attention, FFN and norm parts, and the few facts other
     stages ask about the model as a whole. Every default is BERT's."""
 
     layers: str = "encoder.layer"  # from the base model to the nn.ModuleList of layers
@@ -47,15 +47,15 @@ class ArchSpec:
     norms: Norms = Norms()
     token_type_ids: bool = True  # the forward takes token_type_ids (DistilBERT's does not)
     padding_positions: bool = False  # position ids start after pad_token_id (RoBERTa): pad + 1 embeddings are reserved
-    ort_model_type: str = "bert"  # the ONNX Runtime transformer optimizer's fusion family for this graph
-    ort_fuses_attention: bool = True  # ORT's optimizer fuses this family's attention into Attention nodes
+    ort_model_type: str = "bert"  # ONNX Runtime's optimizer model type for this graph
+    ort_fuses_attention: bool = True  # ORT's optimizer fuses this architecture's attention into Attention nodes
     layer_returns_tuple: bool = False  # a layer returns a tuple (hidden states first) that the encoder indexes, not
     # the hidden states alone (DeBERTa, MPNet)
     pooling_attr: str | None = None  # config attribute naming how the classifier pools ("cls": the first token, as
     # when None), e.g. ModernBERT's classifier_pooling; any other value: the head reads every token
     encoder_side_module: str | None = None  # a module the encoder runs after its first layer, outside the layer
     # list, on the layers' parent (DeBERTa-v2's optional `conv`)
-    tiny: Mapping[str, object] = field(default_factory=dict)  # config values the family's tiny test models need
+    tiny: Mapping[str, object] = field(default_factory=dict)  # config values the architecture's tiny test models need
     # beyond the shared sizes (`compressor.testing.tiny_config`)
 
     attention = _part("attn", "block")
@@ -80,7 +80,7 @@ class ArchSpec:
         return self.pooling_attr is None or getattr(config, self.pooling_attr, "cls") == "cls"
 
     def takes_token_types(self, config) -> bool:
-        """Whether a model of `config` takes `token_type_ids` (the family's forward does, and the model has token
+        """Whether a model of `config` takes `token_type_ids` (the architecture's forward does, and the model has token
         types: DeBERTa-v3's `type_vocab_size` is 0, and its forward then ignores them)."""
         return self.token_type_ids and (getattr(config, "type_vocab_size", 1) or 0) > 0
 
@@ -89,7 +89,7 @@ class ArchSpec:
         return (getattr(config, "pad_token_id", None) or 0) + 1 if self.padding_positions else 0
 
     def ort_fusion(self) -> OrtFusion:
-        """ONNX Runtime's fusion family for this graph and whether it fuses the attention."""
+        """ONNX Runtime's optimizer model type for this graph and whether it fuses the attention."""
         return OrtFusion(self.ort_model_type, self.ort_fuses_attention)
 
     def empty_attention(self, block: nn.Module) -> nn.Module:
@@ -113,12 +113,12 @@ class ArchSpec:
         return getattr(encoder, self.encoder_side_module, None) is None
 
     def width_refusal(self, kind: str) -> str | None:
-        """Why this family's residual width cannot be cut exactly, in words (None where its parts allow it)."""
+        """Why this architecture's residual width cannot be cut exactly, in words (None where its parts allow it)."""
         return self.norms.width_refusal(kind) or self.attn.width_refusal(kind)
 
     def portable(self) -> dict[str, object]:
-        """The module paths `surgery.portable` needs to rebuild this family's shapes, for a saved config (the optional
-        entries only where set, so the other families' saved layouts stay as they were)."""
+        """The module paths `surgery.portable` needs to rebuild this architecture's shapes, for a saved config (the
+        optional entries only where set, so the other architectures' saved layouts stay as they were)."""
         a, f = self.attn, self.ffn
         out: dict[str, object] = {
             "layers": self.layers, "attention": a.block, "self_attn": a.self_attn, "query": a.query, "key": a.key,
@@ -134,7 +134,7 @@ class ArchSpec:
 _PORTABLE_ORDER = ("layers", "attention", "self_attn", "query", "key", "value", "out_proj", "heads_attr", "width_attr",
                    "ffn_in", "ffn_out", "attention_norm", "attention_out", "head_rows", "layer_tuple", "shared_bias",
                    "fused_qkv", "gated_ffn")  # fmt: skip
-ARCHITECTURES: dict[str, ArchSpec] = {}  # config.model_type → declaration, filled by the family modules
+ARCHITECTURES: dict[str, ArchSpec] = {}  # config.model_type → declaration, filled by the architecture modules
 
 
 def register(spec: ArchSpec, *model_types: str) -> ArchSpec:
@@ -185,6 +185,6 @@ def arch_spec(model_or_type: nn.Module | str) -> ArchSpec:
 
 
 def supported_attention(model_type: str, requested: str) -> str:
-    """`requested`, or "eager" where SDPA is asked for and the family declares none in transformers (`sdpa`)."""
+    """`requested`, or "eager" where SDPA is asked for and the architecture declares none in transformers (`sdpa`)."""
     spec = declared(model_type)
     return "eager" if requested == "sdpa" and spec is not None and not spec.sdpa else requested

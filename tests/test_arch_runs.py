@@ -28,7 +28,7 @@ def _model_dir(root: Path, arch: str) -> Path:
 
 
 @pytest.mark.parametrize("arch", NEWER)
-def test_run_end_to_end_on_a_newer_family(tmp_path, tiny_csv, cache_dir, arch) -> None:
+def test_run_end_to_end_on_a_newer_architecture(tmp_path, tiny_csv, cache_dir, arch) -> None:
     overrides = {
         "prune.units": ["heads", "neurons"],
         "prune.budget": {"kind": "flops", "value": 0.5, "seq_len": 16},
