@@ -20,7 +20,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("COMPRESSOR_TIMING_WAIT_S", "0")
 # "auto" starts from TorchScript, as it does without the variable; set here so that a machine's own setting cannot
 # change what the suite runs. The tests of torch.export ask for it by name (tests/test_exporters.py, the
-# every-unit-kind export of each family, OpenVINO from its graph).
+# every-unit-kind export of each architecture, OpenVINO from its graph).
 os.environ["COMPRESSOR_EXPORTER"] = "torchscript"
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -1,4 +1,4 @@
-"""DeBERTa-v2 specifics the generic family tests (run on DeBERTa-v3's shape: relative keys shared with the layer's
+"""DeBERTa-v2 specifics the generic architecture tests (run on DeBERTa-v3's shape: relative keys shared with the layer's
 own projections) cannot see: the per-head relative-position projections of `share_att_key=False`, c2p- or p2c-only
 scores, absolute positions and token types, the convolution after layer 0, plain attention, and the relative terms
 in the FLOP count."""
@@ -131,8 +131,8 @@ def test_every_unit_kind_masks_and_reloads_through_both_routes(tmp_path: Path, v
     torch.testing.assert_close(logits(pruned), logits(base(variant, 4), gates, cells), atol=1e-5, rtol=0)
 
     path = save_pruned(pruned, tmp_path / "model")
-    family = json.loads((path / "config.json").read_text())[LAYOUT_KEY]["family"]
-    assert family["head_rows"] == ["pos_key_proj", "pos_query_proj"] and family["layer_tuple"] is True
+    paths = json.loads((path / "config.json").read_text())[LAYOUT_KEY]["family"]  # the architecture's paths
+    assert paths["head_rows"] == ["pos_key_proj", "pos_query_proj"] and paths["layer_tuple"] is True
     with torch.no_grad():
         reference = pruned(**inputs(pruned), output_hidden_states=True)
     remote = AutoModelForSequenceClassification.from_pretrained(path, trust_remote_code=True).eval()

@@ -69,7 +69,7 @@ def test_declaration_matches_the_modules() -> None:
     assert layer.attn.Wqkv.out_features == 3 * HIDDEN and layer.attn.head_dim == SIZE
     assert layer.mlp.Wi.out_features == 2 * width(m) and layer.mlp.Wo.in_features == width(m)
     assert spec.portable()["fused_qkv"] is True and spec.portable()["gated_ffn"] is True
-    assert "fused_qkv" not in arch_spec("bert").portable()  # other families' saved layouts are unchanged
+    assert "fused_qkv" not in arch_spec("bert").portable()  # other architectures' saved layouts are unchanged
 
 
 def test_fused_qkv_and_gated_rows_are_sliced_by_original_id() -> None:
@@ -189,5 +189,5 @@ def test_fused_qkv_must_name_one_linear() -> None:
     spec = arch_spec("modernbert")
     spec = replace(spec, attn=replace(spec.attn, key="Wk"))
     with pytest.raises(ValueError, match="ArchSpec.fused_qkv: query, key and value must name the one fused Linear"):
-        register(spec, "not-a-family")
+        register(spec, "not-an-architecture")
     assert isinstance(spec, ArchSpec)

@@ -1,4 +1,4 @@
-"""MPNet's own parts the generic family tests cannot see: the relative position bias computed once in the encoder
+"""MPNet's own parts the generic architecture tests cannot see: the relative position bias computed once in the encoder
 and shared by every layer (each pruned layer selects its own heads' columns, through both load routes and ONNX), the
 attention block that normalises itself (EmptyAttention), layers that return tuples (SkippedLayer, gated layers) and
 the missing SDPA path."""
@@ -108,7 +108,7 @@ def test_a_missing_argument_or_missing_ids_is_refused() -> None:
 
 def test_empty_attention_normalises_like_the_block() -> None:
     """MPNet's attention block applies LayerNorm(dropout(W_O) + residual) itself: an emptied block keeps that, under
-    the family's own state-dict names."""
+    the architecture's own state-dict names."""
     pruned = pruned_copy(base(), {1: list(range(HEADS))})
     block = layers(pruned)[1].attention
     assert isinstance(block, EmptyAttention) and block._norm == arch_spec("mpnet").norms.attention_norm == "LayerNorm"

@@ -1,6 +1,6 @@
-"""A family is an `ArchSpec` of attention, FFN and norm parts whose methods the stages call: a part a family overrides
-is what slicing and cost use, the saved layout each family writes is unchanged, and the spec's answers about the
-model as a whole (token types, reserved positions) follow the config."""
+"""An architecture is an `ArchSpec` of attention, FFN and norm parts whose methods the stages call: a part an
+architecture overrides is what slicing and cost use, the saved layout each architecture writes is unchanged, and the
+spec's answers about the model as a whole (token types, reserved positions) follow the config."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from compressor.surgery.slicing import prune_heads
 from compressor.testing import ARCHS, tiny_config, tiny_model
 
 # What saved models' config.json carries under compressor_layout["family"] (key order included): a model saved
-# before families were made of parts must load, and one saved after must load in an older install.
+# before architectures were made of parts must load, and one saved after must load in an older install.
 SAVED = {
     "bert": '{"layers": "encoder.layer", "attention": "attention", "self_attn": "attention.self", "query": "query", '
     '"key": "key", "value": "value", "out_proj": "attention.output.dense", "heads_attr": "num_attention_heads", '
@@ -44,11 +44,11 @@ SAVED = {
 
 
 @pytest.mark.parametrize("arch", sorted(SAVED))
-def test_each_family_saves_the_layout_it_always_saved(arch: str) -> None:
+def test_each_architecture_saves_the_layout_it_always_saved(arch: str) -> None:
     assert json.dumps(arch_spec(arch).portable()) == SAVED[arch]
 
 
-def test_bert_like_families_share_bert_s_parts() -> None:
+def test_bert_like_architectures_share_bert_s_parts() -> None:
     """RoBERTa, XLM-R, CamemBERT and ELECTRA differ from BERT only in what the spec says of the whole model."""
     for arch in ("roberta", "xlm-roberta", "camembert", "electra"):
         assert arch_spec(arch).portable() == arch_spec("bert").portable()
@@ -73,7 +73,7 @@ class CostlyFFN(FFN):
         return torch.cat([index, index + width, index + 2 * width])
 
 
-def test_slicing_and_cost_call_the_part_a_family_overrides(monkeypatch) -> None:
+def test_slicing_and_cost_call_the_part_an_architecture_overrides(monkeypatch) -> None:
     bert = ARCHITECTURES["bert"]
     monkeypatch.setitem(ARCHITECTURES, "bert", replace(bert, attn=RecordingAttention(), ffn=CostlyFFN()))
     KEPT.clear()

@@ -1,6 +1,6 @@
-"""`compressor run` end to end on a tiny model directory of each newer family, made here: base fine-tune, iterative
-pruning of heads and FFN neurons under a FLOP budget with recovery, surgery, save, ONNX export with its parity gate,
-bench and report. The saved model must load through both routes with the report's masked == pruned equivalence."""
+"""`compressor run` end to end on a tiny model directory of each newer architecture, made here: base fine-tune,
+iterative pruning of heads and FFN neurons under a FLOP budget with recovery, surgery, save, ONNX export with its parity
+gate, bench and report. The saved model must load through both routes with the report's masked == pruned equivalence."""
 
 from __future__ import annotations
 
@@ -50,7 +50,7 @@ def test_run_end_to_end_on_a_newer_architecture(tmp_path, tiny_csv, cache_dir, a
     assert report["original"]["test"]["accuracy"] >= 0.8, "the base fine-tune learned the task"
     assert report["pruned"]["flop_ratio"] >= 1.8 and report["pruned"]["masked_vs_pruned_max_abs_diff"] <= 1e-5
     assert report["export"]["fp32"]["max_abs_diff"] <= 1e-4
-    smoothing = report["export"]["int8"]["smoothing"]  # SmoothQuant finds this family's MatMuls in its graph
+    smoothing = report["export"]["int8"]["smoothing"]  # SmoothQuant finds this architecture's MatMuls in its graph
     assert smoothing["matmuls"] >= 3 * 4 and smoothing["scope"] == "all", smoothing
     model_dir = Path(report["pruned"]["model_dir"])
     tok = AutoTokenizer.from_pretrained(model_dir)
@@ -63,7 +63,7 @@ def test_run_end_to_end_on_a_newer_architecture(tmp_path, tiny_csv, cache_dir, a
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_declared_sdpa_matches_transformers(arch) -> None:
-    """`ArchSpec.sdpa` (what loads fall back on) says what transformers itself supports for the family."""
+    """`ArchSpec.sdpa` (what loads fall back on) says what transformers itself supports for the architecture."""
     from compressor.surgery.arch import arch_spec
     from compressor.testing import has_sdpa
 

@@ -464,8 +464,8 @@ def test_unpruned_directory_and_missing_weights(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_layout_saved_before_attention_norm_was_declared_still_loads(tmp_path: Path, arch: str) -> None:
-    """A layout without `attention_norm` (saved before families declared where their attention block normalises)
-    loads to the same logits: the legacy reading of the block agrees with every family's declaration."""
+    """A layout without `attention_norm` (saved before architectures declared where their attention block normalises)
+    loads to the same logits: the legacy reading of the block agrees with every architecture's declaration."""
     pruned = combined(arch)
     path = save_pruned(pruned, tmp_path / arch)
     config = config_json(path)

@@ -40,7 +40,7 @@ PAIRS = [
 
 def pruned_saved(root: Path, arch: str, num_labels: int = 2) -> tuple[torch.nn.Module, object, Path]:
     """(model, tokenizer, saved directory) of a tiny classifier with heads and FFN neurons removed unevenly, saved as
-    the pipeline saves a member; the tokenizer gives `token_type_ids` only to a family that takes them."""
+    the pipeline saves a member; the tokenizer gives `token_type_ids` only to an architecture that takes them."""
     model = pruned_copy(tiny_model(arch, layers=3, heads=4, num_labels=num_labels), HEADS, NEURONS)
     tokenizer = AutoTokenizer.from_pretrained(make_tokenizer_dir(root / "tok"))
     if not arch_spec(model).takes_token_types(model.config):
@@ -203,7 +203,7 @@ def openvino_exports(root: Path, arch: str) -> tuple[Path, dict[str, Path]]:
 
 OPENVINO = ("openvino-fp32", "openvino-int8")
 CALIBRATION = [tiny_batch(batch=16, seq=11, seed=s) for s in range(40, 44)]
-OPTIMUM_ARCHS = ("bert", "modernbert", "mpnet")  # token types, a fused-QKV pre-norm family, MPNet's shared bias
+OPTIMUM_ARCHS = ("bert", "modernbert", "mpnet")  # token types, a fused-QKV pre-norm architecture, MPNet's shared bias
 
 
 @pytest.mark.slow

@@ -180,7 +180,7 @@ def test_bare_inference_session_loads_each_variant(exported):
 @pytest.mark.parametrize("arch", ARCHS)
 def test_every_unit_kind_exports_and_runs_in_a_bare_session(tmp_path, arch):
     """Uneven heads, uneven FFN widths, a layer without heads and a layer removed whole, in one model of each
-    family, exported by torch.export (no fallback): every variant, opened in a bare InferenceSession by its file
+    architecture, exported by torch.export (no fallback): every variant, opened in a bare InferenceSession by its file
     alone, gives the in-memory pruned model's logits (int8 within its quantisation error), and onnxscript's fusions
     fuse attention in every layer that kept heads, rotary attention included, where no position bias enters it."""
     from transformers import AutoTokenizer

@@ -1,6 +1,6 @@
 """The exporters (`compressor.deploy.exporters`): which one "auto" and a named choice try, the fallback from
 torch.export to TorchScript (an exporter error or a graph failing parity), what the manifest and the log say about
-it, and the one-line errors for an unknown exporter. torch.export itself is exercised per family by
+it, and the one-line errors for an unknown exporter. torch.export itself is exercised per architecture by
 tests/test_export.py (every unit kind) and on the demo model below."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The stage rule, checked: packages import downward only, the recipe schema imports nothing of ours but `core`, no
-module-level import cycle anywhere, small modules, few top-level modules, one declaration module per family, and no
-stage outside the family package reading a family's quirks."""
+module-level import cycle anywhere, small modules, few top-level modules, one declaration module per architecture, and
+no stage outside the architecture package reading an architecture's quirks."""
 
 from __future__ import annotations
 
@@ -114,12 +114,12 @@ def test_every_stage_package_says_what_it_owns_and_may_import() -> None:
         assert "import" in doc, f"compressor.{stage}'s docstring says nothing of what it may import"
 
 
-def test_each_architecture_family_is_declared_once_in_its_own_module() -> None:
+def test_each_architecture_is_declared_once_in_its_own_module() -> None:
     from compressor.surgery.arch import ARCHITECTURES, ArchSpec
     from compressor.surgery.arch.spec import register
     from compressor.testing import ARCHS
 
-    assert set(ARCHS) <= set(ARCHITECTURES), "every tested family is declared"
+    assert set(ARCHS) <= set(ARCHITECTURES), "every tested architecture is declared"
     declared_in = {spec.__module__ for spec in ARCHITECTURES.values()}
     assert declared_in == {"compressor.surgery.arch.spec"}  # a frozen dataclass; the modules below hold them
     modules = {p.stem for p in (PACKAGE / "surgery" / "arch").glob("*.py")} - {"__init__", "spec", "shape", "parts"}
@@ -128,20 +128,20 @@ def test_each_architecture_family_is_declared_once_in_its_own_module() -> None:
         register(ARCHITECTURES["bert"], "bert")
     bert = ARCHITECTURES["bert"]
     with pytest.raises(ValueError, match="ArchSpec.query: expected a dotted attribute path"):
-        register(replace(bert, attn=replace(bert.attn, query="q lin")), "new-family")
+        register(replace(bert, attn=replace(bert.attn, query="q lin")), "new-architecture")
     with pytest.raises(ValueError, match="ArchSpec.ffn_norm: expected a dotted path or None"):
-        register(replace(bert, norms=replace(bert.norms, ffn_norm="output LayerNorm")), "new-family")
-    assert "new-family" not in ARCHITECTURES
+        register(replace(bert, norms=replace(bert.norms, ffn_norm="output LayerNorm")), "new-architecture")
+    assert "new-architecture" not in ARCHITECTURES
     assert isinstance(bert, ArchSpec)
 
 
-# What used to be flags on `ArchSpec`, read by slicing, cost, rescale, attribution and export: a family's quirks
+# What used to be flags on `ArchSpec`, read by slicing, cost, rescale, attribution and export: an architecture's quirks
 # are now methods its module overrides (or facts the spec answers questions about), read only inside the package.
 QUIRKS = frozenset(
     "fused_qkv gated_ffn pre_norm qkv_blocks ffn_in_blocks head_rows layer_returns_tuple shared_bias padding_positions "
     "token_type_ids ort_fuses_attention extra_head_flops encoder_side_module attention_norm ffn_norm".split()
 )
-QUIRK_READERS = ("surgery/arch/", "surgery/portable.py")  # the family package, and the shipped file's own copy
+QUIRK_READERS = ("surgery/arch/", "surgery/portable.py")  # the architecture package, and the shipped file's own copy
 
 
 def quirk_reads(source: str) -> list[str]:
@@ -157,9 +157,10 @@ def quirk_reads(source: str) -> list[str]:
     return [f"{name}@{line}" for line, name in sorted(found)]
 
 
-def test_no_stage_outside_the_family_package_reads_a_quirk() -> None:
-    """Slicing, cost, rescale, attribution and export ask the family's spec and parts (methods); a stage that tested
-    `spec.pre_norm` or `spec.fused_qkv` itself would be one more place to change for the next family or unit kind."""
+def test_no_stage_outside_the_architecture_package_reads_a_quirk() -> None:
+    """Slicing, cost, rescale, attribution and export ask the architecture's spec and parts (methods); a stage that
+    tested `spec.pre_norm` or `spec.fused_qkv` itself would be one more place to change for the next architecture or
+    unit kind."""
     reads = {}
     for path in sorted(PACKAGE.rglob("*.py")):
         relative = path.relative_to(PACKAGE).as_posix()

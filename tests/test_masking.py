@@ -178,8 +178,9 @@ def test_recorder_works_on_sdpa_models(arch: str) -> None:
 
 
 def test_recorder_hooked_at_dropout_requires_eager(monkeypatch) -> None:
-    """A family whose eager attention is hooked at its probability dropout (`probs_dropout`) is refused in one line
-    when loaded with another implementation (DeBERTa-v2, the family that declares one, has no other: BERT stands in)."""
+    """An architecture whose eager attention is hooked at its probability dropout (`probs_dropout`) is refused in one
+    line when loaded with another implementation (DeBERTa-v2, the architecture that declares one, has no other: BERT
+    stands in)."""
     from compressor.surgery.arch import ARCHITECTURES
 
     bert = ARCHITECTURES["bert"]

@@ -1,4 +1,4 @@
-"""OpenVINO variants: fp32 IR parity with PyTorch for every family, the NNCF int8 gate and its fp32 fallback, the
+"""OpenVINO variants: fp32 IR parity with PyTorch for every architecture, the NNCF int8 gate and its fp32 fallback, the
 layout optimum-intel reads, and the one-line skip when openvino is not installed."""
 
 from __future__ import annotations
@@ -51,7 +51,8 @@ def assert_matches_pytorch(model_dir: Path, variant: Path, int8: bool = False) -
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_openvino_fp32_matches_pytorch_in_the_optimum_intel_layout(tmp_path, arch):
-    """Every family, pruned unevenly with an empty layer, converts through our ONNX graph and keeps PyTorch's logits."""
+    """Every architecture, pruned unevenly with an empty layer, converts through our ONNX graph and keeps PyTorch's
+    logits."""
     model_dir = saved_model(tmp_path, arch, UNEVEN_EMPTY)
     result = ex.export_onnx(model_dir, tmp_path / "onnx", ["openvino-fp32"], CHECK)
     entry = result["openvino-fp32"]
@@ -158,7 +159,7 @@ def test_openvino_from_a_torch_export_graph(tmp_path, arch):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("arch", [a for a in ARCHS if a != "bert"])
-def test_openvino_int8_every_family(tmp_path, arch):
+def test_openvino_int8_every_architecture(tmp_path, arch):
     model_dir, result = int8_export(tmp_path, arch, max_drop=0.5)
     check_int8(model_dir, result, arch)
 

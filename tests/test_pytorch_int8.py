@@ -37,8 +37,8 @@ def _linears(model: torch.nn.Module) -> tuple[int, int]:
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-def test_built_for_every_family_within_the_simulated_int8_deviation(arch, tmp_path):
-    """The variant of every family reproduces PyTorch's logits as closely as int8 arithmetic allows, with every
+def test_built_for_every_architecture_within_the_simulated_int8_deviation(arch, tmp_path):
+    """The variant of every architecture reproduces PyTorch's logits as closely as int8 arithmetic allows, with every
     Linear quantised, and without torch's deprecation notes reaching the user."""
     model_dir = saved_model(tmp_path, arch, {0: [1], 2: [0, 3]})
     with warnings.catch_warnings(record=True) as caught:

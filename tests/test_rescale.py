@@ -29,7 +29,7 @@ from compressor.surgery.arch import arch_spec, get_path, layers
 from compressor.surgery.checkpoint import load_pruned, save_pruned
 from compressor.testing import tiny_batch, tiny_model
 
-FAMILIES = ("bert", "distilbert", "deberta-v2", "modernbert", "mpnet")
+DISTINCT_ARCHS = ("bert", "distilbert", "deberta-v2", "modernbert", "mpnet")  # one per declaration module
 FIT = [tiny_batch(batch=8, seq=12, seed=s) for s in range(12)]
 
 
@@ -48,7 +48,7 @@ def _logits(model, batch, masks: Masks | None = None) -> torch.Tensor:
         return model(**inputs).logits
 
 
-@pytest.mark.parametrize("arch", FAMILIES)
+@pytest.mark.parametrize("arch", DISTINCT_ARCHS)
 def test_least_squares_recovers_known_scales(arch):
     """A reference whose W_O columns (per head) and down-projection columns (per neuron) are the model's times
     known scales: the fit finds those scales, so the folded weights equal the reference's."""
@@ -71,7 +71,7 @@ def test_least_squares_recovers_known_scales(arch):
     torch.testing.assert_close(_logits(model, FIT[0]), _logits(reference, FIT[0]), atol=1e-3, rtol=1e-3)
 
 
-@pytest.mark.parametrize("arch", FAMILIES)
+@pytest.mark.parametrize("arch", DISTINCT_ARCHS)
 def test_folded_scales_masked_equals_pruned_equals_reloaded_equals_onnx(arch, tmp_path):
     """After the fit, the masked+scaled model, its physically pruned copy, that copy saved and reloaded, and its
     ONNX export give the same logits; the fit lowered every sublayer's residual and moved the logits towards the
@@ -100,7 +100,7 @@ def test_folded_scales_masked_equals_pruned_equals_reloaded_equals_onnx(arch, tm
     assert np.abs(session.run(["logits"], feed)[0] - masked.numpy()).max() <= 1e-4
 
 
-@pytest.mark.parametrize("arch", FAMILIES)
+@pytest.mark.parametrize("arch", DISTINCT_ARCHS)
 def test_recording_with_stubbed_layers_gives_the_calls_of_a_real_forward(arch):
     """The rescale records later batches with the layers stubbed out: every layer's call arguments (masks, position
     bias, rotary tables) equal those a real forward passes on that batch."""
@@ -115,11 +115,12 @@ def test_recording_with_stubbed_layers_gives_the_calls_of_a_real_forward(arch):
     assert all(layer.__dict__.get("forward") is None for layer in layers(model))  # the layers' forwards are back
 
 
-@pytest.mark.parametrize("arch", FAMILIES)
+@pytest.mark.parametrize("arch", DISTINCT_ARCHS)
 def test_the_layer_after_its_neuron_fit_is_derived_not_rerun(arch, monkeypatch):
     """Per layer the pruned model runs once for the head fit and once for the neuron fit; its output after the fold
-    comes from the neuron fit's pass (the family's `ffn_norm`), not a third run. (That it is what running the layer
-    gives is `test_least_squares_recovers_known_scales`: later layers' scales are only found from right inputs.)"""
+    comes from the neuron fit's pass (the architecture's `ffn_norm`), not a third run. (That it is what running the
+    layer gives is `test_least_squares_recovers_known_scales`: later layers' scales are only found from right
+    inputs.)"""
     model = tiny_model(arch)
     reference = copy.deepcopy(model)
     runs = []

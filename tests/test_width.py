@@ -1,7 +1,7 @@
 """Residual width (`prune.units: [..., hidden]`): one kept channel set for the whole stream. Masked (every stream
-LayerNorm over the kept channels) == pruned == reloaded (compressor and plain transformers) == ONNX for every family
-that accepts it; the others, and bad recipes, are refused in one line; a tiny run narrows step by step, saves a model
-that reloads, and resumes."""
+LayerNorm over the kept channels) == pruned == reloaded (compressor and plain transformers) == ONNX for every
+architecture that accepts it; the others, and bad recipes, are refused in one line; a tiny run narrows step by step,
+saves a model that reloads, and resumes."""
 
 from __future__ import annotations
 
@@ -49,7 +49,7 @@ def _keep(width: int, drop: int, seed: int = 0) -> torch.Tensor:
     return keep
 
 
-def test_the_families_that_cut_width_are_the_post_norm_ones():
+def test_the_architectures_that_cut_width_are_the_post_norm_ones():
     """BERT-like, MPNet and DistilBERT cut; pre-norm ModernBERT and DeBERTa (a second stream) are refused."""
     assert {"bert", "roberta", "mpnet", "distilbert"} <= set(CUTTABLE)
     assert set(REFUSED) == {"deberta-v2", "modernbert"}
@@ -105,7 +105,7 @@ def test_cuts_compose_and_replay_idempotently():
 
 
 @pytest.mark.parametrize("arch", REFUSED)
-def test_a_family_that_cannot_cut_width_is_refused_in_one_line(arch):
+def test_an_architecture_that_cannot_cut_width_is_refused_in_one_line(arch):
     model = tiny_model(arch)
     with pytest.raises(WidthError, match=r"^prune\.units: 'hidden' cannot be cut here: .+") as err:
         prune_hidden(model, [0])
