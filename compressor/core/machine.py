@@ -103,7 +103,7 @@ def _vnni(flags: set[str] | None) -> bool | None:
 
 def cpu_identity(cpuinfo: Path = CPUINFO) -> str:
     """The CPU as far as our numbers are concerned: its model name and the flags that matter. Virtual machines often
-    report a bare family name ("AMD EPYC") for CPUs with and without AVX-512 or VNNI; absolute throughputs and
+    report a bare brand name ("AMD EPYC") for CPUs with and without AVX-512 or VNNI; absolute throughputs and
     latency tables are only comparable between machines whose identity is equal."""
     flags = cpu_flags(cpuinfo)
     known = "flags unknown" if flags is None else " ".join(f for f in SPEED_FLAGS if f in flags) or "no AVX2"
