@@ -1,7 +1,7 @@
 """Count how often `compressor run` climbs back to a higher stage, call by call (issue 59).
 
 The stages import downward only (import-linter's layers in pyproject.toml), yet a lower module can still call back up
-at run time: a callback passed down (the runner's member fine-tune handed to the family, then called from there), a
+at run time: a callback passed down (the runner's member fine-tune handed to the members, then called from there), a
 lazy import. Each Python call of a compressor function is paired with the nearest compressor frame that made it; the
 call climbs when the callee's module sits above the caller's: in a higher stage layer, or in a module that imports
 the caller's (directly or not, by grimp's import graph, the one import-linter reads). The count is of distinct call

@@ -7,7 +7,7 @@ live under `<output_dir>/members/<label>/`. The pruning loop passes through ever
 loop, each member gets its last fine-tune (`prune.member_finetune`) and its layer-drop baseline (each continuing the
 previous member's), then runs the stages that make a shippable model (surgery + save, export with the int8 gate,
 model card), and `member.json` is written last: a resumed run keeps every member that has one and redoes only the
-rest. What comes after, one bench of them all and the frontier, is `family`'s.
+rest. What comes after, one bench of them all and the frontier, is `measure`'s.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """`compressor run`: sequencing and resume, the only module that knows the whole order of stages.
 
 preflight → sources → base fine-tune (cached) → `recovery.loop.prune` (loop {score → select → mask → fine-tune},
-each step checkpointed by `StepCheckpoints` under `<output_dir>/state/`) → for each member (`family`: one for a
+each step checkpointed by `StepCheckpoints` under `<output_dir>/state/`) → for each member (`members`: one for a
 one-target run) `stages.run_stages` (surgery + save → layer-drop baseline → export → model card) → one bench of
 every member → budget check and frontier → analysis → report. A killed run resumes from its last
 finished step and ends exactly where an uninterrupted run would (CPU, seeded). Only the main process writes; under

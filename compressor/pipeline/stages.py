@@ -315,7 +315,7 @@ def _finite_or_nan(scores: torch.Tensor) -> torch.Tensor:
     return scores.float().masked_fill(torch.isneginf(scores), float("nan"))
 
 
-STAGES: tuple[Stage, ...] = (  # what makes one member shippable; the run's bench and budget follow in `family`
+STAGES: tuple[Stage, ...] = (  # what makes one member shippable; the run's bench and budget follow in `measure`
     Stage("pruned", save_stage, label="surgery + save"),
     Stage("baseline", baseline_stage, lambda recipe: recipe.prune.baseline is not None),
     Stage("export", export_stage, lambda recipe: recipe.export.enabled),
