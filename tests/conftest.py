@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import importlib.util
+import io
 import os
 import random
+import subprocess
 import sys
 from functools import cache
 from pathlib import Path
@@ -26,6 +29,28 @@ os.environ["COMPRESSOR_EXPORTER"] = "torchscript"
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # the benchmark suite (benchmarks/) is not installed with the package: appended, so
     sys.path.append(str(ROOT))  # `make test-compat` still imports compressor from its wheel, benchmarks from here
+
+
+def cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    """`compressor ARGS` in this process, through the console script's own entry point (`compressor.cli.main`):
+    the exit code and both streams as a subprocess gives them, without a fresh interpreter importing torch and
+    transformers for every refused recipe. The entry point itself is run as a process by tests/test_compat.py."""
+    from compressor.cli import main
+
+    out, err, code = io.StringIO(), io.StringIO(), 0
+    argv, here = sys.argv, Path.cwd()
+    sys.argv = ["compressor", *args]
+    try:
+        if cwd is not None:
+            os.chdir(cwd)
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            main()
+    except SystemExit as done:
+        code = done.code if isinstance(done.code, int) else (0 if done.code is None else 1)
+    finally:
+        sys.argv = argv
+        os.chdir(here)
+    return subprocess.CompletedProcess(["compressor", *args], code, out.getvalue(), err.getvalue())
 
 
 @cache

@@ -27,6 +27,7 @@ def _model_dir(root: Path, arch: str) -> Path:
     return path
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("arch", NEWER)
 def test_run_end_to_end_on_a_newer_architecture(tmp_path, tiny_csv, cache_dir, arch) -> None:
     overrides = {

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import tomllib
+from conftest import cli
 from pydantic import BaseModel
 
 from compressor.core import compat
@@ -108,7 +109,7 @@ def test_allow_unsupported_warns_instead_of_refusing(monkeypatch):
 
 
 def test_version_names_the_libraries_in_use(tmp_path):
-    result = _cli("--version", cwd=tmp_path)
+    result = cli("--version", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     from compressor import __version__
@@ -131,7 +132,7 @@ def test_starter_recipe_comments_every_field_and_loads(tmp_path):
     comment of its own, and the file loads as written with the given model and data."""
     for path, info, section in _fields(Recipe):
         assert info.description or (section and section.__doc__), f"recipe field {path} has no description"
-    result = _cli("init", "--model", "org/my-model", "--data", "reviews.csv", "starter.yaml", cwd=tmp_path)
+    result = cli("init", "--model", "org/my-model", "--data", "reviews.csv", "starter.yaml", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     text = (tmp_path / "starter.yaml").read_text()
     recipe = load_recipe(tmp_path / "starter.yaml")
@@ -153,7 +154,7 @@ def test_starter_recipe_comments_every_field_and_loads(tmp_path):
 @pytest.mark.parametrize("args", [["exists.yaml"], ["missing_dir/r.yaml"]])
 def test_init_refuses_to_overwrite_or_write_nowhere(tmp_path, args):
     (tmp_path / "exists.yaml").write_text("keep: me\n")
-    result = _cli("init", *args, cwd=tmp_path)
+    result = cli("init", *args, cwd=tmp_path)
     assert result.returncode == 2 and result.stderr.startswith("compressor: error: recipe:"), result.stderr
     assert (tmp_path / "exists.yaml").read_text() == "keep: me\n"
     assert not (tmp_path / "missing_dir").exists()

@@ -514,6 +514,7 @@ def test_int8_failing_its_gate_is_rejected_and_kept_on_disk(tmp_path, monkeypatc
     assert ungated["int8"]["status"] == "ungated" and "gate" not in ungated["int8"]
 
 
+@pytest.mark.e2e
 def test_rejected_int8_is_reported_and_never_recommended(tmp_path, tiny_model_dir, tiny_csv, cache_dir, monkeypatch):
     """A whole run: the broken int8 is marked rejected in report.json, report.md and the model card, and the
     recommendation names the fastest variant that passed every gate instead."""

@@ -148,6 +148,7 @@ def test_recipe_refuses_an_unknown_exporter():
         parse_recipe({"name": "x", "export": {"exporter": "dynamo"}})
 
 
+@pytest.mark.e2e
 def test_torch_export_of_the_demo_model_with_uneven_heads(tmp_path):
     """The demo's model (MiniLM-L6, the built-in default) with uneven heads per layer and one layer without any,
     through torch.export: fp32 and the fused graph match PyTorch on real-length (padded) batches, one fused Attention

@@ -144,6 +144,7 @@ def test_family_run_saves_each_member_and_its_frontier(tmp_path, tiny_model_dir,
     _check_pick_cli(out, family, tmp_path)
 
 
+@pytest.mark.e2e
 def test_member_finetune_trains_each_member_and_its_baseline_once_more(tmp_path, tiny_model_dir, tiny_csv, cache_dir):
     """`prune.member_finetune`: each member gets a last fine-tune on its own copy (distilled, on examples the steps
     never drew: the teacher pass covered them), so its saved model differs from its step's masked model yet still
@@ -284,6 +285,7 @@ def _kill_when(cmd, env, marker, out) -> None:
     assert not (out / "report.json").exists(), "killed too late: the run had already finished"
 
 
+@pytest.mark.e2e
 def test_family_resumes_mid_loop_and_mid_members(tmp_path, tiny_model_dir, tiny_csv, cache_dir):
     """A head-fraction family (no timing: deterministic) killed after its first step, then again after its first
     member was saved, ends as the uninterrupted run does; the member saved before the second kill is kept."""

@@ -144,6 +144,7 @@ def test_openvino_int8_is_nncf_quantised_and_gated_like_ort_int8(tmp_path):
     assert ovd.quantized_matmuls(quantized) == nodes, "the quantised model itself is left as it was"
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("arch", ["bert", "modernbert"])
 def test_openvino_from_a_torch_export_graph(tmp_path, arch):
     """The IRs converted from torch.export's graph (the default exporter; the rest of this file runs TorchScript's,

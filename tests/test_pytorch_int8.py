@@ -109,6 +109,7 @@ def test_opt_in_only():
     assert pytorch_int8.RUNTIME is RUNTIME  # the module registered the declaration readers see
 
 
+@pytest.mark.e2e
 def test_a_run_that_lists_it_has_it_on_the_frontier_and_pick_can_choose_it(tmp_path, tiny_model_dir, tiny_csv):
     """Listed in a run's export and quantize-only runtimes: the pruned model and the original are built on it, gated,
     benchmarked, on the frontier, and `compressor pick --runtime pytorch-int8` returns one of them."""

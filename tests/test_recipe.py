@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
+from conftest import cli
 
 from compressor.pruning.selection import check_against_model
 from compressor.recipe import Recipe, RecipeError, dump_recipe, load_recipe, parse_recipe, settings_of
@@ -133,7 +132,7 @@ def test_cli_validate_refuses_a_key_given_twice_exit_2(tmp_path: Path) -> None:
     path.write_text(f"output_dir: {tmp_path / 'out'}\nseed: 0\nseed: 1\n")
     expected = "compressor: error: seed: given twice (lines 2 and 3); a recipe key may appear once"
     for command in ("validate", "run"):
-        result = _cli(command, str(path), cwd=tmp_path)
+        result = cli(command, str(path), cwd=tmp_path)
         assert result.returncode == 2 and result.stderr.strip() == expected, result.stderr
     assert not (tmp_path / "out").exists()
 
@@ -143,16 +142,10 @@ def test_top_level_must_be_mapping() -> None:
         parse_recipe(["a", "b"])
 
 
-def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "compressor", *args], cwd=cwd, capture_output=True, text=True, timeout=120
-    )
-
-
 def test_cli_malformed_yaml_exit_2(tmp_path: Path) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text("model: {source: [unclosed\n")
-    result = _cli("validate", str(bad), cwd=tmp_path)
+    result = cli("validate", str(bad), cwd=tmp_path)
     assert result.returncode == 2
     assert "malformed YAML at line" in result.stderr
     assert "Traceback" not in result.stderr
@@ -162,7 +155,7 @@ def test_cli_malformed_yaml_exit_2(tmp_path: Path) -> None:
 def test_cli_unknown_key_exit_2_nothing_written(tmp_path: Path) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text(yaml.safe_dump({"output_dir": str(tmp_path / "out"), "prune": {"targt": 0.5}}))
-    result = _cli("run", str(bad), cwd=tmp_path)
+    result = cli("run", str(bad), cwd=tmp_path)
     assert result.returncode == 2
     assert "prune.targt: unknown key" in result.stderr
     assert not (tmp_path / "out").exists()
@@ -209,7 +202,7 @@ def test_bad_settings_are_one_line_naming_the_key(tmp_path: Path, settings: list
 def test_cli_bad_setting_exit_2_nothing_written(tmp_path: Path) -> None:
     recipe = tmp_path / "r.yaml"
     recipe.write_text(yaml.safe_dump({"output_dir": str(tmp_path / "out")}))
-    result = _cli("run", str(recipe), "--set", "prune.stepz=3", cwd=tmp_path)
+    result = cli("run", str(recipe), "--set", "prune.stepz=3", cwd=tmp_path)
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
         "compressor: error: " + f"{recipe}: prune.stepz: unknown key (not allowed here)"
@@ -218,13 +211,13 @@ def test_cli_bad_setting_exit_2_nothing_written(tmp_path: Path) -> None:
 
 
 def test_cli_missing_recipe_file(tmp_path: Path) -> None:
-    result = _cli("validate", str(tmp_path / "nope.yaml"), cwd=tmp_path)
+    result = cli("validate", str(tmp_path / "nope.yaml"), cwd=tmp_path)
     assert result.returncode == 2
     assert "not found" in result.stderr
 
 
 def test_cli_validate_ok() -> None:
-    result = _cli("validate", str(ROOT / "recipes" / "bert_mnli_50pct.yaml"), cwd=ROOT)
+    result = cli("validate", str(ROOT / "recipes" / "bert_mnli_50pct.yaml"), cwd=ROOT)
     assert result.returncode == 0, result.stderr
     assert "criterion taylor" in result.stdout
 

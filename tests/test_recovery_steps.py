@@ -6,14 +6,12 @@ from __future__ import annotations
 
 import copy
 import logging
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 import yaml
+from conftest import cli
 
 import compressor
 from compressor.recipe import PruneSpec, RecipeError, TrainSpec, dump_recipe, parse_recipe
@@ -71,10 +69,8 @@ def test_an_unknown_step_is_refused_in_one_line_naming_the_field_and_the_steps(v
 def test_cli_refuses_an_unknown_step_exit_2_nothing_written(tmp_path: Path):
     path = tmp_path / "r.yaml"
     path.write_text(yaml.safe_dump({"output_dir": str(tmp_path / "out"), "prune": {"recovery": ["rescale", "x"]}}))
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     for command in ("validate", "run"):
-        result = subprocess.run([sys.executable, "-m", "compressor", command, str(path)], cwd=tmp_path, env=env,
-                                capture_output=True, text=True, timeout=120)  # fmt: skip
+        result = cli(command, str(path), cwd=tmp_path)
         assert result.returncode == 2, result.stderr
         assert len(result.stderr.strip().splitlines()) == 1
         assert "prune.recovery: unknown recovery step 'x'; expected a list of steps from ['finetune', 'rescale']" in (

@@ -152,6 +152,7 @@ def _family(tmp_path, model_dir, data, reference, name, distill=False):
     return parse_recipe(tiny_recipe(model_dir, data, tmp_path / name, **overrides))
 
 
+@pytest.mark.e2e
 def test_a_distilled_reference_learns_from_the_run_teacher(tmp_path, tiny_model_dir, tiny_csv, cache_dir,
                                                            mpnet_reference):  # fmt: skip
     """With `bench.reference_distill` the reference (another tokenizer) trains on the run's teacher targets, which
@@ -172,6 +173,7 @@ def test_a_distilled_reference_learns_from_the_run_teacher(tmp_path, tiny_model_
     assert len(cached) == 2 and plain not in cached  # the base's and the distilled reference's
 
 
+@pytest.mark.e2e
 def test_a_reference_joins_the_frontier_on_its_own_tokenizer_and_is_cached(
     tmp_path, tiny_model_dir, tiny_csv, cache_dir, mpnet_reference
 ):

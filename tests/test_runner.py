@@ -95,6 +95,7 @@ def _cli_env(cache: Path) -> dict:
     return {**os.environ, "COMPRESSOR_CACHE": str(cache), "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("distill", [None, {"alpha": 0.7, "hidden_weight": 0.5}], ids=["plain", "distill"])
 def test_resume_after_sigkill(tmp_path, tiny_model_dir, tiny_csv, cache_dir, distill) -> None:
     """Kill a real `compressor run` after its first checkpoint; rerunning finishes like an uninterrupted run (with
@@ -129,6 +130,7 @@ def test_resume_after_sigkill(tmp_path, tiny_model_dir, tiny_csv, cache_dir, dis
     assert resumed["pruned"]["test"] == pytest.approx(reference["pruned"]["test"], abs=1e-6)
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("distill", [None, {"alpha": 0.7, "hidden_weight": 0.5}], ids=["plain", "distill"])
 def test_accelerate_launch_two_processes(tmp_path, tiny_model_dir, tiny_csv, cache_dir, distill) -> None:
     """Two processes train, score and evaluate together (with distillation: both see the same teacher logits)."""

@@ -131,6 +131,7 @@ def test_repeat_recipe_holds_the_base_seed_and_moves_the_rest() -> None:
 BENCH = {"batch_sizes": [1], "seq_len": 16, "rounds": 2, "warmup": 1, "min_time_s": 0.01, "quantize_only": []}
 
 
+@pytest.mark.e2e
 def test_two_seeds_share_the_base_finetune_and_redraw_the_rest(tmp_path, tiny_model_dir, tiny_csv, cache_dir,
                                                                monkeypatch) -> None:  # fmt: skip
     """`run_seeds` over 0,1 on the tiny recipe: one base fine-tune (trained once, cached), two complete runs with

@@ -8,6 +8,7 @@ from functools import cache
 
 import pytest
 import torch
+from conftest import cli
 from transformers import AutoModelForSequenceClassification
 
 from compressor.pruning.masking import full_gates, full_neuron_gates, gated
@@ -503,9 +504,6 @@ def test_head_only_recipes_are_unchanged() -> None:
 
 
 def test_cli_validate_refuses_criterion_for_neurons_in_one_line(tmp_path) -> None:
-    import subprocess
-    import sys
-
     import yaml
 
     recipe = tmp_path / "r.yaml"
@@ -515,9 +513,7 @@ def test_cli_validate_refuses_criterion_for_neurons_in_one_line(tmp_path) -> Non
         "criterion": {"name": "attribution"},
     }
     recipe.write_text(yaml.safe_dump({"prune": prune}))
-    result = subprocess.run(
-        [sys.executable, "-m", "compressor", "validate", str(recipe)], capture_output=True, text=True, timeout=120
-    )
+    result = cli("validate", str(recipe))
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
         f"compressor: error: {recipe}: prune.criterion.name: 'attribution' cannot score neurons; expected one of "

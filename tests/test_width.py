@@ -286,6 +286,7 @@ def check_narrowed_slice(report: dict, model_dir: Path, widths: tuple[int, int])
         assert torch.allclose(plain(**batch).logits, ours(**batch).logits, atol=1e-5)
 
 
+@pytest.mark.e2e
 def test_the_demo_model_narrows_to_256_channels_end_to_end(tmp_path, cache_dir):
     """MiniLM-L6 (the demo's built-in) with its 384 channels cut to 256 in one step (`check_narrowed_slice`)."""
     report = narrowed_slice(tmp_path / "out", "builtin:minilm-l6", 256, 1e-4)
@@ -316,6 +317,7 @@ def test_a_speedup_budget_run_with_width_measures_and_narrows(tmp_path, tiny_mod
     assert report["pruned"]["masked_vs_pruned_max_abs_diff"] <= 1e-4 and report["pruned"]["hidden_size"] == 16
 
 
+@pytest.mark.e2e
 def test_a_family_with_width_saves_each_member_at_its_own_width(tmp_path, tiny_model_dir, tiny_csv, cache_dir):
     """Two FLOP targets with heads, neurons and width (32 → 24 → 16): each member is saved at the width its step
     kept, with a member's last fine-tune on its narrowed copy; the members table shows the widths; every member's
