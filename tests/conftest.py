@@ -53,6 +53,14 @@ def cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
     return subprocess.CompletedProcess(["compressor", *args], code, out.getvalue(), err.getvalue())
 
 
+def every_arch() -> list:
+    """ARCHS as test parameters for the costliest per-architecture tests: those outside DISTINCT_ARCHS (BERT's parts
+    under other names) marked `e2e`, so `make test` runs one architecture per declaration module and CI all."""
+    from compressor.testing import ARCHS, DISTINCT_ARCHS
+
+    return [pytest.param(arch, marks=() if arch in DISTINCT_ARCHS else pytest.mark.e2e) for arch in ARCHS]
+
+
 @cache
 def bench_script(name: str):
     """benchmarks/NAME.py imported as a module (benchmarks/ is not a package)."""

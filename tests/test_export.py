@@ -10,7 +10,7 @@ import onnxruntime as ort
 import pytest
 import torch
 import yaml
-from conftest import make_tokenizer_dir, tiny_recipe
+from conftest import every_arch, make_tokenizer_dir, tiny_recipe
 from typer.testing import CliRunner
 
 from compressor.cli import app
@@ -177,7 +177,7 @@ def test_bare_inference_session_loads_each_variant(exported):
         assert session.run(None, feed)[0].shape == (4, 2)
 
 
-@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("arch", every_arch())
 def test_every_unit_kind_exports_and_runs_in_a_bare_session(tmp_path, arch):
     """Uneven heads, uneven FFN widths, a layer without heads and a layer removed whole, in one model of each
     architecture, exported by torch.export (no fallback): every variant, opened in a bare InferenceSession by its file

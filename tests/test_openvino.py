@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import every_arch
 from test_export import CHECK, UNEVEN_EMPTY, int8_tol, labelled_by, saved_model
 
 from compressor.deploy import export as ex
@@ -49,7 +50,7 @@ def assert_matches_pytorch(model_dir: Path, variant: Path, int8: bool = False) -
         assert np.abs(classifier(batch) - ex.torch_logits(model, batch)).max() <= tol
 
 
-@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("arch", every_arch())
 def test_openvino_fp32_matches_pytorch_in_the_optimum_intel_layout(tmp_path, arch):
     """Every architecture, pruned unevenly with an empty layer, converts through our ONNX graph and keeps PyTorch's
     logits."""
@@ -66,7 +67,7 @@ def test_openvino_fp32_matches_pytorch_in_the_optimum_intel_layout(tmp_path, arc
     assert "fp32" in result, "the fp32 ONNX graph the IR was converted from is always exported"
 
 
-@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("arch", every_arch())
 def test_a_layer_without_ffn_neurons_converts_to_openvino(tmp_path, arch):
     """A layer whose FFN lost every neuron (the upper layers of a deep member) leaves no zero-sized weight in the
     graph, which OpenVINO's ONNX reader would refuse: it is traced with one zero-weight neuron, same logits; the

@@ -27,9 +27,8 @@ from compressor.recovery.loop import Masks
 from compressor.recovery.rescale import post_training_sample, rescale
 from compressor.surgery.arch import arch_spec, get_path, layers
 from compressor.surgery.checkpoint import load_pruned, save_pruned
-from compressor.testing import tiny_batch, tiny_model
+from compressor.testing import DISTINCT_ARCHS, tiny_batch, tiny_model
 
-DISTINCT_ARCHS = ("bert", "distilbert", "deberta-v2", "modernbert", "mpnet")  # one per declaration module
 FIT = [tiny_batch(batch=8, seq=12, seed=s) for s in range(12)]
 
 
