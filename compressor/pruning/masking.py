@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from functools import cache
 
 import torch
 from torch import nn
@@ -218,16 +219,16 @@ def _recorded_attention(
     return torch.matmul(probs, value).transpose(1, 2).contiguous(), probs
 
 
+@cache
 def _register_recorded_attention() -> None:
-    """Make RECORDED a valid attention implementation (with eager's additive mask) for every transformers model."""
+    """Make RECORDED a valid attention implementation (with eager's additive mask) for every transformers model; done
+    when a recorder first attaches, not at import: transformers' attention interface pulls in its modeling code,
+    which the command line does not need to check a recipe."""
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, eager_mask
 
     AttentionInterface.register(RECORDED, _recorded_attention)
     AttentionMaskInterface.register(RECORDED, eager_mask)
-
-
-_register_recorded_attention()
 
 
 class AttentionRecorder:
@@ -290,6 +291,7 @@ class AttentionRecorder:
     @contextmanager
     def _interface(self, model: nn.Module, modules: list[tuple[int, nn.Module]]) -> Iterator[None]:
         """Switch `model` to the recorded attention while inside, restoring its own implementation after."""
+        _register_recorded_attention()
         previous = model.config._attn_implementation
         self.watched = {id(attn): layer for layer, attn in modules}
         model.config._attn_implementation = RECORDED
