@@ -286,7 +286,6 @@ def check_narrowed_slice(report: dict, model_dir: Path, widths: tuple[int, int])
         assert torch.allclose(plain(**batch).logits, ours(**batch).logits, atol=1e-5)
 
 
-@pytest.mark.e2e
 def test_the_demo_model_narrows_to_256_channels_end_to_end(tmp_path, cache_dir):
     """MiniLM-L6 (the demo's built-in) with its 384 channels cut to 256 in one step (`check_narrowed_slice`)."""
     report = narrowed_slice(tmp_path / "out", "builtin:minilm-l6", 256, 1e-4)
