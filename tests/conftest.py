@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import contextlib
 import csv
 import importlib.util
-import io
 import os
 import random
 import subprocess
@@ -32,25 +30,21 @@ if str(ROOT) not in sys.path:  # the benchmark suite (benchmarks/) is not instal
 
 
 def cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    """`compressor ARGS` in this process, through the console script's own entry point (`compressor.cli.main`):
-    the exit code and both streams as a subprocess gives them, without a fresh interpreter importing torch and
-    transformers for every refused recipe. The entry point itself is run as a process by tests/test_compat.py."""
-    from compressor.cli import main
+    """`compressor ARGS` run in this process (typer's `CliRunner`), given back as a subprocess gives it: the exit code
+    and both streams, without a fresh interpreter importing torch and transformers for every refused recipe. The
+    console script itself is run as a process by tests/test_compat.py."""
+    from typer.testing import CliRunner
 
-    out, err, code = io.StringIO(), io.StringIO(), 0
-    argv, here = sys.argv, Path.cwd()
-    sys.argv = ["compressor", *args]
+    from compressor.cli import app
+
+    here = Path.cwd()
     try:
         if cwd is not None:
             os.chdir(cwd)
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            main()
-    except SystemExit as done:
-        code = done.code if isinstance(done.code, int) else (0 if done.code is None else 1)
+        result = CliRunner().invoke(app, list(args), catch_exceptions=False)
     finally:
-        sys.argv = argv
         os.chdir(here)
-    return subprocess.CompletedProcess(["compressor", *args], code, out.getvalue(), err.getvalue())
+    return subprocess.CompletedProcess(["compressor", *args], result.exit_code, result.stdout, result.stderr)
 
 
 def every_arch() -> list:
