@@ -17,6 +17,7 @@ from scipy import stats
 from typer.testing import CliRunner
 
 from compressor import bench
+from compressor.core import compat
 from compressor.core.errors import UserError
 from compressor.recipe import BenchSpec
 from compressor.surgery.cost import encoder_flops
@@ -275,7 +276,7 @@ def _ort_candidate(model, path) -> bench.Candidate:
 
     args = (torch.ones(2, 8, dtype=torch.long), torch.ones(2, 8, dtype=torch.long))
     axes = {"input_ids": {0: "b", 1: "s"}, "attention_mask": {0: "b", 1: "s"}, "logits": {0: "b"}}
-    with pytest.warns(DeprecationWarning):
+    with pytest.warns(DeprecationWarning), compat.traceable(model):  # the tracer, as at any supported version
         torch.onnx.export(
             model, args, str(path), input_names=["input_ids", "attention_mask"], output_names=["logits"],
             dynamic_axes=axes, dynamo=False,

@@ -316,6 +316,25 @@ def test_old_format_directories_still_load(tmp_path: Path, arch: str, case: str)
         assert torch.equal(logits(again), logits(pruned))
 
 
+@pytest.mark.parametrize("arch", ["bert", "deberta-v2"])
+def test_layernorm_weights_under_legacy_names_load(tmp_path: Path, arch: str) -> None:
+    """A directory whose LayerNorm weights carry the legacy names (`gamma`, `beta`: older checkpoints, and what
+    transformers 5.5's `save_pretrained` writes) loads through `load_pruned` to the same weights and logits, as
+    transformers loads such a file; every other name is read as it is."""
+    from safetensors.torch import load_file
+
+    pruned = combined(arch)
+    path = save_pruned(pruned, tmp_path / arch)
+    state = load_file(str(path / "model.safetensors"))
+    legacy = {k.replace("LayerNorm.weight", "LayerNorm.gamma").replace("LayerNorm.bias", "LayerNorm.beta"): v
+              for k, v in state.items()}  # fmt: skip
+    assert sum(k.endswith(("LayerNorm.gamma", "LayerNorm.beta")) for k in legacy) >= 2
+    save_file(legacy, str(path / "model.safetensors"), metadata={"format": "pt"})
+    loaded = load_pruned(path, attn_implementation="eager")
+    assert_same_weights(loaded, pruned)
+    assert torch.equal(logits(loaded), logits(pruned.eval()))
+
+
 def test_layout_disagreeing_with_the_plan_is_refused(tmp_path: Path) -> None:
     """`load_pruned` refuses a layout that contradicts the plan (either edited) or has another version."""
     path = save_pruned(combined("bert"), tmp_path / "tampered")

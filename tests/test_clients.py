@@ -1,6 +1,7 @@
 """Other libraries open what compressor ships: sentence-transformers' `CrossEncoder` a pruned saved model (a sequence
 classifier is what a reranker is), and optimum-intel's `OVModelForSequenceClassification` the OpenVINO variants
-(slow: optimum-intel 2.2 requires transformers < 5.6, so it runs in a venv of its own, built from the registry)."""
+(marker `optimum`: optimum-intel 2.2 requires transformers < 5.6, so on the pinned stack these are slow and build a
+venv of their own from the registry; `make test-compat` runs them in the floor venv, which holds optimum-intel)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from test_export import CHECK, int8_tol
 from test_wheel import build_wheel
 from transformers import AutoTokenizer
 
+from compressor.core.compat import installed
 from compressor.surgery.arch import arch_spec, present_heads, present_neurons
 from compressor.surgery.checkpoint import save_pruned
 from compressor.surgery.slicing import pruned_copy
@@ -49,8 +51,10 @@ def pruned_saved(root: Path, arch: str, num_labels: int = 2) -> tuple[torch.nn.M
 
 
 @torch.no_grad()
-def pair_logits(model: torch.nn.Module, tokenizer, pairs: list[tuple[str, str]]) -> torch.Tensor:
-    """Our PyTorch model's logits on text pairs, tokenised as a cross-encoder tokenises them."""
+def pair_logits(model: torch.nn.Module, model_dir: Path, pairs: list[tuple[str, str]]) -> torch.Tensor:
+    """Our PyTorch model's logits on text pairs, tokenised as a cross-encoder tokenises them: by the tokenizer saved
+    beside the model, as a client loads it (which inputs it gives, token types included, is then theirs)."""
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
     encoded = tokenizer([a for a, _ in pairs], [b for _, b in pairs], padding=True, return_tensors="pt")
     return model(**encoded).logits
 
@@ -70,7 +74,7 @@ def test_cross_encoder_opens_a_pruned_model_and_scores_as_pytorch(tmp_path, arch
     encoder = CrossEncoder(str(model_dir), trust_remote_code=True, device="cpu")
     assert sum(p.numel() for p in encoder.model.parameters()) == sum(p.numel() for p in model.parameters())
     scores = encoder.predict(PAIRS, convert_to_tensor=True, batch_size=3)
-    torch.testing.assert_close(scores, pair_logits(model, tokenizer, PAIRS), atol=1e-5, rtol=0)
+    torch.testing.assert_close(scores, pair_logits(model, model_dir, PAIRS), atol=1e-5, rtol=0)
     with pytest.raises(RuntimeError, match="ignore_mismatched_sizes"):
         CrossEncoder(str(model_dir), device="cpu")
 
@@ -82,7 +86,7 @@ def test_a_pruned_reranker_ranks_documents_by_our_logits(tmp_path):
 
     model, tokenizer, model_dir = pruned_saved(tmp_path, "bert", num_labels=1)
     query, documents = "the movie was good", [b for _, b in PAIRS] + [" ".join(POSITIVE), " ".join(NEGATIVE)]
-    logits = pair_logits(model, tokenizer, [(query, d) for d in documents]).squeeze(-1)
+    logits = pair_logits(model, model_dir, [(query, d) for d in documents]).squeeze(-1)
     ranked = CrossEncoder(str(model_dir), trust_remote_code=True, device="cpu").rank(query, documents)
     assert [r["corpus_id"] for r in ranked] == logits.argsort(descending=True).tolist()
     scores = torch.tensor([float(r["score"]) for r in ranked])
@@ -155,11 +159,18 @@ def build_optimum_venv(path: Path, requirements: list[str]) -> None:
         pip(python, "uninstall", "-y", "-q", "torchvision")
 
 
+def optimum_here() -> bool:
+    """Whether this interpreter holds optimum-intel 2.2 (the floor venv of `make test-compat` does)."""
+    return (installed("optimum-intel") or "").startswith("2.2.")
+
+
 @pytest.fixture(scope="module")
 def optimum_venv(tmp_path_factory) -> Path:
-    """The python of a venv holding optimum-intel 2.2 and nothing of compressor, built once per set of
-    requirements under $COMPRESSOR_CLIENT_VENVS (kept between runs) or the session's tmp dir; never written to by
-    the tests (the wheel goes into a copy)."""
+    """The python of an environment holding optimum-intel 2.2: this interpreter where it holds it (the floor venv),
+    else a venv of optimum-intel alone, built once per set of requirements under $COMPRESSOR_CLIENT_VENVS (kept
+    between runs) or the session's tmp dir. The tests never install into it."""
+    if optimum_here():
+        return Path(sys.executable)
     requirements = optimum_requirements()
     key = hashlib.sha256(json.dumps([sys.version, *requirements]).encode()).hexdigest()[:12]
     root = Path(os.environ[VENVS]) if os.environ.get(VENVS) else tmp_path_factory.mktemp("client-venvs")
@@ -172,23 +183,23 @@ def optimum_venv(tmp_path_factory) -> Path:
     return path / "bin" / "python"
 
 
+def changed_by_installing(python: Path, wheel: Path) -> dict[str, str]:
+    """{package: 'installed -> wanted'} for every installed package whose version pip would change to install
+    `wheel` (with its dependencies) into the environment of `python`; a dry run, so nothing is written there."""
+    before = versions(python)
+    report = json.loads(pip(python, "install", "--dry-run", "--quiet", "--report", "-", str(wheel)).stdout)
+    wanted = {i["metadata"]["name"].lower().replace("_", "-"): i["metadata"]["version"] for i in report["install"]}
+    return {name: f"{before[name]} -> {v}" for name, v in wanted.items() if name in before and name != "compressor"
+            and before[name] != v}  # fmt: skip
+
+
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=True,
-    reason="compressor's datasets>=5.2 needs huggingface-hub>=1.31 where optimum-intel 2.2 needs <1.22, and its "
-    "transformers floor is above optimum-intel's <5.6 (docs/versions.md, Clients): a known conflict, flagged when gone",
-)
+@pytest.mark.optimum
 def test_installing_the_wheel_beside_optimum_intel_moves_no_installed_version(tmp_path, optimum_venv):
     """A user who serves models with optimum-intel 2.2 adds compressor: pip may add packages, never change one."""
-    venv = tmp_path / "venv"
-    shutil.copytree(optimum_venv.parents[1], venv, symlinks=True)
-    python = venv / "bin" / "python"
-    before = versions(python)
-    pip(python, "install", "-q", str(build_wheel(tmp_path / "dist")))
-    after = versions(python)
-    assert "compressor" in after and after["optimum-intel"] == before["optimum-intel"]
-    moved = {name: f"{was} -> {after.get(name)}" for name, was in before.items() if after.get(name) != was}
-    assert not moved, f"installing compressor changed {moved}"
+    assert versions(optimum_venv)["optimum-intel"].startswith("2.2.")
+    moved = changed_by_installing(optimum_venv, build_wheel(tmp_path / "dist"))
+    assert not moved, f"installing compressor beside optimum-intel 2.2 would change {moved}"
 
 
 def openvino_exports(root: Path, arch: str) -> tuple[Path, dict[str, Path]]:
@@ -207,6 +218,7 @@ OPTIMUM_ARCHS = ("bert", "modernbert", "mpnet")  # token types, a fused-QKV pre-
 
 
 @pytest.mark.slow
+@pytest.mark.optimum
 @pytest.mark.parametrize("arch", OPTIMUM_ARCHS)
 def test_optimum_intel_opens_the_openvino_variants_and_gives_our_logits(tmp_path, optimum_venv, arch):
     """`OVModelForSequenceClassification.from_pretrained` opens each variant directory as exported (its config.json,

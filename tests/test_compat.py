@@ -158,3 +158,45 @@ def test_init_refuses_to_overwrite_or_write_nowhere(tmp_path, args):
     assert result.returncode == 2 and result.stderr.startswith("compressor: error: recipe:"), result.stderr
     assert (tmp_path / "exists.yaml").read_text() == "keep: me\n"
     assert not (tmp_path / "missing_dir").exists()
+
+
+def test_traceable_masks_shims_only_the_releases_that_need_it_and_restores():
+    """On the installed transformers: where it is in `MASK_LENGTH_BC` (the floor), the SDPA mask takes the query
+    length as the 0-d tensor the TorchScript tracer hands it and builds the mask the int length builds; elsewhere the
+    function is transformers' own. Either way it is transformers' own again on exit."""
+    import torch
+    from transformers import masking_utils
+
+    original = masking_utils.sdpa_mask
+    mapping = masking_utils.ALL_MASK_ATTENTION_FUNCTIONS._global_mapping
+    shimmed = compat._within(compat.installed("transformers"), compat.MASK_LENGTH_BC)
+    padding = torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1]], dtype=torch.bool)
+    args = {"batch_size": 2, "kv_length": 4, "attention_mask": padding, "allow_is_bidirectional_skip": False,
+            "mask_function": masking_utils.bidirectional_mask_function}  # fmt: skip
+    with compat.traceable_masks():
+        assert (masking_utils.sdpa_mask is not original) == shimmed and mapping["sdpa"] is masking_utils.sdpa_mask
+        if shimmed:
+            assert torch.equal(masking_utils.sdpa_mask(q_length=torch.tensor(4), **args), original(q_length=4, **args))
+    assert masking_utils.sdpa_mask is original and mapping["sdpa"] is original
+
+
+def test_scripted_helpers_are_traced_as_python_and_restored(monkeypatch):
+    """A modeling module's `torch.jit.script`ed function (as transformers 5.5's DeBERTa-v2 has) is its Python source
+    inside the block, so the tracer follows it instead of recording an ONNX `If`; it is the scripted one again on
+    exit, and other names of the module are untouched."""
+    import types
+
+    import torch
+
+    module = types.ModuleType("fake_modeling")
+
+    def helper(x: torch.Tensor) -> torch.Tensor:
+        return x + 1 if x.size(0) > 1 else x
+
+    module.helper, module.plain = torch.jit.script(helper), helper
+    Layer = type("Layer", (torch.nn.Module,), {"__module__": "fake_modeling"})
+    monkeypatch.setitem(sys.modules, "fake_modeling", module)
+    scripted = module.helper
+    with compat.traceable(torch.nn.Sequential(Layer())):
+        assert module.helper is helper and module.plain is helper
+    assert module.helper is scripted and module.plain is helper

@@ -356,7 +356,8 @@ def test_cli_export(tmp_path, tiny_csv):
     assert manifest["int8"]["smoothing"]["alpha"] == 0.5 and manifest["int8"]["smoothing"]["examples"] == 16
     assert manifest["int8"]["smoothing"]["scope"] == "cheap" and manifest["int8"]["smoothing"]["skipped"] > 0
     plain = CliRunner().invoke(app, ["export", str(model_dir), str(tmp_path / "onnx2"), "--variants", "fp32,int8"])
-    assert plain.exit_code == 0 and "gate" not in json.loads((tmp_path / "onnx2" / "export.json").read_text())["int8"]
+    assert plain.exit_code == 0, plain.output
+    assert "gate" not in json.loads((tmp_path / "onnx2" / "export.json").read_text())["int8"]
 
 
 @pytest.mark.parametrize(

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from torch.utils.flop_counter import FlopCounterMode
 from transformers import AutoModelForSequenceClassification
 
+from compressor.core import compat
 from compressor.pruning.masking import full_gates, gated
 from compressor.surgery.arch import (
     UnsupportedArchitectureError,
@@ -168,7 +169,7 @@ def test_empty_layers_export_to_onnx(arch: str) -> None:
     model = pruned_copy(base(arch), {0: [0, 1, 2, 3], 1: [2], 2: [0, 1, 2, 3]})
     names = ["input_ids", "attention_mask"]
     buffer = io.BytesIO()
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), compat.traceable(model):  # as the product's TorchScript exporter traces
         warnings.simplefilter("ignore")
         torch.onnx.export(
             model,

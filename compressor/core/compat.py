@@ -16,14 +16,24 @@ and transformers) and so carries its own fallback:
   layer so `output_hidden_states` keeps one entry per layer. Absent in transformers 5.0 (the removed layer's entry is
   then missing); in 5.5 its hook takes no `capture_initial_hidden_state` argument, which 5.9 has (portable.py
   passes it only where the recorder has it).
+- `traceable_masks()`: below transformers 5.9 (`MASK_LENGTH_BC`), `masking_utils.sdpa_mask` reads a tensor
+  `q_length` as the deprecated `cache_position` (a 1-D tensor of positions), and the TorchScript tracer hands it the
+  query length as a 0-d tensor, so the trace fails there (IndexError). While a model is traced, the shim passes that
+  length on as the positions it stands for (`arange(q_length) + q_offset`), which keeps the axis dynamic; 5.9 removed
+  the branch and needs nothing.
+- `scripted_helpers_as_python(model)`: transformers 5.5's DeBERTa-v2 compiles its relative-position helpers with
+  `torch.jit.script`; traced, `build_rpos` becomes an ONNX `If` whose output rank is dynamic, which OpenVINO's CPU
+  plugin cannot compile. While a model is traced, its modeling modules' scripted functions are their Python source
+  (torch keeps it as `_torchdynamo_inline`), which the tracer follows like the rest of the model (the query and key
+  lengths of self-attention are equal, so the branch it takes is the one every input takes); later releases script
+  none. `traceable(model)` applies both.
 
-Why the floor is 5.9 (found by running the suite, README "Versions"): up to 5.8.1, exporting with the TorchScript
-tracer fails inside `transformers.masking_utils.sdpa_mask` (an IndexError in its deprecated `cache_position`
-branch, which the traced graph enters; seen at 5.5.4, 5.7.0 and 5.8.1); in 5.0, ModernBERT's attention also
-reshapes by its configured head count, so a pruned ModernBERT cannot run, and ORT's attention fusion finds no heads
-in the export. torch.export (the exporter "auto" falls back to, `deploy.exporters`) takes every architecture at 5.5.4
-(the per-architecture export parity tests pass there, but for ModernBERT's fused graph that ONNX Runtime refuses, now
-replaced by the unfused one); the whole suite has not been run below 5.9, so the floor stays until it has.
+Why the floor is 5.5: it is what optimum-intel 2.2 (the library x86 users serve OpenVINO models with) resolves to
+(transformers < 5.6, huggingface-hub < 1.22), so compressor installs beside it without moving a version, and the fast
+suite passes there (`make test-compat`, whose venv holds optimum-intel). Below 5.9 the TorchScript tracer needs
+`traceable_masks()`; 5.5's `save_pretrained` writes LayerNorm weights under their legacy names (`gamma`, `beta`),
+which `surgery.checkpoint` reads as transformers does. In 5.0, ModernBERT's attention reshapes by its configured head
+count, so a pruned ModernBERT cannot run there (run, and failed); 5.1 to 5.4 were not run.
 """
 
 from __future__ import annotations
@@ -31,6 +41,8 @@ from __future__ import annotations
 import os
 import platform
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from importlib.metadata import PackageNotFoundError, version
 
 from packaging.specifiers import SpecifierSet
@@ -39,13 +51,14 @@ from packaging.version import InvalidVersion, Version
 from compressor.core.errors import UserError
 
 REQUIRED: dict[str, str] = {
-    "transformers": ">=5.9",
+    "transformers": ">=5.5",
     "torch": ">=2.13",
     "onnxruntime": ">=1.32",
     "accelerate": ">=1.15",
 }
 CHECKED_AT_RUN_TIME = ("transformers", "torch")  # the two whose wrong version fails deep inside a model class
 OUTPUT_CAPTURING = "transformers.utils.output_capturing"
+MASK_LENGTH_BC = "<5.9"  # transformers releases whose sdpa_mask reads a tensor q_length as cache_position
 
 
 class UnsupportedVersionError(UserError):
@@ -117,3 +130,61 @@ def versions_report(compressor_version: str) -> str:
         lines.append(f"{name} {found or 'not installed'} (supported {spec}){flag}")
     lines.append(f"python {platform.python_version()}")
     return "\n".join(lines)
+
+
+@contextmanager
+def traceable(model) -> Iterator[None]:
+    """What the TorchScript tracer needs to trace `model` on the installed transformers (module docstring)."""
+    with traceable_masks(), scripted_helpers_as_python(model):
+        yield
+
+
+@contextmanager
+def scripted_helpers_as_python(model) -> Iterator[None]:
+    """The `torch.jit.script`ed functions of `model`'s modeling modules replaced by their Python source while in the
+    block, and restored on exit; a model without any is left as it is."""
+    import sys
+
+    import torch
+
+    modules = {sys.modules[type(m).__module__] for m in model.modules() if type(m).__module__ in sys.modules}
+    swapped = [
+        (module, name, value)
+        for module in modules
+        for name, value in vars(module).items()
+        if isinstance(value, torch.jit.ScriptFunction) and callable(getattr(value, "_torchdynamo_inline", None))
+    ]
+    for module, name, value in swapped:
+        setattr(module, name, value._torchdynamo_inline)
+    try:
+        yield
+    finally:
+        for module, name, value in swapped:
+            setattr(module, name, value)
+
+
+@contextmanager
+def traceable_masks() -> Iterator[None]:
+    """For a TorchScript trace: transformers' SDPA and eager masks take a traced (0-d tensor) query length, on
+    releases in `MASK_LENGTH_BC`; elsewhere nothing changes. Restored on exit."""
+    found = installed("transformers")
+    if found is None or not _within(found, MASK_LENGTH_BC):
+        yield
+        return
+    import torch
+    from transformers import masking_utils
+
+    original = masking_utils.sdpa_mask
+    mapping = masking_utils.ALL_MASK_ATTENTION_FUNCTIONS._global_mapping
+
+    def sdpa_mask(*args, **kwargs):
+        length = kwargs.get("q_length")
+        if isinstance(length, torch.Tensor) and length.dim() == 0:
+            kwargs["q_length"] = torch.arange(length, device=length.device) + kwargs.pop("q_offset", 0)
+        return original(*args, **kwargs)
+
+    masking_utils.sdpa_mask, mapping["sdpa"] = sdpa_mask, sdpa_mask
+    try:
+        yield
+    finally:
+        masking_utils.sdpa_mask, mapping["sdpa"] = original, original

@@ -36,6 +36,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from compressor.core import compat
 from compressor.core.errors import UserError
 from compressor.deploy.graph import attention_scopes, optimize_graph, pin_head_counts
 from compressor.surgery.arch import head_size
@@ -247,7 +248,8 @@ class TorchScript(Exporter):
     def write(self, model, file, inputs, opset):
         with warnings.catch_warnings(), torch.no_grad():  # tracer warnings about constant masks; parity checks it
             warnings.simplefilter("ignore")  # the model itself (no wrapper), so node names are its module paths
-            torch.onnx.export(model, (), str(file), **_arguments(inputs, opset or self.default_opset), dynamo=False)
+            with compat.traceable(model):
+                torch.onnx.export(model, (), str(file), **_arguments(inputs, opset or self.default_opset), dynamo=False)
         pin_head_counts(file, attention_scopes(model), head_size(model))
 
     def fuse(self, src, dest, fuse_attention, model_type):

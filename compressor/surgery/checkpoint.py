@@ -266,17 +266,29 @@ def read_unit_plan(model_dir: str | Path) -> dict:
     }
 
 
+LEGACY_NAMES = {"LayerNorm.gamma": "LayerNorm.weight", "LayerNorm.beta": "LayerNorm.bias"}
+
+
+def current_name(key: str) -> str:
+    """`key` with a LayerNorm's legacy parameter name (`gamma`, `beta`) in today's (`weight`, `bias`), as
+    transformers renames them on load: older checkpoints carry them, and transformers 5.5's `save_pretrained`
+    writes them back."""
+    for old, new in LEGACY_NAMES.items():
+        if key.endswith(old):
+            return key[: -len(old)] + new
+    return key
+
+
 def _read_weights(model_dir: Path) -> dict[str, torch.Tensor]:
-    """The state dict from `model.safetensors` or a sharded `model.safetensors.index.json`."""
+    """The state dict from `model.safetensors` or a sharded `model.safetensors.index.json`, under today's names."""
     if (model_dir / WEIGHTS_FILE).exists():
-        return load_file(str(model_dir / WEIGHTS_FILE))
-    if (model_dir / WEIGHTS_INDEX).exists():
+        files = [model_dir / WEIGHTS_FILE]
+    elif (model_dir / WEIGHTS_INDEX).exists():
         shards = sorted(set(json.loads((model_dir / WEIGHTS_INDEX).read_text())["weight_map"].values()))
-        state: dict[str, torch.Tensor] = {}
-        for shard in shards:
-            state.update(load_file(str(model_dir / shard)))
-        return state
-    raise FileNotFoundError(f"{model_dir}: no {WEIGHTS_FILE} (expected a directory written by save_pruned)")
+        files = [model_dir / shard for shard in shards]
+    else:
+        raise FileNotFoundError(f"{model_dir}: no {WEIGHTS_FILE} (expected a directory written by save_pruned)")
+    return {current_name(k): v for file in files for k, v in load_file(str(file)).items()}
 
 
 def _build(config, attn_implementation: str, dtype: torch.dtype) -> nn.Module:

@@ -19,8 +19,10 @@ def onnx_graph(module, example, workdir: Path) -> Path:
     """`module` traced on `example` to an ONNX graph under `workdir` (input "x", output "y")."""
     import torch
 
+    from compressor.core import compat
+
     fp32 = Path(tempfile.mkdtemp(dir=workdir)) / "model.onnx"
-    with warnings.catch_warnings():  # the TorchScript exporter's deprecation notes; the graph is static anyway
+    with warnings.catch_warnings(), compat.traceable(module):  # the tracer's deprecation notes; a static graph
         warnings.simplefilter("ignore")
         torch.onnx.export(module, (example,), str(fp32), input_names=["x"], output_names=["y"], dynamo=False)
     return fp32
