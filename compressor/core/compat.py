@@ -30,7 +30,8 @@ and transformers) and so carries its own fallback:
 
 Why the floor is 5.5: it is what optimum-intel 2.2 (the library x86 users serve OpenVINO models with) resolves to
 (transformers < 5.6, huggingface-hub < 1.22): installed together, pip keeps optimum-intel's versions (a venv of
-optimum-intel alone: docs/versions.md, Clients), and the fast suite passes there (`make test-compat`, whose venv holds optimum-intel). Below 5.9 the TorchScript tracer needs
+optimum-intel alone: docs/versions.md, Clients), and the fast suite passes there (`make test-compat`, whose venv
+holds optimum-intel). Below 5.9 the TorchScript tracer needs
 `traceable(model)` (above); 5.5's `save_pretrained` writes LayerNorm weights under their legacy names (`gamma`, `beta`),
 which `surgery.checkpoint` reads as transformers does. In 5.0, ModernBERT's attention reshapes by its configured head
 count, so a pruned ModernBERT cannot run there (run, and failed); 5.1 to 5.4 were not run.
