@@ -69,7 +69,7 @@ def test_cross_encoder_opens_a_pruned_model_and_scores_as_pytorch(tmp_path, arch
     instead of scoring with reinitialised weights."""
     from sentence_transformers import CrossEncoder
 
-    model, tokenizer, model_dir = pruned_saved(tmp_path, arch)
+    model, _, model_dir = pruned_saved(tmp_path, arch)
     assert len(set(map(len, present_heads(model)))) > 1 and len(set(map(len, present_neurons(model)))) > 1
     encoder = CrossEncoder(str(model_dir), trust_remote_code=True, device="cpu")
     assert sum(p.numel() for p in encoder.model.parameters()) == sum(p.numel() for p in model.parameters())
@@ -84,7 +84,7 @@ def test_a_pruned_reranker_ranks_documents_by_our_logits(tmp_path):
     its default sigmoid."""
     from sentence_transformers import CrossEncoder
 
-    model, tokenizer, model_dir = pruned_saved(tmp_path, "bert", num_labels=1)
+    model, _, model_dir = pruned_saved(tmp_path, "bert", num_labels=1)
     query, documents = "the movie was good", [b for _, b in PAIRS] + [" ".join(POSITIVE), " ".join(NEGATIVE)]
     logits = pair_logits(model, model_dir, [(query, d) for d in documents]).squeeze(-1)
     ranked = CrossEncoder(str(model_dir), trust_remote_code=True, device="cpu").rank(query, documents)

@@ -246,10 +246,9 @@ class TorchScript(Exporter):
     default_opset = 17  # LayerNormalization as one op; ORT's optimizer and quantizer handle it
 
     def write(self, model, file, inputs, opset):
-        with warnings.catch_warnings(), torch.no_grad():  # tracer warnings about constant masks; parity checks it
+        with warnings.catch_warnings(), torch.no_grad(), compat.traceable(model):  # tracer warnings: parity checks it
             warnings.simplefilter("ignore")  # the model itself (no wrapper), so node names are its module paths
-            with compat.traceable(model):
-                torch.onnx.export(model, (), str(file), **_arguments(inputs, opset or self.default_opset), dynamo=False)
+            torch.onnx.export(model, (), str(file), **_arguments(inputs, opset or self.default_opset), dynamo=False)
         pin_head_counts(file, attention_scopes(model), head_size(model))
 
     def fuse(self, src, dest, fuse_attention, model_type):
