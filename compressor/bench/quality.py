@@ -15,7 +15,7 @@ from tqdm.auto import tqdm
 from compressor.bench.candidates import Batch, Candidate, check_names
 from compressor.core.errors import UserError
 from compressor.recovery.evaluate import predict
-from compressor.sources.batches import model_inputs
+from compressor.sources.batches import in_sample_order, model_inputs
 
 log = logging.getLogger("compressor")
 
@@ -59,11 +59,13 @@ def read_hits(hits: str) -> np.ndarray:
 
 
 def collect_logits(candidate: Candidate, batches: Sequence[Batch]) -> np.ndarray:
-    return np.concatenate([np.asarray(candidate.predict(model_inputs(b)), dtype=np.float32) for b in batches])
+    """The candidate's logits on `batches`, one row per example in the sample's order (`in_sample_order`)."""
+    logits = [np.asarray(candidate.predict(model_inputs(b)), dtype=np.float32) for b in batches]
+    return in_sample_order(batches, np.concatenate(logits))
 
 
 def _labels(batches: Sequence[Batch]) -> np.ndarray:
-    return np.concatenate([b["labels"].numpy() for b in batches])
+    return in_sample_order(batches, np.concatenate([b["labels"].numpy() for b in batches]))
 
 
 def _own_batches(c: Candidate, batches: Sequence[Batch], labels: np.ndarray | None) -> Sequence[Batch]:

@@ -15,7 +15,7 @@ from compressor.bench.candidates import Candidate, runtime_candidate
 from compressor.bench.frontier import reference_points
 from compressor.recipe import ModelSpec
 from compressor.sources import TaskData, load_tokenizer
-from compressor.sources.batches import sample_batches, tokenize
+from compressor.sources.batches import sorted_batches, tokenize
 
 
 def reference_candidates(section: dict, data: TaskData, max_length: int, spec) -> list[Candidate]:
@@ -25,9 +25,9 @@ def reference_candidates(section: dict, data: TaskData, max_length: int, spec) -
     model_dir = Path(section["model_dir"])
     tokenizer = load_tokenizer(ModelSpec(source=str(model_dir)))
     test = tokenize(data.test, tokenizer, data.text_fields, max_length)
-    own = sample_batches(test, tokenizer, spec.eval_examples or len(test), 32, seed=0)
+    own = sorted_batches(test, tokenizer, spec.eval_examples or len(test), 32, seed=0)
     validation = tokenize(data.validation, tokenizer, data.text_fields, max_length)
-    own_val = sample_batches(validation, tokenizer, len(validation), 32, seed=0)
+    own_val = sorted_batches(validation, tokenizer, len(validation), 32, seed=0)
     pytorch, *exported = reference_points(section)
     candidates = [runtime_candidate(pytorch.name, pytorch.runtime, model_dir, spec.seq_lens)]
     for point in exported:

@@ -27,7 +27,7 @@ from compressor.pruning.budget import within_target
 from compressor.pruning.deployed import as_deployed
 from compressor.recipe import BudgetSpec
 from compressor.report.references import reference_comparison
-from compressor.sources.batches import sample_batches
+from compressor.sources.batches import sorted_batches
 
 log = logging.getLogger("compressor")
 
@@ -71,8 +71,8 @@ def run_bench(run: RunState, sections: list[dict]) -> tuple[dict, list[Point], l
     for line in skipped.values():
         log.info("bench: %s", line)
     test = run.splits["test"]
-    batches = sample_batches(test, run.tokenizer, spec.eval_examples or len(test), 32, seed=0)
-    validation = sample_batches(run.splits["validation"], run.tokenizer, len(run.splits["validation"]), 32, seed=0)
+    batches = sorted_batches(test, run.tokenizer, spec.eval_examples or len(test), 32, seed=0)
+    validation = sorted_batches(run.splits["validation"], run.tokenizer, len(run.splits["validation"]), 32, seed=0)
     compare = [(m.name, r.name) for m in points if m.role == "member" for r in points if r.role == "reference"]
     result = bench.bench(
         candidates, batches, spec, run.out / "bench", ORIGINAL_NAME, compare, list(skipped.values()), validation

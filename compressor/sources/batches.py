@@ -4,7 +4,8 @@ Every runtime (PyTorch training and scoring, ONNX export and parity, the benchma
 the same keys of a tokenised batch: `MODEL_INPUTS`, restricted to those the model declares (DistilBERT takes no
 `token_type_ids`). `tokenize` turns a split into model inputs plus `labels`; `loader` and `sample_batches` pad
 them into batches (length-grouped where nothing needs batches to mix lengths); `eval_batches` is how the CLI
-commands and the pipeline turn a split into padded batches.
+commands and the pipeline turn a split into padded batches; `sorted_batches` (what the benchmark scores) pads least,
+and `in_sample_order` puts what was computed on them back in the sample's order.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ if TYPE_CHECKING:
 
 V = TypeVar("V")
 MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+POSITION = "position"  # a sorted batch's key: each example's index in the sample it was cut from
 
 
 def input_keys(accepted: Collection[str] | None = None) -> tuple[str, ...]:
@@ -152,3 +154,31 @@ def sample_batches(
     if accelerator is not None and accelerator.num_processes > 1:
         dl = accelerator.prepare_data_loader(dl)
     return list(dl)
+
+
+def sorted_batches(ds: datasets.Dataset, tokenizer, n: int, batch_size: int, seed: int) -> list[dict]:
+    """The sample `sample_batches` draws (the same `n` examples, seed and order), cut into batches sorted by length.
+
+    Why: a benchmark scores every candidate on the whole test and validation splits, and a batch of ragged text
+    pads to its longest member; sorted, the batches pad almost nothing. Each batch carries `POSITION`, every
+    example's index in the sample, so that `in_sample_order` gives results (logits, labels, hits) in the sample's
+    order whatever tokenizer sorted them: another model's tokenisation of the same examples lines up."""
+    ds = sample_split(ds, n, seed)
+    order = np.argsort(lengths(ds), kind="stable")
+    batches = list(loader(ds.select(order), tokenizer, batch_size))
+    for start, batch in zip(range(0, len(order), batch_size), batches, strict=True):
+        batch[POSITION] = torch.as_tensor(order[start : start + batch_size])
+    return batches
+
+
+def in_sample_order(batches: Sequence[Mapping], values: np.ndarray) -> np.ndarray:
+    """`values` (one row per example, concatenated over `batches`) in the order of the sample the batches were cut
+    from: batches with `POSITION` (`sorted_batches`) are put back, others are in that order already."""
+    if not batches or POSITION not in batches[0]:
+        return values
+    positions = np.concatenate([np.asarray(b[POSITION]) for b in batches])
+    if len(positions) != len(values) or not np.array_equal(np.sort(positions), np.arange(len(values))):
+        raise ValueError(f"in_sample_order: {len(values)} rows do not match the batches' {len(positions)} positions")
+    out = np.empty_like(values)
+    out[positions] = values
+    return out
