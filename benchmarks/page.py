@@ -5,7 +5,6 @@ give) with each `<!-- experiment: NAME -->` marker replaced by that experiment's
 from __future__ import annotations
 
 import re
-import shlex
 from pathlib import Path
 
 from benchmarks.schema import Result, Row, read_result
@@ -59,7 +58,7 @@ def _where(result: Result) -> str:
 
 def block(exp: Experiment, result: Result | None) -> str:
     """One experiment's figure on the page."""
-    commands = "; ".join(f"`{shlex.join(c)}`" for c in exp.commands())
+    commands = "; ".join(f"`{line}`" for line in exp.shown())
     made = f" → `benchmarks/results/{exp.name}.json`" if result else ""
     lines = [
         f"<!-- experiment: {exp.name} -->",

@@ -137,7 +137,7 @@ def run(exp: Experiment, out: Path, max_seconds: float | None = None, max_bench_
     share = 100 * float(timings.get("bench", 0.0)) / seconds if seconds else 0.0
     rows = [
         Row(label="run, wall", value=round(seconds), seeds=[seed], unit="s", goal=_goal("<=", max_seconds, "s"),
-            met=at_most(seconds, max_seconds)),
+            met=at_most(seconds, max_seconds), detail=largest_phases(timings)),
         Row(label="bench share of the run", value=round(share, 1), seeds=[seed], unit="%",
             goal=_goal("<=", max_bench_share, "%"), met=at_most(share, max_bench_share)),
     ]  # fmt: skip
@@ -152,6 +152,12 @@ def run(exp: Experiment, out: Path, max_seconds: float | None = None, max_bench_
         rows.append(Row(label=f"recommended ({chosen['variant']}) speed-up", value=round(chosen["speedup"], 2),
                         seeds=[seed], unit="x"))  # fmt: skip
     return rows
+
+
+def largest_phases(timings: dict[str, float], count: int = 3) -> str | None:
+    """The `count` phases that took longest (report.json `timings`), e.g. "bench 120 s, base fine-tune 90 s"."""
+    top = sorted(timings.items(), key=lambda kv: -kv[1])[:count]
+    return ", ".join(f"{name} {seconds:.0f} s" for name, seconds in top) or None
 
 
 def _goal(op: str, bound: float | None, unit: str) -> str | None:

@@ -9,7 +9,7 @@ when the experiment started, and its seconds."""
 
 from __future__ import annotations
 
-import shlex
+import os
 import subprocess
 import sys
 import time
@@ -48,8 +48,8 @@ def run_steps(exp: Experiment, force: bool, log=print) -> None:
         if done.exists() and not force:
             log(f"{exp.name}: kept finished step: {' '.join(command)}")
             continue
-        log(f"{exp.name}: running: {' '.join(command)}")
-        code = subprocess.run(argv(command, force), cwd=ROOT).returncode
+        log(f"{exp.name}: running: {''.join(f'{k}={v} ' for k, v in exp.env.items())}{' '.join(command)}")
+        code = subprocess.run(argv(command, force), cwd=ROOT, env={**os.environ, **exp.env}).returncode
         if code != 0:
             raise UserError(f"{exp.name}: step failed (exit {code}): {' '.join(command)}; rerun to resume it")
         if not done.exists():
@@ -78,7 +78,7 @@ def run_experiment(exp: Experiment, else_running: str, force: bool = False, resu
         else_running=else_running,
         cache=cache,
         seconds=round(time.perf_counter() - started, 1),
-        commands=[shlex.join(c) for c in exp.commands()],
+        commands=exp.shown(),
     )
     result = Result(experiment=exp.name, figure=exp.figure, goal=exp.goal, rows=rows, provenance=record)
     write_result(path, result)

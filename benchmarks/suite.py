@@ -1,9 +1,10 @@
 """The experiments, declared one per file in `benchmarks/experiments/NAME.yaml` (learnt from peft's
-`method_comparison/`: one folder of declarations, one runner, one result format). A declaration says what the
-figure is and why it is measured (`figure`, `goal`), what it runs on (`recipe`, `seeds`, `runtimes`), the product
-commands that make it (`steps`: each a command and the directory it leaves its output in) and how that output reads
-as result rows (`reader` and its `reader_args`, checked against the reader's signature). `runs_toward` counts the
-runs made toward a figure chosen among several (the page prints it beside the figure)."""
+`method_comparison/`: one folder of declarations, one runner, one result format). A declaration says what the figure
+is and why it is measured (`figure`, `goal`), what it runs on (`recipe`, `seeds`, `runtimes`), the product commands
+that make it (`steps`: each a command and the directory it leaves its output in; `env`: variables every step runs
+with, e.g. the math libraries capped to AVX2) and how that output reads as result rows (`reader` and its
+`reader_args`, checked against the reader's signature). `runs_toward` counts the runs made toward a figure chosen
+among several (the page prints it beside the figure)."""
 
 from __future__ import annotations
 
@@ -52,6 +53,7 @@ class Experiment(_Strict):
     reader: str
     reader_args: dict = {}
     runs_toward: RunsToward | None = None
+    env: dict[str, str] = {}
 
     @model_validator(mode="after")
     def _known_reader(self) -> Experiment:
@@ -72,6 +74,11 @@ class Experiment(_Strict):
     def commands(self) -> list[list[str]]:
         """Each step's command as arguments, `{output}` filled in."""
         return [[arg.replace("{output}", self.output(s)) for arg in shlex.split(s.command)] for s in self.steps]
+
+    def shown(self) -> list[str]:
+        """Each step's command as a shell line, prefixed with `env` (what the page and the provenance print)."""
+        prefix = "".join(f"{k}={shlex.quote(v)} " for k, v in self.env.items())
+        return [prefix + shlex.join(c) for c in self.commands()]
 
     def last_output(self) -> Path:
         """Where the reader reads: the last step's output directory."""

@@ -253,6 +253,25 @@ def test_the_runner_resumes_keeps_and_forces_and_writes_the_schema(tmp_path, mon
     assert log.read_text().endswith("kept 0\nkept 1\n") and forced.provenance.else_running == "forced"
 
 
+def test_every_step_runs_with_the_declared_environment_and_says_so(tmp_path) -> None:
+    """`env` reaches each step's process (the math-library caps of an AVX2 figure) and is printed before the
+    command, so the page and the provenance show how the figure was made."""
+    (tmp_path / "env.py").write_text(
+        "import os, pathlib, sys\nout = pathlib.Path(sys.argv[1]); out.mkdir()\n"
+        "(out / 'report.json').write_text(os.environ['ONEDNN_MAX_CPU_ISA'] + '|' + os.environ['STUB_NOTE'])\n"
+    )
+    step = {"command": f"python {tmp_path / 'env.py'} {{output}}", "output": str(tmp_path / "out")}
+    env = {"ONEDNN_MAX_CPU_ISA": "AVX2", "STUB_NOTE": "a b"}
+    declared = {"figure": "f", "goal": "g", "reader": "run", "env": env, "steps": [step]}
+    (tmp_path / "decl").mkdir()
+    (tmp_path / "decl" / "capped.yaml").write_text(json.dumps(declared))
+    exp = suite.experiment("capped", tmp_path / "decl")
+    runner.run_steps(exp, force=False, log=lambda _: None)
+    assert (tmp_path / "out" / "report.json").read_text() == "AVX2|a b"
+    assert exp.shown() == [f"ONEDNN_MAX_CPU_ISA=AVX2 STUB_NOTE='a b' python {tmp_path / 'env.py'} {tmp_path / 'out'}"]
+    assert shlex.split(exp.shown()[0])[:2] == ["ONEDNN_MAX_CPU_ISA=AVX2", "STUB_NOTE=a b"]
+
+
 def test_compressor_steps_run_this_interpreter_and_force_only_when_asked() -> None:
     run = ["compressor", "run", "recipes/minilm_rt_50pct.yaml", "--output-dir", "x"]
     assert runner.argv(run, force=False) == [sys.executable, "-m", "compressor", *run[1:]]
@@ -316,6 +335,7 @@ def test_the_readers_read_what_the_product_writes(tmp_path) -> None:
     demo = EXPERIMENTS["demo"]
     seconds, share, gap, speed = suite.READERS["run"](demo, tmp_path, **demo.reader_args)
     assert (seconds.value, seconds.met, share.value, share.met) == (500, True, 10.0, True)
+    assert seconds.detail == "pruning steps 200 s, bench 50 s", "where the time went, longest first"
     assert gap.label.startswith("recommended (pruned/pytorch)") and gap.value == -1.0 and gap.met is False
     assert (gap.n, speed.value, speed.unit) == (1276, 2.0, "x")
     mpnet = EXPERIMENTS["mpnet_family"]
