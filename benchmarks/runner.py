@@ -43,12 +43,12 @@ def argv(command: list[str], force: bool) -> list[str]:
 
 def run_steps(exp: Experiment, force: bool, log=print) -> None:
     """Each step not yet finished (every step when forced), in order; a failing one stops the experiment."""
-    for step, command in zip(exp.steps, exp.commands(), strict=True):
+    for step, command, shown in zip(exp.steps, exp.commands(), exp.shown(), strict=True):
         done = ROOT / exp.output(step) / step.done
         if done.exists() and not force:
-            log(f"{exp.name}: kept finished step: {' '.join(command)}")
+            log(f"{exp.name}: kept finished step: {shown}")
             continue
-        log(f"{exp.name}: running: {''.join(f'{k}={v} ' for k, v in exp.env.items())}{' '.join(command)}")
+        log(f"{exp.name}: running: {shown}")
         code = subprocess.run(argv(command, force), cwd=ROOT, env={**os.environ, **exp.env}).returncode
         if code != 0:
             raise UserError(f"{exp.name}: step failed (exit {code}): {' '.join(command)}; rerun to resume it")

@@ -15,7 +15,7 @@ from compressor.bench.candidates import Candidate, runtime_candidate
 from compressor.bench.frontier import reference_points
 from compressor.recipe import ModelSpec
 from compressor.sources import TaskData, load_tokenizer
-from compressor.sources.batches import sorted_batches, tokenize
+from compressor.sources.batches import eval_batches
 
 
 def reference_candidates(section: dict, data: TaskData, max_length: int, spec) -> list[Candidate]:
@@ -24,10 +24,8 @@ def reference_candidates(section: dict, data: TaskData, max_length: int, spec) -
     its whole validation split likewise (the bench's validation batches, `pipeline.measure.run_bench`)."""
     model_dir = Path(section["model_dir"])
     tokenizer = load_tokenizer(ModelSpec(source=str(model_dir)))
-    test = tokenize(data.test, tokenizer, data.text_fields, max_length)
-    own = sorted_batches(test, tokenizer, spec.eval_examples or len(test), 32, seed=0)
-    validation = tokenize(data.validation, tokenizer, data.text_fields, max_length)
-    own_val = sorted_batches(validation, tokenizer, len(validation), 32, seed=0)
+    own = eval_batches(data, tokenizer, "test", max_length, spec.eval_examples, by_length=True)
+    own_val = eval_batches(data, tokenizer, "validation", max_length, by_length=True)
     pytorch, *exported = reference_points(section)
     candidates = [runtime_candidate(pytorch.name, pytorch.runtime, model_dir, spec.seq_lens)]
     for point in exported:

@@ -64,7 +64,7 @@ def bench_batches(recipe, model_dir: Path, num_labels: int, examples: int | None
 
     from compressor.recipe import DataSpec
     from compressor.sources import load_task_data
-    from compressor.sources.batches import sorted_batches, tokenize
+    from compressor.sources.batches import eval_batches
 
     spec = recipe.data if recipe is not None else DataSpec()
     data = load_task_data(spec)
@@ -74,8 +74,7 @@ def bench_batches(recipe, model_dir: Path, num_labels: int, examples: int | None
             "expected a recipe whose data matches the model"
         )
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    test = tokenize(data.test, tokenizer, data.text_fields, spec.max_length)
-    return sorted_batches(test, tokenizer, examples or len(test), 32, seed=0)
+    return eval_batches(data, tokenizer, "test", spec.max_length, examples, seed=0, by_length=True)
 
 
 def is_onnx_dir(path: Path) -> bool:

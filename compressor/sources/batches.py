@@ -46,11 +46,13 @@ def eval_batches(
     examples: int | None = None,
     batch_size: int = 32,
     seed: int = 0,
+    by_length: bool = False,
 ) -> list[dict]:
     """A seeded sample of `examples` (all when None) of a `TaskData` split, tokenised (pairs as pairs) and padded
-    into batches with `labels`."""
+    into batches with `labels`; `by_length`: the same sample in batches sorted by length (`sorted_batches`)."""
     tokenised = tokenize(getattr(data, split), tokenizer, data.text_fields, max_length)
-    return sample_batches(tokenised, tokenizer, examples or len(tokenised), batch_size, seed=seed)
+    cut = sorted_batches if by_length else sample_batches
+    return cut(tokenised, tokenizer, examples or len(tokenised), batch_size, seed=seed)
 
 
 def tokenize(ds: datasets.Dataset, tokenizer, text_fields: Sequence[str], max_length: int) -> datasets.Dataset:
