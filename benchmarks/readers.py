@@ -168,14 +168,16 @@ def _goal(op: str, bound: float | None, unit: str) -> str | None:
 def seeds(exp: Experiment, out: Path, min_gap: dict[str, float] | None = None) -> list[Row]:
     """A run repeated over seeds (`seeds.json`): each gap's mean over the seeds with its bootstrap interval, on the
     experiment's runtimes; `min_gap` {candidate model, or "chosen" for the member each seed chose on validation
-    against a reference: floor in points} sets the goals."""
+    against a reference: floor in points} sets the goals (a member's, not its layer-drop baseline's)."""
     summary = _json(out / "seeds.json")
     floors = min_gap or {}
     rows = []
     for gap in summary["gaps"]:
         if exp.runtimes and gap.get("runtime") not in exp.runtimes:
             continue
-        floor = floors.get("chosen" if gap.get("role") == "chosen" else gap["candidate"].split("/")[0])
+        role = gap.get("role", "member")  # a target's floor is its member's: its layer-drop baseline gets none
+        floor = floors.get("chosen") if role == "chosen" else floors.get(gap["candidate"].split("/")[0])
+        floor = floor if role in ("chosen", "member") else None
         low, high = (round(end, 2) for end in gap["ci95"])
         value = round(gap["mean"], 2)
         spread = f"sd {gap['sd']:.2f} over seeds; " if gap.get("sd") is not None else ""

@@ -180,7 +180,8 @@ def _repeats(names: dict[str, str], seeds: tuple[int, ...], size: int) -> dict[i
     reports = {}
     for k in seeds:
         hits = {n: rng.random(size) < 0.8 for n in names}
-        rows = [{"name": n, "role": "member" if "/" in n else "original", "runtime": r} for n, r in names.items()]
+        role = {n: "baseline" if n.endswith("layer-drop") else "member" if "/" in n else "original" for n in names}
+        rows = [{"name": n, "role": role[n], "runtime": r} for n, r in names.items()]
         quality = {n: {"accuracy": float(h.mean()), "hits": hits_string(h)} for n, h in hits.items()}
         reports[k] = {"frontier": rows, "bench": {"quality": {"results": quality}}}
     return reports
@@ -298,13 +299,16 @@ def test_a_result_off_the_schema_is_one_line_naming_the_field(tmp_path) -> None:
 
 def test_the_seeds_reader_keeps_the_experiments_runtimes(tmp_path) -> None:
     """A family's seeds.json has a gap for every frontier point; the figure keeps those on its runtimes."""
-    names = {"pytorch-original": "pytorch", "3x/pytorch": "pytorch", "3x/onnx-int8": "onnx-int8"}
+    names = {"pytorch-original": "pytorch", "3x/pytorch": "pytorch", "3x/onnx-int8": "onnx-int8",
+             "3x/layer-drop": "pytorch"}  # fmt: skip
     reports = _repeats(names, (0, 1, 2), 100)
     (tmp_path / "seeds.json").write_text(json.dumps(summarize_seeds(reports, resamples=100)))
     exp = EXPERIMENTS["minilm_family_seeds"]
-    (row,) = suite.READERS["seeds"](exp, tmp_path, **exp.reader_args)
-    assert row.label == "3x/pytorch minus pytorch-original" and row.seeds == [0, 1, 2] and row.n == 100
+    rows = {r.label: r for r in suite.READERS["seeds"](exp, tmp_path, **exp.reader_args)}
+    row, baseline = rows["3x/pytorch minus pytorch-original"], rows["3x/layer-drop minus pytorch-original"]
+    assert len(rows) == 2 and row.seeds == [0, 1, 2] and row.n == 100
     assert row.goal == ">= -0.5 points" and row.low <= row.value <= row.high
+    assert (baseline.goal, baseline.met) == (None, None), "the 3x goal is the member's, not its baseline's"
 
 
 def _row(name: str, role: str, runtime: str, speedup: float, accuracy: float, val: float, **extra) -> dict:
