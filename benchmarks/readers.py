@@ -176,8 +176,8 @@ def seeds(exp: Experiment, out: Path, min_gap: dict[str, float] | None = None) -
         if exp.runtimes and gap.get("runtime") not in exp.runtimes:
             continue
         role = gap.get("role", "member")  # a target's floor is its member's: its layer-drop baseline gets none
-        floor = floors.get("chosen") if role == "chosen" else floors.get(gap["candidate"].split("/")[0])
-        floor = floor if role in ("chosen", "member") else None
+        key = {"chosen": "chosen", "member": gap["candidate"].split("/")[0]}.get(role)
+        floor = floors.get(key) if key else None
         low, high = (round(end, 2) for end in gap["ci95"])
         value = round(gap["mean"], 2)
         spread = f"sd {gap['sd']:.2f} over seeds; " if gap.get("sd") is not None else ""
