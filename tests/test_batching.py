@@ -56,10 +56,10 @@ def test_grouped_score_batches_hold_the_same_sample(task) -> None:
 @pytest.fixture
 def ragged(task):
     """The tiny task's model and tokenizer with a split of texts of 1 to 6 words (the task's all have 6)."""
+    from conftest import make_rows
     from datasets import Dataset
 
     from compressor.sources.batches import tokenize
-    from conftest import make_rows
 
     model, tokenizer, _, _ = task
     rows = [{**r, "text": " ".join(r["text"].split()[: 1 + i % 6])} for i, r in enumerate(make_rows(60, seed=5))]
