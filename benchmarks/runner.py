@@ -51,7 +51,7 @@ def run_steps(exp: Experiment, force: bool, log=print) -> None:
         log(f"{exp.name}: running: {shown}")
         code = subprocess.run(argv(command, force), cwd=ROOT, env={**os.environ, **exp.env}).returncode
         if code != 0:
-            raise UserError(f"{exp.name}: step failed (exit {code}): {' '.join(command)}; rerun to resume it")
+            raise UserError(f"{exp.name}: step failed (exit {code}): {shown}; rerun to resume it")
         if not done.exists():
             raise UserError(f"{exp.name}: step finished without writing {exp.output(step)}/{step.done}")
 
