@@ -333,13 +333,15 @@ def test_the_readers_read_what_the_product_writes(tmp_path) -> None:
     ]
     pairs = [{"candidate": "pruned/pytorch", "versus": "reference/small/pytorch", "mcnemar": {"p_value": 0.2}}]
     report = {"original": {"test": {"n": 1276}}, "frontier": rows, "bench": {"max_drop": 0.01},
-              "seconds": 500.0, "timings": {"bench": 50.0, "pruning steps": 200.0}}  # fmt: skip
+              "seconds": 500.0,
+              "timings": {"original: export": 20.0, "bench": 50.0, "pruning steps": 200.0}}  # fmt: skip
     report |= {"recommendation": recommendation(report), "versus_references": versus_references(rows, pairs)}
     (tmp_path / "report.json").write_text(json.dumps(report))
     demo = EXPERIMENTS["demo"]
     seconds, share, gap, speed = suite.READERS["run"](demo, tmp_path, **demo.reader_args)
     assert (seconds.value, seconds.met, share.value, share.met) == (500, True, 10.0, True)
-    assert seconds.detail == "pruning steps 200 s, bench 50 s", "where the time went, longest first"
+    assert seconds.detail == "pruning steps 200 s, bench 50 s, original: export 20 s", "where the time went"
+    assert share.detail == "bench 50 s; the original's export before it 20 s (4.0% of the run)", "shown, not counted"
     assert gap.label.startswith("recommended (pruned/pytorch)") and gap.value == -1.0 and gap.met is False
     assert (gap.n, speed.value, speed.unit) == (1276, 2.0, "x")
     mpnet = EXPERIMENTS["mpnet_family"]

@@ -47,9 +47,9 @@ def _failing(monkeypatch, error: Exception) -> None:
 @pytest.mark.parametrize(
     ("choice", "env", "expected"),
     [
-        ("auto", "", ["torchscript", "torch.export"]),
-        ("auto", "torchscript", ["torchscript", "torch.export"]),
-        ("auto", "torch.export", ["torch.export", "torchscript"]),  # the env var reorders "auto", keeps the fallback
+        ("auto", "", ["torch.export", "torchscript"]),
+        ("auto", "torch.export", ["torch.export", "torchscript"]),
+        ("auto", "torchscript", ["torchscript", "torch.export"]),  # the env var reorders "auto", keeps the fallback
         ("torchscript", "torch.export", ["torchscript"]),  # a named exporter is that one only, whatever the env
         ("torch.export", "", ["torch.export"]),
     ],
@@ -62,15 +62,15 @@ def test_preference(monkeypatch, choice, env, expected):
 @pytest.mark.parametrize(("choice", "env", "field"), [("onnx", "", "export.exporter"), ("auto", "dynamo", "EXPORTER")])
 def test_unknown_exporter_is_one_line_error_naming_the_field(monkeypatch, choice, env, field):
     monkeypatch.setenv(exporters.EXPORTER_ENV, env)
-    with pytest.raises(UserError, match=f"{field}.*expected one of auto, torchscript, torch.export") as caught:
+    with pytest.raises(UserError, match=f"{field}.*expected one of auto, torch.export, torchscript") as caught:
         exporters.preference(choice)
     assert "\n" not in str(caught.value)
 
 
 def test_auto_falls_back_to_torchscript_and_says_why(monkeypatch, model_dir, tmp_path, caplog):
-    """torch.export failing on a model ("auto" started from it): TorchScript exports it, every variant passes parity,
-    and the manifest and one warning name the exporter that failed and its error's first line."""
-    monkeypatch.setenv(exporters.EXPORTER_ENV, "torch.export")
+    """The default order: torch.export failing on a model, "auto" exports it through TorchScript, every variant passes
+    parity, and the manifest and one warning name the exporter that failed and its error's first line."""
+    monkeypatch.delenv(exporters.EXPORTER_ENV)
     _failing(monkeypatch, RuntimeError("Unsupported: data-dependent control flow\nlong traceback follows"))
     with caplog.at_level(logging.WARNING, logger=exporters.log.name):
         result = ex.export_onnx(model_dir, tmp_path / "onnx", ["fp32", "optimized"], CHECK)
@@ -100,9 +100,10 @@ def test_a_graph_failing_parity_counts_as_a_failed_exporter(monkeypatch, model_d
 
 
 def test_auto_falls_back_to_torch_export_where_torchscript_fails(monkeypatch, model_dir, tmp_path):
-    """The default order: TorchScript failing on a model (as it does inside transformers' mask code below 5.9, or
-    once torch removes it), "auto" exports it through torch.export, with parity, and says why."""
-    monkeypatch.delenv(exporters.EXPORTER_ENV)
+    """With "auto" started from TorchScript (`COMPRESSOR_EXPORTER`), TorchScript failing on a model (as it does inside
+    transformers' mask code below 5.9, or once torch removes it): "auto" exports it through torch.export, with parity,
+    and says why."""
+    monkeypatch.setenv(exporters.EXPORTER_ENV, "torchscript")
 
     def write(self, model, file, inputs, opset):
         raise RuntimeError("IndexError inside sdpa_mask")

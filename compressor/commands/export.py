@@ -75,7 +75,7 @@ def export(
     exporter: str = typer.Option(
         None,
         "--exporter",
-        help="auto (TorchScript, falling back to torch.export), torch.export or torchscript; default: the recipe's"
+        help="auto (torch.export, falling back to TorchScript), torch.export or torchscript; default: the recipe's"
         " export.exporter, else auto",
     ),
     recipe: Path = typer.Option(

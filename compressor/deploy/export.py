@@ -1,7 +1,7 @@
 """ONNX export of a saved (pruned) model: fp32, ORT graph-optimised and dynamic-int8 variants, each checked.
 
-`export_onnx` rebuilds the model with `load_pruned` and exports the in-memory model (`deploy.exporters`: the TorchScript
-tracer, torch.export as the fallback), so the graph has the actual pruned shapes: uneven head counts per layer and
+`export_onnx` rebuilds the model with `load_pruned` and exports the in-memory model (`deploy.exporters`: torch.export,
+the TorchScript tracer as the fallback), so the graph has the actual pruned shapes: uneven head counts per layer and
 `EmptyAttention` layers. The fp32 graph must reproduce PyTorch's logits on real batches within `atol` (the parity
 gate) before any variant is built; a failure raises `ExportParityError` and writes nothing.
 
@@ -129,7 +129,7 @@ def export_fp32(
     model: nn.Module, dest: Path, opset: int | None = None, exporter: str = "auto", check: Callable | None = None
 ) -> Exported:
     """The in-memory model as dest/model.onnx (dynamic batch and sequence axes) and its config.json, written by
-    the exporter `exporter` names (`compressor.deploy.exporters`: TorchScript first, torch.export as the fallback).
+    the exporter `exporter` names (`compressor.deploy.exporters`: torch.export first, TorchScript as the fallback).
     `check(file)` raises when a graph is wrong (the parity gate): a wrong graph counts as a failed exporter.
 
     The model object is exported as built (pruned shapes, `EmptyAttention` layers), never re-loaded from a path. A

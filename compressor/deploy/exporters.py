@@ -1,25 +1,23 @@
 """How a model becomes an ONNX graph, and how that graph is fused for ONNX Runtime: one `Exporter` per exporter.
 
-- `torchscript` (tried first by "auto"): the TorchScript tracer. Its graph has each layer's head count pinned into
-  the attention reshapes (`graph.pin_head_counts`) and is fused by ONNX Runtime's transformer optimizer
-  (`graph.optimize_graph`): one `Attention` per layer with heads, its packed Q/K/V weight an initializer and its mask
-  a mask index, so ONNX Runtime's quantizer turns it into `QAttention` and int8 covers the Q/K/V projections.
-- `torch.export`: `torch.onnx.export(dynamo=True)`, the exporter torch maintains (TorchScript is deprecated). Its
-  graph is fused by onnxscript's ONNX Runtime fusions (`onnxscript.rewriter.ort_fusions.optimize_for_ort`), which
-  read each layer's head count off its own subgraph: uneven heads fuse, ModernBERT's rotary attention too. Its fused
-  `Attention` comes with the Q/K/V weight as a `Concat` and the padding mask as an additive `attention_bias`, which
-  ONNX Runtime's quantizer cannot make a `QAttention` of; `attention_for_quantizer` folds the weight into one
-  initializer and passes the mask as a mask index, so int8 covers the Q/K/V projections as with TorchScript.
-  "auto" still starts from TorchScript: with the rewrite the two int8 graphs time level (the `exporters_int8`
-  benchmark), so moving the default buys nothing measured.
+- `torch.export` (tried first by "auto"): `torch.onnx.export(dynamo=True)`, the exporter torch maintains and its
+  default. Its graph is fused by onnxscript's ONNX Runtime fusions (`onnxscript.rewriter.ort_fusions.optimize_for_ort`),
+  which read each layer's head count off its own subgraph: uneven heads fuse, ModernBERT's rotary attention too. Its
+  fused `Attention` comes with the Q/K/V weight as a `Concat` and the padding mask as an additive `attention_bias`,
+  which ONNX Runtime's quantizer cannot make a `QAttention` of; `attention_for_quantizer` folds the weight into one
+  initializer and passes the mask as a mask index, so int8 covers the Q/K/V projections.
+- `torchscript`: the TorchScript tracer (deprecated in torch), kept as the fallback "auto" takes when torch.export
+  raises or its graph fails the parity gate. Its graph has each layer's head count pinned into the attention reshapes
+  (`graph.pin_head_counts`) and is fused by ONNX Runtime's transformer optimizer (`graph.optimize_graph`).
 
 `preference` turns the recipe's `export.exporter` ("auto", or one exporter by name) into the exporters to try in
 order; `export_graph` tries them and says which one wrote the graph and why an earlier one could not (an error, or a
 graph failing the parity gate). `COMPRESSOR_EXPORTER` names the exporter "auto" starts from (the other stays its
 fallback).
 
-The latency tables' synthetic blocks (`deploy.engines.onnx_runtime.onnx_graph`) are traced with TorchScript too:
-those graphs are timed by the budget, never shipped, and a table has many of them.
+The latency tables' synthetic blocks (`deploy.engines.onnx_runtime.onnx_graph`) are traced with TorchScript: those
+graphs are timed by the budget, never shipped, a table has many of them, and the tracer writes each faster (the
+`export_paths` benchmark).
 """
 
 from __future__ import annotations
@@ -256,7 +254,7 @@ class TorchScript(Exporter):
         return {"fused_ops": fused_ops(dest)}
 
 
-EXPORTERS: dict[str, Exporter] = {e.name: e for e in (TorchScript(), TorchExport())}  # "auto" tries them in order
+EXPORTERS: dict[str, Exporter] = {e.name: e for e in (TorchExport(), TorchScript())}  # "auto" tries them in order
 
 
 def choices() -> tuple[str, ...]:

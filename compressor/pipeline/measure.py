@@ -46,11 +46,20 @@ def original_variants(run: RunState) -> list[str]:
     return [variant] if variant is not None else []
 
 
-def run_bench(run: RunState, sections: list[dict]) -> tuple[dict, list[Point], list]:
-    """One benchmark of the original (PyTorch and its exports, `original_variants`), every member on every runtime,
-    and each member's layer-drop baseline; returns the bench result, the frontier's point descriptions and the
-    candidates (the budget checks time some of them again). Runtimes that cannot pay on this CPU
-    (`unpaid_runtimes`) are left out, the original is not exported to them, and the result's `skipped` says why."""
+def bench_originals(run: RunState) -> dict[str, dict]:
+    """The original's exports the bench times (`original_variants` and the quantize-only ones), built or taken from
+    the export cache: `{variant: manifest}`. Runtimes that cannot pay on this CPU (`unpaid_runtimes`) get none. Its
+    own phase of the run ("original: export", as a reference's export is), not the bench's."""
+    skipped = unpaid_runtimes(run)
+    variants = with_quantize_only(run.recipe, original_variants(run))
+    return export_original(run, [v for v in variants if for_variant(v).name not in skipped])
+
+
+def run_bench(run: RunState, sections: list[dict], originals: dict[str, dict]) -> tuple[dict, list[Point], list]:
+    """One benchmark of the original (PyTorch and its exports `originals`, from `bench_originals`), every member on
+    every runtime, and each member's layer-drop baseline; returns the bench result, the frontier's point
+    descriptions and the candidates (the budget checks time some of them again). Runtimes that cannot pay on this CPU
+    (`unpaid_runtimes`) are left out, and the result's `skipped` says why."""
     spec = bench_spec_for(run.recipe)
     seq = spec.seq_lens
     skipped = unpaid_runtimes(run)
@@ -58,8 +67,7 @@ def run_bench(run: RunState, sections: list[dict]) -> tuple[dict, list[Point], l
     candidates, points = [original], [Point.of(CandidateName.original(), None)]
     for m in sections:
         candidates += _member_candidates(m, spec, points)
-    variants = [v for v in with_quantize_only(run.recipe, original_variants(run)) if for_variant(v).name not in skipped]
-    for variant, info in export_original(run, variants).items():
+    for variant, info in originals.items():
         cid = CandidateName.original(for_variant(variant).name)
         candidates.append(bench.runtime_candidate(cid.name, cid.runtime, info["dir"], seq, spec.threads, original))
         points.append(Point.of(cid, info["dir"], rejected=info.get("status") == "rejected"))
@@ -162,8 +170,12 @@ def run_report(run: RunState, sections: list[dict]) -> dict:
     stay at the top (`pruned`, `baseline`, `export`, `model_card`, `budget`, `frontier`), as its report always had
     them."""
     budget = run.recipe.prune.resolved_budget
-    with run.timed("family bench" if budget.is_family else "bench"):
-        result, points, candidates = run_bench(run, sections) if run.recipe.bench.enabled else ({}, [], [])
+    result, points, candidates = {}, [], []
+    if run.recipe.bench.enabled:
+        with run.timed("original: export"):
+            originals = bench_originals(run)
+        with run.timed("family bench" if budget.is_family else "bench"):
+            result, points, candidates = run_bench(run, sections, originals)
     checks = {}
     if budget.kind == "speedup" and candidates:
         with run.timed("budget check"):

@@ -165,7 +165,7 @@ class ExportSpec(Strict):
     atol: float = Field(1e-4, gt=0, le=1, description="largest logit difference from PyTorch an fp32 graph may show")
     opset: int | None = Field(None, ge=11, le=30, description="ONNX opset; null = the exporter's default")
     exporter: Literal["auto", "torch.export", "torchscript"] = Field(
-        "auto", description="auto = TorchScript, falling back to torch.export (the report names a fallback and why)"
+        "auto", description="auto = torch.export, falling back to TorchScript (the report names a fallback and why)"
     )
 
 
