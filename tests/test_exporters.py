@@ -176,6 +176,27 @@ def test_torch_export_of_the_demo_model_with_uneven_heads(tmp_path):
     inputs = [list(n.input) + [""] * 6 for n in graph.node if n.op_type == "Attention"]
     assert len(inputs) == 5 and all(i[1] in weights and i[3] and not i[5] for i in inputs)  # weight folded, mask index
     assert exporters.fused_ops(Path(result["int8"]["file"])).get("QAttention") == 5
+    assert opt["fused_ops"].get("EmbedLayerNormalization") == 1  # as ONNX Runtime's optimizer fuses TorchScript's
+    got = ex.OnnxClassifier(tmp_path / "onnx" / "optimized")(batch)
+    assert np.abs(got - ex.torch_logits(load_pruned(model_dir), batch)).max() <= 1e-4
+
+
+@pytest.mark.parametrize(("arch", "fused"), [("bert", True), ("distilbert", True), ("roberta", False)])
+def test_torch_export_fuses_absolute_position_embeddings_so_int8_reads_one_op(tmp_path, arch, fused):
+    """Embeddings that sum word, token-type and absolute-position lookups before a LayerNorm (BERT; DistilBERT has
+    no token types) become one `EmbedLayerNormalization` in torch.export's fused graph, as ONNX Runtime's optimizer
+    makes of the TorchScript graph, so int8 reads them in one `QEmbedLayerNormalization`; RoBERTa's positions, offset
+    from the padding, are not that pattern and keep their lookups. Either way the fused graph matches PyTorch."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(make_tokenizer_dir(tmp_path / "tok"))
+    model_dir = save_pruned(tiny_model(arch, layers=2, heads=4), tmp_path / "model", tokenizer)
+    result = ex.export_onnx(model_dir, tmp_path / "onnx", ["fp32", "optimized", "int8"], CHECK, exporter="torch.export")
+    optimized = result["optimized"]
+    assert optimized["max_abs_diff"] <= 1e-4
+    assert ("EmbedLayerNormalization" in optimized["fused_ops"]) == fused
+    assert ("QEmbedLayerNormalization" in exporters.fused_ops(Path(result["int8"]["file"]))) == fused
+    batch = tiny_batch(batch=5, seq=13, seed=3)
     got = ex.OnnxClassifier(tmp_path / "onnx" / "optimized")(batch)
     assert np.abs(got - ex.torch_logits(load_pruned(model_dir), batch)).max() <= 1e-4
 

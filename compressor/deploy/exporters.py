@@ -120,6 +120,7 @@ class TorchExport(Exporter):
 
         model, _ = optimize_for_ort(ir.load(str(src)))
         rotary_positions_per_row(model)
+        embeddings_for_ort(model)
         attention_for_quantizer(model)
         dest.parent.mkdir(parents=True, exist_ok=True)
         onnx.save(ir.to_proto(model), str(dest))
@@ -154,6 +155,108 @@ def rotary_positions_per_row(model) -> int:
             rows[id(positions)] = expand.outputs[0]
         node.replace_input_with(1, rows[id(positions)])
     return len(rows)
+
+
+def embeddings_for_ort(model) -> int:
+    """Fuse BERT-style embeddings (word, token-type and position lookups, summed, then a LayerNorm) into ONNX
+    Runtime's `EmbedLayerNormalization`; returns how many it fused (0 or 1).
+
+    onnxscript's fusions have no embedding fusion; ONNX Runtime's optimizer makes this one of the TorchScript graph,
+    and its quantizer turns the fused op into `QEmbedLayerNormalization` (int8 tables, one kernel), where separate
+    lookups stay fp32 ops around a dequantize each. Only the exact pattern is fused (`_embedding_parts`: absolute
+    positions 0, 1, ...; RoBERTa's positions, offset from the padding, stay unfused). The op takes int32 ids, so the
+    ids are cast; its mask output is left unused (the attention keeps its own mask). The parity gate checks it.
+    """
+    from onnxscript import ir
+
+    for norm in list(model.graph):
+        parts = _embedding_norm(norm)
+        if parts is None:
+            continue
+        (words, positions, segments), gamma, beta, epsilon = parts
+        ids = [ir.node("Cast", [v[0]], {"to": ir.DataType.INT32}) for v in (words, segments) if v]
+        segment_ids = ids[1].outputs[0] if segments else None
+        segment_table = segments[1] if segments else None
+        inputs = [ids[0].outputs[0], segment_ids, words[1], positions[1], segment_table, gamma, beta]
+        fused = ir.node(
+            "EmbedLayerNormalization", inputs, {"epsilon": epsilon}, domain=CONTRIB_DOMAIN,
+            num_outputs=2,  # output, mask index: the op's shape inference wants the second slot
+        )  # fmt: skip
+        model.graph.insert_before(norm, [*ids, fused])
+        norm.outputs[0].replace_all_uses_with(fused.outputs[0])
+        ir.passes.common.RemoveUnusedNodesPass()(model)  # the LayerNorm, the adds, the lookups, the position slice
+        return 1
+    return 0
+
+
+def _embedding_norm(norm):
+    """(embedding parts, gamma, beta, epsilon) when `norm` is the LayerNorm over the last axis of summed embedding
+    lookups (`_embedding_parts`) with constant gamma and beta, not itself a graph output; else None."""
+    if norm.op_type != "LayerNormalization" or norm.domain not in ("", "ai.onnx") or norm.outputs[0].is_graph_output():
+        return None
+    gamma, beta = (norm.inputs[i] if len(norm.inputs) > i else None for i in (1, 2))
+    if gamma is None or beta is None or gamma.const_value is None or beta.const_value is None:
+        return None
+    axis, epsilon = norm.attributes.get("axis"), norm.attributes.get("epsilon")
+    if axis is not None and axis.as_int() != -1:
+        return None
+    lookups = _summed_lookups(norm.inputs[0])
+    parts = _embedding_parts(lookups) if lookups else None
+    return None if parts is None else (parts, gamma, beta, epsilon.as_float() if epsilon else 1e-5)
+
+
+def _summed_lookups(value) -> list | None:
+    """The `Gather` nodes whose outputs `value` is the sum of (an `Add` tree of lookups), or None."""
+    node = value.producer() if value is not None else None
+    if node is None or node.domain not in ("", "ai.onnx"):
+        return None
+    if node.op_type == "Gather":
+        return [node]
+    if node.op_type != "Add":
+        return None
+    left, right = _summed_lookups(node.inputs[0]), _summed_lookups(node.inputs[1])
+    return left + right if left is not None and right is not None else None
+
+
+def _embedding_parts(lookups: list):
+    """((word ids, word table), (None, position table), (token types, token-type table) or ()) when the two or three
+    lookups are BERT's embeddings, else None: every table an initializer of one width, the word ids the graph input
+    `input_ids`, the token types `token_type_ids`, the positions absolute (`_absolute_positions`)."""
+    if len(lookups) not in (2, 3):
+        return None
+    found: dict[str, tuple] = {}
+    for node in lookups:
+        table, ids = node.inputs[0], node.inputs[1]
+        axis = node.attributes.get("axis")
+        if table.const_value is None or (axis is not None and axis.as_int() != 0):
+            return None
+        if ids.is_graph_input() and ids.name in ("input_ids", "token_type_ids"):
+            found[ids.name] = (ids, table)
+        elif _absolute_positions(ids):
+            found["positions"] = (None, table)
+        else:
+            return None
+    widths = {part[1].const_value.shape[-1] for part in found.values()}
+    if "input_ids" not in found or "positions" not in found or len(found) != len(lookups) or len(widths) != 1:
+        return None
+    return found["input_ids"], found["positions"], found.get("token_type_ids", ())
+
+
+def _absolute_positions(value) -> bool:
+    """Whether `value` is a `Slice` from 0 of a constant row 0, 1, 2, ... (transformers' `position_ids` buffer cut to
+    the sequence): the positions `EmbedLayerNormalization` uses when given none."""
+    import numpy as np
+
+    node = value.producer()
+    if node is None or node.op_type != "Slice" or len(node.inputs) < 3:
+        return False
+    data, starts = node.inputs[0].const_value, node.inputs[1].const_value
+    if data is None or starts is None or np.any(starts.numpy() != 0):
+        return False
+    row = data.numpy()
+    if row.ndim == 2 and row.shape[0] == 1:
+        row = row[0]
+    return row.ndim == 1 and np.array_equal(row, np.arange(row.size))
 
 
 def attention_for_quantizer(model) -> int:
