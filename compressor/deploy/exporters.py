@@ -5,7 +5,9 @@
   which read each layer's head count off its own subgraph: uneven heads fuse, ModernBERT's rotary attention too. Its
   fused `Attention` comes with the Q/K/V weight as a `Concat` and the padding mask as an additive `attention_bias`,
   which ONNX Runtime's quantizer cannot make a `QAttention` of; `attention_for_quantizer` folds the weight into one
-  initializer and passes the mask as a mask index, so int8 covers the Q/K/V projections.
+  initializer and passes the mask as a mask index, so int8 covers the Q/K/V projections. onnxscript has no embedding
+  fusion; `embeddings_for_ort` makes the `EmbedLayerNormalization` ONNX Runtime's optimizer makes of TorchScript's
+  graph, so int8 reads the embeddings in one `QEmbedLayerNormalization` as it does there.
 - `torchscript`: the TorchScript tracer (deprecated in torch), kept as the fallback "auto" takes when torch.export
   raises or its graph fails the parity gate. Its graph has each layer's head count pinned into the attention reshapes
   (`graph.pin_head_counts`) and is fused by ONNX Runtime's transformer optimizer (`graph.optimize_graph`).
@@ -162,10 +164,11 @@ def embeddings_for_ort(model) -> int:
     Runtime's `EmbedLayerNormalization`; returns how many it fused (0 or 1).
 
     onnxscript's fusions have no embedding fusion; ONNX Runtime's optimizer makes this one of the TorchScript graph,
-    and its quantizer turns the fused op into `QEmbedLayerNormalization` (int8 tables, one kernel), where separate
-    lookups stay fp32 ops around a dequantize each. Only the exact pattern is fused (`_embedding_parts`: absolute
-    positions 0, 1, ...; RoBERTa's positions, offset from the padding, stay unfused). The op takes int32 ids, so the
-    ids are cast; its mask output is left unused (the attention keeps its own mask). The parity gate checks it.
+    and its quantizer turns the fused op into `QEmbedLayerNormalization` (int8 tables, one kernel), where unfused
+    each lookup reads an int8 table and is dequantized, then added and normalised op by op. Only the exact pattern
+    is fused (`_embedding_parts`: absolute positions 0, 1, ...; RoBERTa's positions, offset from the padding, stay
+    unfused). The op takes int32 ids, so the ids are cast; its mask output is left unused (the attention keeps its
+    own mask). The parity gate checks it.
     """
     from onnxscript import ir
 
