@@ -15,6 +15,8 @@ from conftest import make_tokenizer_dir
 
 from compressor.deploy import export as ex
 from compressor.deploy import exporters
+from compressor.deploy.graph import unfuse_skip_norms
+from compressor.deploy.inference import cpu_session
 from compressor.surgery.arch import arch_spec, head_size, present_heads
 from compressor.surgery.checkpoint import load_pruned, save_pruned
 from compressor.surgery.slicing import prune_heads
@@ -85,13 +87,16 @@ def test_optimized_graph_matches_pytorch(exported):
 
 
 def test_fusions_are_recorded_in_the_manifest(exported):
-    """export.json's optimized entry counts each fusion; the fused graph has far fewer nodes than fp32."""
+    """export.json's optimized entry counts each fusion and the one undone for CPUs; the fused graph has far fewer
+    nodes than fp32, and neither it nor int8 holds a `SkipLayerNormalization`."""
     arch, _, out, result = exported
     manifest = json.loads((out / ex.MANIFEST).read_text())["optimized"]
     fused = manifest["fused_ops"]
     assert fused == result["optimized"]["fused_ops"]
     assert fused["Attention"] == 3
-    assert fused["SkipLayerNormalization"] == 2 * LAYERS  # after attention (the empty layer's too) and after the FFN
+    # the optimizer fused one after attention (the empty layer's too) and one after the FFN; all were undone
+    assert manifest["unfused_ops"] == {"SkipLayerNormalization": 2 * LAYERS} and "SkipLayerNormalization" not in fused
+    assert "SkipLayerNormalization" not in exporters.fused_ops(out / "int8" / "model.onnx")
     assert fused.get("BiasGelu", 0) + fused.get("Gelu", 0) >= LAYERS
     spec, config = arch_spec(arch), tiny_model(arch, layers=LAYERS, heads=HEADS).config
     if spec.takes_token_types(config) and not spec.reserved_positions(config):
@@ -127,3 +132,62 @@ def test_without_pinned_head_counts_nothing_fuses(tmp_path, monkeypatch, caplog)
     assert opt["attention_fusion"] == "none" and opt["fused_attention_nodes"] == 0
     assert "Attention" not in opt["fused_ops"] and opt["max_abs_diff"] <= 1e-4
     assert "fused attention in 0 of the 3 layers" in caplog.text
+
+
+def skip_norm_graph(read_sum: bool, read_mean: bool) -> onnx.ModelProto:
+    """Two `SkipLayerNormalization`s over (batch, seq, 8) inputs: one with bias whose input+skip+bias sum is a graph
+    output when `read_sum`, one without bias or beta whose mean output is a graph output when `read_mean`."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.normal(size=8).astype(np.float32), n) for n in ("gamma", "beta", "bias")]
+    value = lambda name: helper.make_tensor_value_info(name, TensorProto.FLOAT, ["b", "s", 8])  # noqa: E731
+    nodes = [
+        helper.make_node("SkipLayerNormalization", ["x", "r", "gamma", "beta", "bias"], ["y", "", "", "sum"],
+                         domain=exporters.CONTRIB_DOMAIN, epsilon=1e-5, name="sln0"),
+        helper.make_node("SkipLayerNormalization", ["y", "x", "gamma"], ["z", "mean"],
+                         domain=exporters.CONTRIB_DOMAIN, epsilon=1e-3, name="sln1"),
+    ]  # fmt: skip
+    outputs = [value("z"), *([value("sum")] if read_sum else [])]
+    if read_mean:
+        outputs.append(helper.make_tensor_value_info("mean", TensorProto.FLOAT, None))
+    graph = helper.make_graph(nodes, "skip-norms", [value("x"), value("r")], outputs, inits)
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid(exporters.CONTRIB_DOMAIN, 1)]
+    return helper.make_model(graph, opset_imports=opsets)
+
+
+@pytest.mark.parametrize("read_sum,read_mean", [(False, False), (True, False), (True, True)])
+def test_unfused_skip_norms_give_the_fused_ops_outputs(tmp_path, read_sum, read_mean):
+    """`unfuse_skip_norms` replaces each `SkipLayerNormalization` by Adds and a `LayerNormalization` with the same
+    outputs (its summed output too), and leaves a node whose mean is read as it is."""
+    import onnxruntime as ort
+
+    file = tmp_path / "model.onnx"
+    onnx.save(skip_norm_graph(read_sum, read_mean), str(file))
+    rng = np.random.default_rng(1)
+    feed = {n: rng.normal(size=(3, 5, 8)).astype(np.float32) for n in ("x", "r")}
+    want = ort.InferenceSession(str(file), providers=["CPUExecutionProvider"]).run(None, feed)
+    assert unfuse_skip_norms(file) == (1 if read_mean else 2)
+    ops = [n.op_type for n in onnx.load(str(file)).graph.node]
+    assert ops.count("SkipLayerNormalization") == (1 if read_mean else 0)
+    got = cpu_session(file).run(None, feed)
+    for a, b in zip(got, want, strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5)
+
+
+def test_cpu_sessions_leave_add_and_layer_norm_unfused(tmp_path):
+    """The sessions we create keep ONNX Runtime from fusing Add + Add + LayerNormalization into its slower
+    `SkipLayerNormalization` (a session with its default options does fuse them: the control)."""
+    import onnxruntime as ort
+
+    unfused = tmp_path / "unfused.onnx"
+    onnx.save(skip_norm_graph(read_sum=False, read_mean=False), str(unfused))
+    unfuse_skip_norms(unfused)
+    written = {}
+    for name, make in (("default", lambda f, o: ort.InferenceSession(str(f), o)), ("ours", cpu_session)):
+        options = ort.SessionOptions()
+        options.optimized_model_filepath = str(tmp_path / f"{name}.onnx")
+        make(unfused, options)
+        written[name] = [n.op_type for n in onnx.load(options.optimized_model_filepath).graph.node]
+    assert "SkipLayerNormalization" in written["default"]
+    assert "SkipLayerNormalization" not in written["ours"] and "LayerNormalization" in written["ours"]

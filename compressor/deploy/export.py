@@ -40,9 +40,9 @@ from compressor.core import atomic, runtimes
 from compressor.core.errors import UserError
 from compressor.core.runtimes import VARIANTS as DECLARED_VARIANTS
 from compressor.core.runtimes import ExportJob
-from compressor.deploy.exporters import EXPORTERS, Exported, export_graph
+from compressor.deploy.exporters import EXPORTERS, Exported, export_graph, fused_ops
 from compressor.deploy.exporters import reason as error_line
-from compressor.deploy.graph import attention_nodes, fusion_label, node_count
+from compressor.deploy.graph import attention_nodes, fusion_label, node_count, unfuse_skip_norms
 from compressor.deploy.inference import (
     ONNX_FILE,
     ExportParityError,
@@ -167,6 +167,14 @@ def _check(file: Path, batches: Sequence[Mapping], reference: dict) -> dict:
     return compare(evaluate_variant(OnnxClassifier(file), batches), reference)
 
 
+def _fuse(exporter, src: Path, dest: Path, fuse_attention: bool, model_type: str) -> dict:
+    """`exporter.fuse` without the fusion ONNX Runtime's CPU kernels run slower than its parts
+    (`graph.unfuse_skip_norms`); adds "unfused_ops" (`{op_type: count}`) when it undid one."""
+    info = exporter.fuse(src, dest, fuse_attention=fuse_attention, model_type=model_type)
+    undone = unfuse_skip_norms(dest)
+    return {**info, "fused_ops": fused_ops(dest), "unfused_ops": {"SkipLayerNormalization": undone}} if undone else info
+
+
 def _build_optimized(fp32: Exported, dest: Path, check: tuple, attention_layers: int, model_type: str, fuses: bool):
     """Optimised graph with fused attention, falling back to the graph without attention fusion when fusion breaks
     parity. `check` is (batches, reference, atol). `fuses` False: ONNX Runtime's optimizer has no fusion for the
@@ -177,7 +185,7 @@ def _build_optimized(fp32: Exported, dest: Path, check: tuple, attention_layers:
     """
     (batches, reference, atol), exporter = check, EXPORTERS[fp32.exporter]
     ask = fuses or fp32.exporter != "torchscript"
-    info = exporter.fuse(fp32.file, dest / ONNX_FILE, fuse_attention=ask, model_type=model_type)
+    info = _fuse(exporter, fp32.file, dest / ONNX_FILE, ask, model_type)
     try:
         stats = _check(dest / ONNX_FILE, batches, reference)
         broken = None if stats["max_abs_diff"] <= atol else f"differed by {stats['max_abs_diff']:.3g}"
@@ -195,7 +203,7 @@ def _build_optimized(fp32: Exported, dest: Path, check: tuple, attention_layers:
     if broken is not None:
         log.warning("export: fused attention %s; keeping the optimised graph without attention fusion", broken)
         fusion = f"unfused (fused attention {broken})"
-        info = exporter.fuse(fp32.file, dest / ONNX_FILE, fuse_attention=False, model_type=model_type)
+        info = _fuse(exporter, fp32.file, dest / ONNX_FILE, False, model_type)
         stats = _check(dest / ONNX_FILE, batches, reference)
         check_parity("optimized", stats, atol)
     return stats, {**info, "attention_fusion": fusion, "attention_layers": attention_layers}
@@ -224,8 +232,9 @@ def export_onnx(
     Returns `{variant: {"dir", "file", "size_bytes", "max_abs_diff", "agreement", "check_accuracy",
     "pytorch_check_accuracy", "check_examples", "graph_nodes", "fused_attention_nodes", "attention_heads_per_node",
     ...}}`; "optimized" adds "attention_fusion" ("full", "partial", "none", "n/a (...)" or "unfused (...)"),
-    "attention_layers" and "fused_ops" (`{op_type: count}` of the optimizer's fusions: Attention,
-    SkipLayerNormalization, EmbedLayerNormalization, BiasGelu, ...); the int8 variants add "quantized_from" (the
+    "attention_layers", "fused_ops" (`{op_type: count}` of the optimizer's fusions: Attention,
+    EmbedLayerNormalization, BiasGelu, ...) and "unfused_ops" (`{"SkipLayerNormalization": n}`, the fusion undone
+    because ONNX Runtime's CPU kernel for it is slower than its parts); the int8 variants add "quantized_from" (the
     graph they quantise: "optimized" when it was built, its fused Attention becoming QAttention, else "fp32").
     Every registered engine builds its requested variants in turn (`compressor.deploy.engines`).
     """

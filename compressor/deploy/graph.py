@@ -1,5 +1,6 @@
 """Edits and optimisation of an exported graph: per-layer head counts pinned into the attention reshapes, ORT's
-transformer optimizer, and a count of the attention nodes it fused.
+transformer optimizer, a count of the attention nodes it fused, and the one fusion undone for CPUs
+(`unfuse_skip_norms`).
 """
 
 from __future__ import annotations
@@ -84,6 +85,47 @@ def optimize_graph(src: Path, dest: Path, fuse_attention: bool = True, model_typ
         optimized.save_model_to_file(str(dest))
         fused = optimized.get_fused_operator_statistics()
     return {"fused_ops": {k: int(v) for k, v in fused.items() if v}}
+
+
+def unfuse_skip_norms(file: Path) -> int:
+    """Replace each `SkipLayerNormalization` in a graph by the `Add`s and `LayerNormalization` it fused, in place;
+    returns how many it replaced.
+
+    Both optimizers (ONNX Runtime's and onnxscript's) make this fusion, but ONNX Runtime's CPU kernel for it is a
+    scalar loop, slower than the vectorised `Add` and `LayerNormalization` kernels it replaces on any x86 CPU: left
+    in, it makes the optimized and int8 graphs slower than they need to be. Sessions we create leave ONNX Runtime
+    from fusing them again (`inference.SLOW_CPU_FUSIONS`). A node whose mean or inverse-std output is read, or a
+    graph below opset 17 (no `LayerNormalization`), is left as it is.
+    """
+    import onnx
+    from onnx import helper
+
+    model = onnx.load(str(file), load_external_data=False)  # initializers untouched: external data stays valid
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+    read = {name for node in model.graph.node for name in node.input} | {o.name for o in model.graph.output}
+    nodes, replaced = [], 0
+    for node in model.graph.node:
+        outputs = list(node.output) + [""] * (4 - len(node.output))
+        if node.op_type != "SkipLayerNormalization" or opset < 17 or read & set(outputs[1:3]) - {""}:
+            nodes.append(node)
+            continue
+        data, skip, gamma, *rest = list(node.input) + [""] * (5 - len(node.input))
+        beta, bias = rest[0], rest[1]
+        total = outputs[3] or f"{node.name}_sum"
+        epsilon = next((a.f for a in node.attribute if a.name == "epsilon"), 1e-12)
+        summed = f"{total}_input_skip" if bias else total
+        nodes.append(helper.make_node("Add", [data, skip], [summed], name=f"{node.name}_add"))
+        if bias:
+            nodes.append(helper.make_node("Add", [summed, bias], [total], name=f"{node.name}_bias"))
+        norm_inputs = [total, gamma, *([beta] if beta else [])]
+        nodes.append(helper.make_node("LayerNormalization", norm_inputs, [outputs[0]], name=f"{node.name}_norm",
+                                      axis=-1, epsilon=epsilon))  # fmt: skip
+        replaced += 1
+    if replaced:
+        del model.graph.node[:]
+        model.graph.node.extend(nodes)
+        onnx.save(model, str(file))
+    return replaced
 
 
 def node_count(file: Path) -> int:

@@ -116,9 +116,11 @@ def graph_lines(export: dict) -> list[str]:
         ops = ", ".join(f"{op} ×{n}" for op, n in opt["fused_ops"].items()) or "none"
         heads = opt.get("attention_heads_per_node") or []
         per_node = f" (heads per fused node: {', '.join(map(str, heads))})" if heads else ""
+        undone = ", ".join(f"{op} ×{n}" for op, n in opt.get("unfused_ops", {}).items())
+        why = f"; unfused for the CPU (ONNX Runtime's kernel is slower than its parts): {undone}" if undone else ""
         lines.append(
             f"Optimised graph: attention fusion {opt['attention_fusion']}{per_node} over "
-            f"{opt['attention_layers']} layer(s) with heads; fused ops: {ops}."
+            f"{opt['attention_layers']} layer(s) with heads; fused ops: {ops}{why}."
         )
     return ["", *lines] if lines else []
 
