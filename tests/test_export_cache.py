@@ -7,6 +7,7 @@ import json
 
 import torch
 
+from compressor.deploy import cache
 from compressor.deploy.cache import MANIFEST, cached_export, export_key
 from compressor.testing import tiny_batch, tiny_model
 
@@ -22,6 +23,11 @@ def test_the_key_changes_with_every_input_it_reads(monkeypatch):
     assert export_key(changed, batches, settings) != key
     assert export_key(model, [tiny_batch(seed=2)], settings) != key
     assert export_key(model, batches, {"variants": ["int8", "fp32"]}) != key
+    monkeypatch.setattr(cache, "GRAPHS", cache.GRAPHS + 1)  # a compressor that writes its graphs otherwise
+    assert export_key(model, batches, settings) != key
+    monkeypatch.undo()
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
+    assert export_key(model, batches, settings) == key
     monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "SSE41")  # another CPU as far as int8 is concerned
     assert export_key(model, batches, settings) != key
 

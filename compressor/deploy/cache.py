@@ -29,6 +29,9 @@ from compressor.core.machine import cache_root, cpu_identity
 log = logging.getLogger("compressor")
 
 STACK = ("compressor", "torch", "transformers", "onnx", "onnxscript", "onnxruntime", "openvino", "nncf")
+# What an export writes beyond the libraries' versions; bumped when a graph edit changes it (2: SkipLayerNormalization
+# unfused, `deploy.graph.unfuse_skip_norms`), so an upgrade never copies a graph an older compressor wrote.
+GRAPHS = 2
 MANIFEST = "export.json"
 
 
@@ -58,7 +61,7 @@ def export_key(model: nn.Module, batches: Iterable[Mapping], settings: Mapping) 
     _hash_tensors(digest, model.state_dict().items())
     for i, batch in enumerate(batches):
         _hash_tensors(digest, ((f"{i}.{k}", v) for k, v in sorted(batch.items()) if isinstance(v, torch.Tensor)))
-    context = {"settings": settings, "cpu": cpu_identity(), "stack": _versions()}
+    context = {"settings": settings, "cpu": cpu_identity(), "stack": _versions(), "graphs": GRAPHS}
     digest.update(json.dumps(context, sort_keys=True, default=str).encode())
     return digest.hexdigest()[:24]
 

@@ -35,9 +35,12 @@ class OnnxRuntimeEngine(Engine):
     order = 1
 
     def versions(self) -> dict[str, str]:
+        """ONNX Runtime's version and the session fusions our sessions leave off (tables timed otherwise are redone)."""
         import onnxruntime
 
-        return {"onnxruntime": onnxruntime.__version__}
+        from compressor.deploy.inference import SLOW_CPU_FUSIONS
+
+        return {"onnxruntime": onnxruntime.__version__, "fusions_off": ",".join(SLOW_CPU_FUSIONS)}
 
     def build(self, job, wanted: list[str]) -> dict[str, dict]:
         from compressor.deploy.export import build_onnx
