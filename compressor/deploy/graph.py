@@ -93,7 +93,7 @@ def unfuse_skip_norms(file: Path) -> int:
 
     Both optimizers (ONNX Runtime's and onnxscript's) make this fusion, but ONNX Runtime's CPU kernel for it is a
     scalar loop, slower than the vectorised `Add` and `LayerNormalization` kernels it replaces on any x86 CPU: left
-    in, it makes the optimized and int8 graphs slower than they need to be. Sessions we create leave ONNX Runtime
+    in, it makes the optimized and int8 graphs slower than they need to be. Sessions we create keep ONNX Runtime
     from fusing them again (`inference.SLOW_CPU_FUSIONS`). A node whose mean or inverse-std output is read, or a
     graph below opset 17 (no `LayerNormalization`), is left as it is.
     """
@@ -111,14 +111,15 @@ def unfuse_skip_norms(file: Path) -> int:
             continue
         data, skip, gamma, *rest = list(node.input) + [""] * (5 - len(node.input))
         beta, bias = rest[0], rest[1]
-        total = outputs[3] or f"{node.name}_sum"
-        epsilon = next((a.f for a in node.attribute if a.name == "epsilon"), 1e-12)
-        summed = f"{total}_input_skip" if bias else total
-        nodes.append(helper.make_node("Add", [data, skip], [summed], name=f"{node.name}_add"))
+        name = f"unfused_skip_norm_{replaced}"  # unique whatever the node was called (names may be empty)
+        total = outputs[3] or f"{name}_sum"
+        epsilon = next((a.f for a in node.attribute if a.name == "epsilon"), 1e-12)  # the op's default
+        summed = f"{name}_input_skip" if bias else total
+        nodes.append(helper.make_node("Add", [data, skip], [summed], name=f"{name}_add"))
         if bias:
-            nodes.append(helper.make_node("Add", [summed, bias], [total], name=f"{node.name}_bias"))
+            nodes.append(helper.make_node("Add", [summed, bias], [total], name=f"{name}_bias"))
         norm_inputs = [total, gamma, *([beta] if beta else [])]
-        nodes.append(helper.make_node("LayerNormalization", norm_inputs, [outputs[0]], name=f"{node.name}_norm",
+        nodes.append(helper.make_node("LayerNormalization", norm_inputs, [outputs[0]], name=f"{name}_norm",
                                       axis=-1, epsilon=epsilon))  # fmt: skip
         replaced += 1
     if replaced:
