@@ -424,6 +424,34 @@ def test_unreachable_speedup_is_refused_in_one_line(task, tiny_table):
     assert budget_mod.plan_budget(model, layers).goals[-1] == 8.0  # whole layers may go: reachable
 
 
+def test_an_unreachable_speedup_fails_before_the_base_finetune(
+    tmp_path, tiny_model_dir, tiny_csv, cache_dir, monkeypatch
+):
+    """A speed-up the recipe's units cannot reach is refused at preflight, from the config and the latency table
+    alone: one line naming `prune.budget.value`, exit 2, no run directory, no base fine-tune started."""
+    import yaml
+    from conftest import tiny_recipe
+    from transformers import AutoConfig
+    from typer.testing import CliRunner
+
+    from compressor.cli import app
+    from compressor.pipeline import runner
+
+    dims = Dims.from_config(AutoConfig.from_pretrained(tiny_model_dir))
+    monkeypatch.setattr(budget_mod, "load_or_build", lambda *args, **kwargs: _linear_table(dims))
+    started = []
+    monkeypatch.setattr(runner, "base_model", lambda run: started.append(run))
+    prune = {"criterion": {"name": "taylor"}, "units": ["heads"], "steps": 2, "score_examples": 64,
+             "budget": {"kind": "speedup", "value": 4.0, "runtime": "pytorch"}}  # fmt: skip
+    out, recipe = tmp_path / "run", tmp_path / "recipe.yaml"
+    recipe.write_text(yaml.safe_dump(tiny_recipe(tiny_model_dir, tiny_csv, out, prune=prune)))
+    result = CliRunner().invoke(app, ["run", str(recipe)])
+    lines = result.stderr.strip().splitlines()
+    assert result.exit_code == 2 and len(lines) == 1, result.output
+    assert "prune.budget.value: a 4.0x speed-up on pytorch is out of reach" in lines[0] and "≤ 3.18" in lines[0]
+    assert not out.exists() and not started
+
+
 def test_latency_selection_prefers_cheap_importance_per_ms(tiny_table):
     """With equal scores, the unit saving more milliseconds goes first (heads cost 1 ms, 32 neurons 0.32 ms)."""
     table, _ = tiny_table

@@ -37,7 +37,7 @@ def linear_table(monkeypatch):
     tables = []
 
     def fake(config, runtime, batch_size, seq_len, **kwargs):
-        dims = Dims.from_config(config)
+        dims = config if isinstance(config, Dims) else Dims.from_config(config)
         heads, neurons = [0, dims.heads], [0, dims.intermediate]
         grid = [[1 + h / 10 + n / 20 for n in neurons] for h in heads]
         tables.append(LatencyTable(runtime, batch_size, seq_len, 1, dims, heads, neurons, grid, outside_ms=0.5))

@@ -1,6 +1,7 @@
 """Every check a run makes before any work, in one place and once: the run directory, the recipe against the model's
 config (schedule, positions, budget, width, a task-tuned model's head), and against the data (the label set, each
-reference). Each check is one line naming the field (exit 2), and nothing is written or trained before they pass.
+reference), and last a speed-up budget's reach (its latency tables, measured into the cache when absent). Each check
+is one line naming the field (exit 2), and nothing is written to the run or trained before they pass.
 
 The checks themselves live with what they check (`pruning.selection`, `pruning.budget`, `pruning.width`,
 `sources.models`, `pipeline.references`); this module is where a run calls them, in order, reading the config and
@@ -18,7 +19,7 @@ import yaml
 from compressor.core import outdir
 from compressor.core.errors import UserError
 from compressor.pipeline.references import check_references
-from compressor.pruning.budget import check_budget
+from compressor.pruning.budget import check_budget, check_reach
 from compressor.pruning.selection import check_against_model
 from compressor.pruning.width import check_width
 from compressor.recipe import Recipe, RecipeError, parse_recipe
@@ -48,7 +49,17 @@ def preflight(recipe: Recipe, force: bool) -> Checked:
     data = load_task_data(recipe.data)
     check_labels(recipe, config, data)
     check_references(recipe, data.label_names)
+    _check_reach(recipe, config, data.num_labels)
     return Checked(target, config, data)
+
+
+def _check_reach(recipe: Recipe, config, num_labels: int) -> None:
+    """A speed-up budget out of reach, said before the base fine-tune (`pruning.budget.check_reach`). Its latency
+    tables are the run's own, measured here when not cached, by the main process first as the steps do."""
+    from accelerate import PartialState
+
+    with PartialState().main_process_first():
+        check_reach(config, recipe.prune, num_labels)
 
 
 def _same_recipe(resolved: Path, recipe: Recipe) -> bool:

@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from compressor.pruning.by_latency import restore_by_latency, select_by_latency, widths_of
-from compressor.pruning.latency import LatencyTable, NarrowTable, Widths, load_file, load_or_build
+from compressor.pruning.latency import Dims, LatencyTable, NarrowTable, Widths, load_file, load_or_build
 from compressor.pruning.selection import (
     check_feasible,
     check_flop_budget,
@@ -315,19 +315,37 @@ def plan_budget(model: nn.Module, spec: PruneSpec, cache_dir: str | Path | None 
     check_budget(model.config, spec)
     costs = unit_costs(model, budget.seq_len)
     total = masked_flops(model, {}, budget.seq_len)
-    table = None
-    if budget.kind == "speedup":
-        args = (model.config, budget.runtime, budget.batch_size, budget.seq_len)
-        table = (
-            load_file(budget.latency_table, *args)
-            if budget.latency_table
-            else load_or_build(*args, cache_dir=cache_dir)
-        )
     goals, members = _goals(spec, _heads_total(model) if budget.kind == "heads" else total)
-    narrow = _narrow_tables(table, spec, len(goals), cache_dir) if table is not None else {}
-    if table is not None:  # at the narrowest scheduled width, where units 'hidden' cut it
-        _check_reachable(NarrowTable(table, narrow[min(narrow)]) if narrow else table, spec, budget)
+    table, narrow = None, {}
+    if budget.kind == "speedup":
+        table, narrow = _reachable_tables(Dims.from_config(model.config), spec, len(goals), cache_dir)
     return Budget(model, spec, goals, costs, total, table, members=members, narrow=narrow)
+
+
+def check_reach(config, spec: PruneSpec, num_labels: int, cache_dir: str | Path | None = None) -> None:
+    """A speed-up budget's reach from the model's config alone, before any weights load: one line naming
+    `prune.budget.value` when no removal of the recipe's units reaches it (`_check_reachable`), so it fails before
+    the base fine-tune rather than after it. The tables it reads are those the steps read (`num_labels`: the
+    classifier the run will have, the data's label count), measured into the same cache when absent."""
+    budget = spec.resolved_budget
+    if budget.kind != "speedup":
+        return
+    goals, _ = _goals(spec, 0)  # a speed-up's per-step goals need no FLOP or head total
+    _reachable_tables(replace(Dims.from_config(config), num_labels=num_labels), spec, len(goals), cache_dir)
+
+
+def _reachable_tables(dims: Dims, spec: PruneSpec, goals: int, cache_dir) -> tuple[LatencyTable, dict]:
+    """(the full-width latency table, `_narrow_tables`) of a speed-up budget: read from its `latency_table` file or
+    loaded from (measured into) the cache; raises `_check_reachable`'s error at the narrowest scheduled width."""
+    budget = spec.resolved_budget
+    args = (dims, budget.runtime, budget.batch_size, budget.seq_len)
+    if budget.latency_table:
+        table = load_file(budget.latency_table, *args)
+    else:
+        table = load_or_build(*args, cache_dir=cache_dir)
+    narrow = _narrow_tables(table, spec, goals, cache_dir)
+    _check_reachable(NarrowTable(table, narrow[min(narrow)]) if narrow else table, spec, budget)
+    return table, narrow
 
 
 def _narrow_tables(table: LatencyTable, spec: PruneSpec, goals: int, cache_dir) -> dict[int, LatencyTable]:
