@@ -280,3 +280,26 @@ def test_the_table_times_with_the_benchmarks_rotating_rounds():
     per_round = timed_rounds(calls, 3, 0.0, min_calls=1, warmup=0, groups=[["a", "b"], ["c"]])
     assert log == ["a", "b", "c", "b", "a", "c", "a", "b", "c"]  # each group rotated on its own, groups in order
     assert {k: len(v) for k, v in per_round.items()} == {"a": 3, "b": 3, "c": 3}
+
+
+def test_the_tables_onnx_sessions_do_not_spin(tmp_path, monkeypatch):
+    """A latency table times dozens of ONNX Runtime sessions in turn; each is made with its idle worker threads not
+    spinning (spinning ones take the cores from the next block), where a session of the bench or a user spins."""
+    from compressor.deploy import inference
+
+    made = []
+
+    class Recording(inference.OnnxClassifier):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            made.append(self.session.get_session_options().get_session_config_entry(inference.SPINNING))
+
+    monkeypatch.setattr(inference, "OnnxClassifier", Recording)
+    dims = Dims.from_config(tiny_config())
+    call = runner(SyntheticLayer(dims, 2, 16), torch.randn(2, 8, dims.hidden), "onnx-int8", 1, tmp_path)
+    call()
+    assert made == ["0"]
+    with pytest.raises(RuntimeError, match="allow_spinning"):  # a session made as the bench makes it sets nothing
+        inference.cpu_session(next(tmp_path.rglob("*.onnx"))).get_session_options().get_session_config_entry(
+            inference.SPINNING
+        )

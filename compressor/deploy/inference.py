@@ -24,6 +24,10 @@ ONNX_FILE = "model.onnx"
 # ONNX Runtime session fusions left off on CPU: `SkipLayerNormalization`'s CPU kernel is a scalar loop, slower than
 # the `Add` and `LayerNormalization` kernels it would replace (`graph.unfuse_skip_norms` says more).
 SLOW_CPU_FUSIONS = ("SkipLayerNormFusion",)
+# ONNX Runtime's worker threads spin for more work after each run. With many sessions alive in one process and timed
+# in turn (a latency table's synthetic blocks), the spinning threads of one session take the cores from the next and
+# inflate its time unevenly; `OnnxClassifier(spinning=False)` turns that off for such sessions.
+SPINNING = "session.intra_op.allow_spinning"
 
 
 def _as_int64(value) -> np.ndarray:
@@ -85,9 +89,10 @@ class OnnxClassifier:
     Only the inputs the graph declares are fed (as int64); a graph input missing from the batch is an error except
     `token_type_ids`, which is zeros, as PyTorch defaults it. `threads` fixes the intra-op thread count (ONNX Runtime
     reads it once, when the session is created); left None, `threads` records ONNX Runtime's default and why.
+    `spinning=False` keeps idle worker threads from spinning (`SPINNING`): for sessions timed beside many others.
     """
 
-    def __init__(self, variant_dir: str | Path, threads: int | None = None):
+    def __init__(self, variant_dir: str | Path, threads: int | None = None, spinning: bool = True):
         import onnxruntime as ort
 
         self.path = onnx_file(variant_dir)
@@ -95,6 +100,8 @@ class OnnxClassifier:
         if threads:
             options.intra_op_num_threads = int(threads)
             options.inter_op_num_threads = 1
+        if not spinning:  # see `SPINNING`
+            options.add_session_config_entry(SPINNING, "0")
         options.log_severity_level = 3
         self.session = cpu_session(self.path, options)
         self.input_names = tuple(i.name for i in self.session.get_inputs())

@@ -35,12 +35,13 @@ class OnnxRuntimeEngine(Engine):
     order = 1
 
     def versions(self) -> dict[str, str]:
-        """ONNX Runtime's version and the session fusions our sessions leave off (tables timed otherwise are redone)."""
+        """ONNX Runtime's version, the session fusions our sessions leave off and the spinning setting of the tables'
+        sessions (`timer`): a table timed otherwise is redone."""
         import onnxruntime
 
         from compressor.deploy.inference import SLOW_CPU_FUSIONS
 
-        return {"onnxruntime": onnxruntime.__version__, "fusions_off": ",".join(SLOW_CPU_FUSIONS)}
+        return {"onnxruntime": onnxruntime.__version__, "fusions_off": ",".join(SLOW_CPU_FUSIONS), "spinning": "off"}
 
     def build(self, job, wanted: list[str]) -> dict[str, dict]:
         from compressor.deploy.export import build_onnx
@@ -54,7 +55,9 @@ class OnnxRuntimeEngine(Engine):
 
     def timer(self, runtime: Runtime, module, example, threads: int | None, workdir: Path) -> Callable[[], object]:
         """`module` on `example` in an ONNX Runtime session over its traced graph (dynamic-int8 quantised for a
-        gated, i.e. int8, runtime), with ONNX Runtime's session-level optimisations only."""
+        gated, i.e. int8, runtime), with ONNX Runtime's session-level optimisations only. Its worker threads do not
+        spin between runs (`inference.SPINNING`): a latency table times dozens of these sessions in turn, and threads
+        left spinning by one would take the cores from the next."""
         from compressor.deploy.inference import OnnxClassifier
         from compressor.deploy.quantize import quantize_graph
 
@@ -62,7 +65,7 @@ class OnnxRuntimeEngine(Engine):
         if runtime.gated:
             quantize_graph(graph, graph.with_name("int8.onnx"))
             graph = graph.with_name("int8.onnx")
-        session = OnnxClassifier(graph, threads).session
+        session = OnnxClassifier(graph, threads, spinning=False).session  # a table keeps dozens alive, timed in turn
         feed = {session.get_inputs()[0].name: example.numpy()}
         return lambda: session.run(None, feed)
 

@@ -10,7 +10,9 @@ upper estimate.
 
 Timing is `core.timing.Rounds`, the benchmark's protocol, driven here (`timed_rounds`): rounds are interleaved over
 every piece in a rotating order so the drift of a shared machine hits all pieces alike; within a round a piece's
-time is its fastest call, across rounds the median is kept.
+time is its fastest call, across rounds the median is kept. ONNX Runtime sessions made for it do not spin their idle
+worker threads (`deploy.engines.onnx_runtime`): with every piece's session alive and timed in turn, threads left
+spinning by one piece took the cores from the next and made the cells uneven (a narrower layer timed slower).
 """
 
 from __future__ import annotations
