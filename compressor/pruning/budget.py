@@ -22,6 +22,7 @@ from types import SimpleNamespace
 
 import torch
 from torch import nn
+from tqdm.auto import tqdm
 
 from compressor.pruning.by_latency import restore_by_latency, select_by_latency, widths_of
 from compressor.pruning.latency import Dims, LatencyTable, NarrowTable, Widths, load_file, load_or_build
@@ -355,11 +356,12 @@ def _narrow_tables(table: LatencyTable, spec: PruneSpec, goals: int, cache_dir) 
         return {}
     dims, budget = table.dims, spec.resolved_budget
     widths = {width_at(dims.hidden, spec.hidden_size, spec.hidden_multiple, i, goals) for i in range(goals)}
+    narrow = sorted(widths - {dims.hidden})
     return {
         w: load_or_build(
             replace(dims, hidden=w), budget.runtime, budget.batch_size, budget.seq_len, cache_dir=cache_dir
         )  # fmt: skip
-        for w in sorted(widths - {dims.hidden})
+        for w in tqdm(narrow, desc="latency tables (widths)", leave=False)  # each timed once, then cached
     }
 
 

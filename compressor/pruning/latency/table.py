@@ -16,6 +16,7 @@ import hashlib
 import json
 import logging
 import os
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -315,8 +316,12 @@ def load_or_build(
     key = cache_key(dims, runtime, batch_size, seq_len, threads, *grid_axes(dims, grid))
     table = _read_cached(path, key)
     if table is None:
+        shape = f"{runtime} at width {dims.hidden} (batch {batch_size}, {seq_len} tokens)"
+        log.info("latency table: timing %s", shape)
+        start = time.perf_counter()
         table = LatencyTable.build(dims, runtime, batch_size, seq_len, threads, grid, **timing)
         atomic.write_text(path, json.dumps(table.to_dict(), indent=1))
+        log.info("latency table: %s timed in %.0f s, cached", shape, time.perf_counter() - start)
     return table
 
 
