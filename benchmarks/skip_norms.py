@@ -18,8 +18,12 @@ import shutil
 import sys
 from pathlib import Path
 
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # this checkout's compressor, as the suite's other scripts
+
+from compressor.deploy.exporters import CONTRIB_DOMAIN  # noqa: E402
+
 FUSED_OP = "SkipLayerNormalization"
-CONTRIB_DOMAIN = "com.microsoft"
 
 
 def _sole_add(name: str, producer: dict, readers: dict):
