@@ -52,7 +52,7 @@ def test_each_slice_goes_to_the_kind_whose_removal_costs_less_loss(task, penalis
     def loss(a: dict) -> float:
         return float(_removed(a, penalised))
 
-    plan, log = select_measured(budget, 0, scores, alive, loss, parts=4)
+    plan, log, _ = select_measured(budget, 0, scores, alive, loss, parts=4)
     after = apply_plan_to_masks(plan, alive)
     assert [s["kind"] for s in log] == [chosen] * 4
     assert _removed(after, penalised) == 0 and _removed(after, chosen) > 0
@@ -71,7 +71,7 @@ def test_a_kind_that_runs_out_leaves_the_rest_to_the_common_scale(task):
     budget = plan_budget(model, spec)
     alive = Masks.full(model, ["heads", "neurons"]).alive()
     scores = {kind: torch.ones(mask.shape) for kind, mask in alive.items()}
-    plan, log = select_measured(budget, 0, scores, alive, lambda a: float(_removed(a, "neurons")), parts=1)
+    plan, log, _ = select_measured(budget, 0, scores, alive, lambda a: float(_removed(a, "neurons")), parts=1)
     after = apply_plan_to_masks(plan, alive)
     assert int(after["heads"].sum(1).max()) == 2  # every removable head went first, then the rest
     assert budget.total_flops - masked_flops(model, after, budget.costs.seq_len) >= budget.goals[0]
@@ -165,7 +165,7 @@ def test_whole_layers_compete_as_a_kind_by_the_measured_loss_of_dropping_each(ta
         others = [layer for layer in range(3) if layer != 1]
         return sum(float((~a[kind][others]).sum()) for kind in a) + 0.01 * float((~a["heads"][1]).sum() == 0)
 
-    plan, log = select_measured(budget, 0, scores, thinned, loss, parts=2, layers=True)
+    plan, log, _ = select_measured(budget, 0, scores, thinned, loss, parts=2, layers=True)
     after = apply_plan_to_masks(plan, thinned)
     assert "layers" in [s["kind"] for s in log]
     assert not after["heads"][1].any() and not after["neurons"][1].any()  # layer 1 removed whole

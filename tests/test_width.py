@@ -355,3 +355,38 @@ def test_hidden_state_distillation_matches_a_narrowed_student_on_the_teachers_sa
     targets = TeacherTargets(torch.zeros(3, 2), spec, teacher)
     loss = mixed_loss(student, inputs, batch, targets)  # shapes agree: the teacher's kept channels
     assert torch.isfinite(loss) and loss > 0  # the LayerNorms see fewer channels: the states differ, finitely
+
+
+def _narrowed_speedup_budget(monkeypatch, hidden_size: int | None = 16, value: float = 3.0):
+    """A speed-up budget over the tiny BERT with heads, neurons and width on `_width_table`s (every millisecond
+    scales with the width), its spec, and the model's masks narrowed to 16 of 32 channels (predicted 2.0x)."""
+    from compressor.pruning import budget as budget_mod
+
+    monkeypatch.setattr(budget_mod, "load_or_build", _width_table)
+    model = tiny_model("bert")
+    prune = _prune(hidden_size=hidden_size, units=["heads", "neurons", "hidden"], target=None,
+                   budget={"kind": "speedup", "value": value, "batch_size": 4, "seq_len": 16})  # fmt: skip
+    spec = parse_recipe(tiny_recipe("m", "d.csv", "out", prune=prune)).prune
+    budget = budget_mod.plan_budget(model, spec)
+    return model, spec, budget, Masks.full(model, spec.units).narrowed(torch.arange(32) < 16)
+
+
+def _units_removed(alive) -> float:
+    """A stand-in loss: every unit removed costs the same."""
+    return float(sum(int((~mask).sum()) for mask in alive.values()))
+
+
+def test_the_measured_allocation_prices_a_narrowed_stream_with_its_own_widths_table(monkeypatch):
+    """A step on a stream already narrowed to 16 channels (2.0x on its table) aiming at 3x removes what 3x needs at
+    that width. Priced with the full-width table instead, the model looked unnarrowed (1.0x), the step removed what
+    3x needs from there and landed far past its target."""
+    from compressor.pruning.allocation import select_measured
+
+    _, _, budget, half = _narrowed_speedup_budget(monkeypatch)
+    assert budget.predicted_speedup(half) == pytest.approx(2.0)
+    torch.manual_seed(0)
+    scores = {kind: torch.rand(mask.shape) for kind, mask in half.items()}
+    selection = select_measured(budget, 1, scores, half, _units_removed, parts=2)
+    after = half.without(selection.plan)
+    assert selection.hidden is None and after.width() == 16  # a named width: the allocation never narrows
+    assert budget.aim(1) <= budget.predicted_speedup(after) < 1.15 * budget.aim(1)

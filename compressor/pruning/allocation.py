@@ -19,6 +19,11 @@ but cost points that recovery did not give back (docs/lab/history.md, the MPNet 
 layer goes whole once it is mostly its fixed cost. When widths cannot reach a step's goal, the finish may still drop
 any layer, least loss first. `min_heads_per_layer` holds for the layers that are kept.
 
+An allocated residual width (`units: [..., hidden]` with no `hidden_size`) is a fourth kind: each slice may also
+offer the stream narrowed by one step of its grid (the lowest-scored channels, `pruning.width.narrower`), priced by
+its measured loss per cost saved like the others. A width step saves what it saves, more or less than the slice's
+goal: a step that lands past its target gives heads and neurons back (`recovery.choice.settle`).
+
 Cost: 1 + `parts` x kinds forward passes over the scoring batches per step (no backward), plus with `layers` one
 per layer offered (thin, or every layer when the finish needs them; `LayerDrops`); the step log records each
 slice's losses. The passes run on a pruned copy holding the step's units
@@ -27,8 +32,9 @@ slice's losses. The passes run on a pruned copy holding the step's units
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import nullcontext
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -51,7 +57,7 @@ def masked_loss(model: nn.Module, batches: list[dict], alive: Masks, accelerator
     neurons = alive["neurons"].float().to(heads.device) if "neurons" in alive else None
     total, count = torch.zeros((), device=heads.device), torch.zeros((), device=heads.device)
     cast = accelerator.autocast() if accelerator is not None else nullcontext()
-    with torch.no_grad(), gated(model, heads, neurons), cast:
+    with torch.no_grad(), gated(model, heads, neurons, getattr(alive, "hidden", None)), cast:
         for batch in batches:
             batch = {k: v.to(heads.device) for k, v in batch.items()}
             labels = batch.pop("labels")
@@ -70,11 +76,38 @@ def kept_loss(model: nn.Module, batches: list[dict], kept: Masks, accelerator=No
     pruned = kept.pruned_copy(model).to(next(model.parameters()).device)
 
     def loss(alive: Masks) -> float:
-        if any(bool((alive[kind] & ~kept[kind]).any()) for kind in kept):
+        if any(bool((alive[kind] & ~kept[kind]).any()) for kind in kept) or _widens(alive, kept):
             raise ValueError("allocation: a proposal keeps a unit the step had already removed")
         return masked_loss(pruned, batches, alive, accelerator)
 
     return loss
+
+
+def _widens(alive: Masks, kept: Masks) -> bool:
+    """Whether `alive` keeps a residual channel `kept` had removed."""
+    mine, theirs = getattr(alive, "hidden", None), getattr(kept, "hidden", None)
+    return mine is not None and theirs is not None and bool((mine & ~theirs).any())
+
+
+class Selection(NamedTuple):
+    """A step's new removals: the unit plan, the log of its slices and, where an allocated width narrowed the
+    stream, the residual channels it keeps (None: the width is unchanged)."""
+
+    plan: UnitPlan
+    log: list[dict]
+    hidden: torch.Tensor | None = None
+
+    def apply(self, masks: Masks) -> Masks:
+        """`masks` with the plan's units removed and the stream narrowed as selected (new tensors)."""
+        out = masks.without(self.plan)
+        return out if self.hidden is None else out.narrowed(self.hidden)
+
+    def empty(self) -> bool:
+        """Whether it removes nothing: no unit and no channel."""
+        return _empty(self.plan) and self.hidden is None
+
+
+Narrower = Callable[[Masks], "Masks | None"]  # the stream one grid step narrower, or None at the floor
 
 
 def _empty(plan: UnitPlan) -> bool:
@@ -87,11 +120,17 @@ def _merge(into: UnitPlan, plan: UnitPlan) -> None:
             into.setdefault(kind, {}).setdefault(layer, []).extend(ids)
 
 
+def _copy(alive: Masks) -> Masks:
+    """New tensors, the same units, and `Masks` stay `Masks`: a narrowed stream keeps its width, so the budget prices
+    every copy with the table measured at that width (`Budget.table_for`), not the full-width one."""
+    return alive.clone() if isinstance(alive, Masks) else {kind: mask.clone() for kind, mask in alive.items()}
+
+
 def select_layers(budget: Budget, goal: float, increase: dict[int, float], alive: Masks) -> UnitPlan:
     """Whole layers to remove (all their alive heads and neurons) until `goal` is reached (FLOPs removed, or the
     expected speed-up), lowest `increase` (each layer's measured loss increase when dropped) per cost saved first;
     layers without a unit left, or missing from `increase`, are not offered."""
-    current = {kind: mask.clone() for kind, mask in alive.items()}
+    current = _copy(alive)
     plan: UnitPlan = {kind: {} for kind in alive}
     cost_now = budget.cost(current)
     saving = {layer: cost_now - budget.cost(_without(current, [layer])) for layer in increase}
@@ -108,9 +147,9 @@ def select_layers(budget: Budget, goal: float, increase: dict[int, float], alive
 
 def _without(alive: Masks, layers: list[int]) -> Masks:
     """`alive` with every unit of `layers` removed."""
-    out = {kind: mask.clone() for kind, mask in alive.items()}
-    for mask in out.values():
-        mask[layers] = False
+    out = _copy(alive)
+    for kind in out:
+        out[kind][layers] = False
     return out
 
 
@@ -125,7 +164,7 @@ def layer_to_restore(budget: Budget, before: Masks, alive: Masks, loss: LossFn) 
     base, cost = loss(alive), budget.cost(alive)
 
     def gain(layer: int) -> float:
-        back = {kind: mask.clone() for kind, mask in alive.items()}
+        back = _copy(alive)
         for kind, mask in back.items():
             mask[layer] = before[kind][layer]
         return (base - loss(back)) / max(budget.cost(back) - cost, 1e-12)
@@ -182,17 +221,32 @@ def _propose(budget: Budget, kind: str, goal: float, scores: dict, alive: Masks,
     return budget.select_to(goal, {kind: scores[kind]}, alive)
 
 
-def _best_slice(
-    budget: Budget, goal: float, scores: dict, alive: Masks, loss: LossFn, base: float, layers: dict | None = None
-) -> dict | None:
-    """The single-kind proposal toward `goal` with the lowest measured loss increase per cost saved, or None.
-    `layers` (each layer's loss increase when dropped) adds whole layers as a kind."""
-    best, cost_now = None, budget.cost(alive)
+def _proposals(budget: Budget, goal: float, scores: dict, alive: Masks, layers: dict | None,
+               narrower: Narrower | None) -> Iterator[tuple[str, UnitPlan, Masks]]:  # fmt: skip
+    """Each kind's proposal toward `goal` as (kind, its unit plan, the masks after it): the scored kinds, whole
+    `layers` when given, and one width step down when `narrower` offers one (no unit in its plan)."""
     for kind in sorted(scores) + (["layers"] if layers is not None else []):
         plan = _propose(budget, kind, goal, scores, alive, layers)
-        if _empty(plan):
-            continue
-        after = apply_plan_to_masks(plan, alive)
+        if not _empty(plan):
+            yield kind, plan, apply_plan_to_masks(plan, alive)
+    if narrower is not None and (after := narrower(alive)) is not None:
+        yield "hidden", {kind: {} for kind in alive}, after
+
+
+def _best_slice(
+    budget: Budget,
+    goal: float,
+    scores: dict,
+    alive: Masks,
+    loss: LossFn,
+    base: float,
+    layers: dict | None = None,
+    narrower: Narrower | None = None,
+) -> dict | None:
+    """The single-kind proposal toward `goal` with the lowest measured loss increase per cost saved, or None.
+    `layers` (each layer's loss increase when dropped) adds whole layers as a kind, `narrower` the residual width."""
+    best, cost_now = None, budget.cost(alive)
+    for kind, plan, after in _proposals(budget, goal, scores, alive, layers, narrower):
         saved = cost_now - budget.cost(after)
         if saved <= 0:
             continue
@@ -211,23 +265,26 @@ def select_measured(
     loss: LossFn,
     parts: int = 4,
     layers: bool = False,
-) -> tuple[UnitPlan, list[dict]]:
+    narrower: Narrower | None = None,
+) -> Selection:
     """Step `step`'s new removals, each slice paid by the kind whose removal costs the least measured loss per
-    FLOP or millisecond saved (see the module docstring), plus a log of the slices: kind, loss before/after.
-    `layers`: whole layers compete too, ranked by the loss increase of dropping each, measured once per step."""
-    current = {kind: mask.clone() for kind, mask in alive.items()}
+    FLOP or millisecond saved (see the module docstring), with a log of the slices: kind, loss before/after.
+    `layers`: whole layers compete too, ranked by the loss increase of dropping each, measured once per step;
+    `narrower`: so does the residual width, a grid step at a time (`alive` must be `Masks` with a width)."""
+    current = _copy(alive)
     plan: UnitPlan = {kind: {} for kind in scores}
     base, log = loss(current), []
-    drops = LayerDrops({kind: mask.clone() for kind, mask in current.items()}, loss, base) if layers else None
+    drops = LayerDrops(_copy(current), loss, base) if layers else None
     for goal in budget.intermediate_goals(step, current, parts):
         offered = None
         if drops is not None:  # whole layers compete once thin, as the slices so far left them
             offered = drops.of(thin_layers(current, budget.spec.min_heads_per_layer))
-        best = _best_slice(budget, goal, scores, current, loss, base, offered)
+        best = _best_slice(budget, goal, scores, current, loss, base, offered, narrower)
         if best is None:
             continue
         _merge(plan, best["plan"])
-        log.append({"kind": best["kind"], "loss_before": round(base, 5), "loss_after": round(best["loss"], 5)})
+        entry = {"kind": best["kind"], "loss_before": round(base, 5), "loss_after": round(best["loss"], 5)}
+        log.append(entry | ({"width": best["alive"].width()} if best["kind"] == "hidden" else {}))
         current, base = best["alive"], best["loss"]
     rest = budget.select_to(budget.aim(step), scores, current)  # a kind ran out: finish on the common scale
     if drops is not None and budget.reached(after := apply_plan_to_masks(rest, current)) < budget.aim(step):
@@ -235,4 +292,7 @@ def select_measured(
     if not _empty(rest):
         _merge(plan, rest)
         log.append({"kind": "rest", "loss_before": round(base, 5), "loss_after": None})
-    return {kind: {k: sorted(v) for k, v in sorted(layers.items())} for kind, layers in plan.items()}, log
+    plan = {kind: {k: sorted(v) for k, v in sorted(layers.items())} for kind, layers in plan.items()}
+    width = getattr(current, "hidden", None)
+    narrowed = width is not None and int(width.sum()) < int(Masks.of(alive).hidden.sum())
+    return Selection(plan, log, width.clone() if narrowed else None)

@@ -36,7 +36,7 @@ from compressor.pruning.selection import (
     select_units,
 )
 from compressor.pruning.units import Masks, UnitPlan
-from compressor.pruning.width import width_at
+from compressor.pruning.width import width_at, width_grid
 from compressor.recipe import BudgetSpec, PruneSpec, RecipeError
 from compressor.surgery.arch import config_head_counts, original_ffn_size
 from compressor.surgery.cost import UnitCosts, masked_flops, unit_costs
@@ -350,12 +350,16 @@ def _reachable_tables(dims: Dims, spec: PruneSpec, goals: int, cache_dir) -> tup
 
 
 def _narrow_tables(table: LatencyTable, spec: PruneSpec, goals: int, cache_dir) -> dict[int, LatencyTable]:
-    """Units 'hidden' under a speed-up budget: a table at every width the schedule keeps (`pruning.width.width_at`),
-    measured on the budget's runtime like the full-width one (heads at the original head size), cached alike."""
+    """Units 'hidden' under a speed-up budget: a table at every width the steps may keep (a named width: those its
+    schedule keeps, `pruning.width.width_at`; an allocated one: the whole grid, `width_grid`), measured on the
+    budget's runtime like the full-width one (heads at the original head size), cached alike."""
     if "hidden" not in spec.units:
         return {}
     dims, budget = table.dims, spec.resolved_budget
-    widths = {width_at(dims.hidden, spec.hidden_size, spec.hidden_multiple, i, goals) for i in range(goals)}
+    if spec.hidden_size is None:
+        widths = set(width_grid(dims.hidden, None, spec.hidden_multiple))
+    else:
+        widths = {width_at(dims.hidden, spec.hidden_size, spec.hidden_multiple, i, goals) for i in range(goals)}
     narrow = sorted(widths - {dims.hidden})
     return {
         w: load_or_build(

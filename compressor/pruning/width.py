@@ -1,7 +1,10 @@
-"""Which residual channels a step keeps, and how many: the width schedule of units 'hidden'.
+"""Which residual channels a step keeps, and how many: the width of units 'hidden', named or allocated.
 
-How many: the steps narrow the stream from the model's width to `prune.hidden_size` in equal shares, each width on
-`prune.hidden_multiple`'s grid, the last goal at the named width (a top-up step at the same goal keeps its width).
+How many, when `prune.hidden_size` names the width: the steps narrow the stream from the model's width to it in equal
+shares, each width on `prune.hidden_multiple`'s grid, the last goal at the named width (a top-up step at the same goal
+keeps its width). When it names none, the width is allocated like the other kinds: each slice of a step's measured
+allocation may also offer the next width down the grid (`offered_width`, down to one `hidden_multiple`), priced by its
+measured loss per millisecond (or FLOP) saved against heads, neurons and layers (`pruning.allocation`).
 Which: the channels whose normalised activations are largest, summed over every stream LayerNorm, on the step's
 scoring batches, with the model as the current masks compute it (Minitron's activation score for embedding
 channels). One set for the whole stream, so the score is one number per channel, whatever the criterion that
@@ -10,7 +13,7 @@ scores heads and neurons; removed channels score -inf and never come back.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import nn
@@ -24,15 +27,18 @@ from compressor.surgery.width import stream_norms, width_refusal
 
 
 def check_width(config, spec: PruneSpec) -> None:
-    """Refuse, from the model config alone, a width cut this model cannot take: an architecture that cannot cut it, or a
-    `hidden_size` that is not below the model's width."""
+    """Refuse, from the model config alone, a width cut this model cannot take: an architecture that cannot cut it, a
+    `hidden_size` that is not below the model's width, or an allocated width whose grid has no width below it."""
     if "hidden" not in spec.units:
         return
     reason = width_refusal(config)
     if reason is not None:
         raise RecipeError(f"prune.units: 'hidden' cannot be cut on this model: {reason}; expected units without it")
     width = config_width(config)
-    if spec.hidden_size >= width:
+    if spec.hidden_size is None and offered_width(width, width, None, spec.hidden_multiple) is None:
+        raise RecipeError(f"prune.hidden_multiple: {spec.hidden_multiple} leaves no width below the model's {width} "
+                          "to allocate; expected a smaller multiple")  # fmt: skip
+    if spec.hidden_size is not None and spec.hidden_size >= width:
         raise RecipeError(f"prune.hidden_size: {spec.hidden_size} is not below the model's width {width}; expected "
                           f"a smaller multiple of prune.hidden_multiple ({spec.hidden_multiple})")  # fmt: skip
 
@@ -43,6 +49,18 @@ def width_at(original: int, target: int, multiple: int, goal: int, goals: int) -
     share = (original - target) * (goal + 1) / max(goals, 1)
     width = original - int(round(share / multiple)) * multiple
     return max(target, min(original, width))
+
+
+def width_grid(original: int, floor: int | None, multiple: int) -> list[int]:
+    """Every width below `original` a step may keep, widest first: `original` less whole `multiple`s, down to `floor`
+    (None, an allocated width: down to one `multiple`)."""
+    lowest = multiple if floor is None else floor
+    return [w for w in range(original - multiple, lowest - 1, -multiple) if w >= max(lowest, 1)]
+
+
+def offered_width(current: int, original: int, floor: int | None, multiple: int) -> int | None:
+    """The next width down the grid from `current` (`width_grid`), or None at the floor."""
+    return next((w for w in width_grid(original, floor, multiple) if w < current), None)
 
 
 def channel_scores(model: nn.Module, masks: Masks, batches: Sequence[dict[str, torch.Tensor]]) -> torch.Tensor:
@@ -80,6 +98,18 @@ def narrow(masks: Masks, scores: torch.Tensor, width: int) -> tuple[Masks, list[
     keep[torch.topk(alive, width).indices] = True
     removed = (masks.hidden & ~keep).nonzero().flatten().tolist()
     return masks.narrowed(keep & masks.hidden), removed
+
+
+def width_narrower(channels: torch.Tensor, multiple: int) -> Callable[[Masks], Masks | None]:
+    """For an allocated width: a function giving masks one step of the `multiple` grid narrower, keeping the
+    best-`channels`-scored channels (`narrow`), or None at the grid's floor (`offered_width`)."""
+
+    def narrower(masks: Masks) -> Masks | None:
+        width, original = masks.width(), len(masks.hidden)
+        to = offered_width(width, original, None, multiple)
+        return None if to is None else narrow(masks, channels, to)[0]
+
+    return narrower
 
 
 def _neurons(masks: Masks, device: torch.device) -> torch.Tensor | None:

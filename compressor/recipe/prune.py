@@ -177,11 +177,13 @@ class PruneSpec(Strict):
         min_length=1,
         description="unit kinds that compete for the budget; 'layers' (with heads and neurons, allocation "
         "'measured') also proposes removing whole layers, ranked by the measured loss of dropping each; 'hidden' "
-        "also narrows the residual stream, step by step, to hidden_size channels",
+        "also narrows the residual stream: to hidden_size channels step by step, or as the budget allocates it",
     )
     hidden_size: int | None = Field(
         None, ge=1, le=65536, description="units 'hidden': the residual width the last step keeps (a multiple of "
-        "hidden_multiple, below the model's); the steps narrow to it in equal shares of hidden_multiple channels",
+        "hidden_multiple, below the model's); the steps narrow to it in equal shares of hidden_multiple channels. "
+        "null: the width is allocated like the other kinds (allocation 'measured', a flops or speedup budget): a "
+        "step narrows by hidden_multiple channels where that costs the least measured loss per cost saved",
     )  # fmt: skip
     hidden_multiple: int = Field(
         64, ge=1, le=4096, description="units 'hidden': every width a step keeps is a multiple of it (fast kernels)"
@@ -275,9 +277,13 @@ class PruneSpec(Strict):
             if self.hidden_size is not None:
                 raise ValueError("hidden_size: only applies when units include 'hidden'")
             return
-        if self.hidden_size is None:
-            raise ValueError("hidden_size: units include 'hidden'; expected the residual width to keep, e.g. 384")
-        if self.hidden_size % self.hidden_multiple:
+        if self.hidden_size is None:  # the width is allocated: only the measured allocation can price it
+            if self.allocation != "measured" or self.resolved_budget.kind == "heads":
+                raise ValueError(
+                    "hidden_size: units include 'hidden'; expected the residual width to keep, e.g. 384 (or null "
+                    "with allocation 'measured' under a flops or speedup budget, which allocates the width)"
+                )
+        elif self.hidden_size % self.hidden_multiple:
             raise ValueError(
                 f"hidden_multiple: {self.hidden_multiple} does not divide hidden_size {self.hidden_size}; expected a "
                 "width that is a multiple of it"

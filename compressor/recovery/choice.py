@@ -22,10 +22,11 @@ from accelerate.utils import broadcast_object_list
 from torch import nn
 from tqdm.auto import tqdm
 
-from compressor.pruning.allocation import kept_loss, layer_to_restore, select_measured
+from compressor.pruning.allocation import Selection, kept_loss, layer_to_restore, select_measured
 from compressor.pruning.budget import GIVE_BACKS, TOP_UP_STEPS, Budget
 from compressor.pruning.latency.check import measured_speedup
 from compressor.pruning.units import Masks, UnitPlan, plan_size
+from compressor.pruning.width import width_narrower
 from compressor.recipe import PruneSpec
 from compressor.recovery.distill import TeacherTargets
 
@@ -49,17 +50,26 @@ class LoopInputs:
 
 
 def select(
-    loop: LoopInputs, index: int, scores: dict[str, torch.Tensor], masks: Masks, step: int = 0, layers: bool = True
-) -> tuple[UnitPlan, list[dict]]:
+    loop: LoopInputs,
+    index: int,
+    scores: dict[str, torch.Tensor],
+    masks: Masks,
+    step: int = 0,
+    layers: bool = True,
+    channels: torch.Tensor | None = None,
+) -> Selection:
     """New removals toward goal `index`: with several unit kinds and `allocation: measured`, each slice of the step goes
     to the kind whose removal measurably costs the least loss (`compressor.pruning.allocation`); else the budget's own
     selection on the criterion's scores. `layers=False` keeps whole layers out even when the recipe's units name
-    them (the selection after a layer was given back). The measured passes show as a progress bar (one tick per
-    loss pass)."""
+    them (the selection after a layer was given back); `channels` (an allocated width's channel scores,
+    `pruning.width.channel_scores`) offers the residual width as a kind too. The measured passes show as a progress
+    bar (one tick per loss pass)."""
     p = loop.config
-    if p.allocation == "measured" and len(scores) > 1 and p.resolved_budget.kind != "heads":
+    narrower = None if channels is None else width_narrower(channels, p.hidden_multiple)
+    if p.allocation == "measured" and (len(scores) > 1 or narrower) and p.resolved_budget.kind != "heads":
         layers = layers and "layers" in p.units
-        passes = 1 + p.allocation_parts * (len(scores) + layers) + (masks.heads.shape[0] if layers else 0)
+        kinds = len(scores) + layers + (narrower is not None)
+        passes = 1 + p.allocation_parts * kinds + (masks.heads.shape[0] if layers else 0)
         log.info("step %d: measured allocation, at most %d loss passes over the scoring batches", step + 1, passes)
         bar = tqdm(total=passes, desc=f"step {step + 1}: allocation", leave=False,
                    disable=not loop.accelerator.is_local_main_process)  # fmt: skip
@@ -70,10 +80,10 @@ def select(
             return measure(alive)
 
         try:
-            return select_measured(loop.budget, index, scores, masks, loss, p.allocation_parts, layers)
+            return select_measured(loop.budget, index, scores, masks, loss, p.allocation_parts, layers, narrower)
         finally:
             bar.close()
-    return loop.budget.select(index, scores, masks), []
+    return Selection(loop.budget.select(index, scores, masks), [])
 
 
 def _loss(loop: LoopInputs, kept: Masks):
@@ -106,7 +116,7 @@ def settle(
             selections += 1
             log.info("budget: step %d measured %.2fx, short of %.2fx; selecting more from its scores", step + 1,
                      speed, goal)  # fmt: skip
-            more, extra = select(loop, index, scores, masks, step, layers=not layer_back)
+            more, extra, _ = select(loop, index, scores, masks, step, layers=not layer_back)  # the step's width stays
             after = masks.without(more)
         elif not short and gave_back < GIVE_BACKS and loop.budget.overshoots(index, speed):
             gave_back += 1

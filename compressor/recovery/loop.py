@@ -262,20 +262,28 @@ def _score(loop: LoopInputs, masks: Masks, step: int, index: int) -> tuple[dict[
     return scores, {k: v for k, v in extras.items() if k != "special_token_ids"}  # e.g. l0's sparsity reached
 
 
-def _narrow_width(loop: LoopInputs, masks: Masks, index: int) -> tuple[Masks, dict]:
-    """Units 'hidden': `masks` narrowed to the width goal `index` keeps (`pruning.width`), and the step log's
-    entries for it ({} when the width is not pruned)."""
+def _narrow_width(loop: LoopInputs, masks: Masks, index: int) -> tuple[Masks, torch.Tensor | None]:
+    """Units 'hidden' (`pruning.width`): with a named width, `masks` narrowed to the width goal `index` keeps; with an
+    allocated one, `masks` as they are and the channel scores the step's allocation narrows by. (masks, None) when
+    the width is not pruned or is named."""
     if masks.hidden is None:
-        return masks, {}
+        return masks, None
     model, p = loop.accelerator.unwrap_model(loop.model), loop.config
+    if p.hidden_size is None:
+        return masks, _channel_scores(loop, model, masks)
     width = width_at(len(masks.hidden), p.hidden_size, p.hidden_multiple, index, len(loop.budget.goals))
     if width < int(masks.hidden.sum()):
-        scores = channel_scores(model, masks, loop.score_batches)
-        if loop.accelerator.num_processes > 1:  # one kept set on every process: the main process's scores
-            scores = broadcast(scores.to(loop.accelerator.device)).cpu()
-        masks, removed = narrow(masks, scores, width)
+        masks, removed = narrow(masks, _channel_scores(loop, model, masks), width)
         log.info("step: residual width %d (%d channels removed)", width, len(removed))
-    return masks, {"hidden_size": int(masks.hidden.sum())}
+    return masks, None
+
+
+def _channel_scores(loop: LoopInputs, model: nn.Module, masks: Masks) -> torch.Tensor:
+    """`pruning.width.channel_scores` on the scoring batches, the same on every process (the main process's)."""
+    scores = channel_scores(model, masks, loop.score_batches)
+    if loop.accelerator.num_processes > 1:  # one kept set on every process
+        scores = broadcast(scores.to(loop.accelerator.device)).cpu()
+    return scores
 
 
 def _validate(loop: LoopInputs, masks: Masks) -> dict | None:
@@ -295,12 +303,17 @@ def _step(loop: LoopInputs, recovery: list[RecoveryStep], masks: Masks, step: in
     t_score = time.perf_counter()
     log.info("step %d: scoring %s with %s on %d batches", step + 1, "+".join(masks), p.criterion.name,
              len(loop.score_batches))  # fmt: skip
-    masks, width = _narrow_width(loop, masks, index)
+    start_width = masks.width()
+    masks, channels = _narrow_width(loop, masks, index)
     with narrowed(loop.accelerator.unwrap_model(loop.model), masks.hidden):
         scores, diagnostics = _score(loop, masks, step, index)
     score_seconds = time.perf_counter() - t_score
-    plan, slices = select(loop, index, scores, masks, step)
-    before, masks, measured = masks, masks.without(plan), {}
+    chosen = select(loop, index, scores, masks, step, channels=channels)
+    plan, slices = chosen.plan, chosen.log
+    before, masks, measured = masks, chosen.apply(masks), {}
+    if chosen.hidden is not None:
+        log.info("step: residual width %d, allocated (%d channels removed)", masks.width(),
+                 start_width - masks.width())  # fmt: skip
     if p.resolved_budget.kind == "speedup":
         masks, measured, extra = settle(loop, index, scores, before, masks, step)
         plan, slices = masks.removed_since(before), slices + extra
@@ -313,7 +326,8 @@ def _step(loop: LoopInputs, recovery: list[RecoveryStep], masks: Masks, step: in
     }
     if masks.neurons is not None:
         entry |= unit_entry(masks.heads, masks.neurons, plan)
-    entry |= width
+    if masks.hidden is not None:
+        entry["hidden_size"] = masks.width()
     if p.resolved_budget.kind != "heads":  # FLOP and speed-up budgets log their progress, with or without neurons
         entry |= measured | loop.budget.progress(masks)
     if (after_prune := _validate(loop, masks)) is not None:
