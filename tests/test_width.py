@@ -136,6 +136,10 @@ def _prune(**extra) -> dict:
     [
         ({"hidden_size": 20}, r"^recipe: prune\.hidden_multiple: 8 does not divide hidden_size 20"),
         ({"hidden_size": None}, r"^recipe: prune\.hidden_size: units include 'hidden'; expected the residual width"),
+        (
+            {"hidden_size": None, "target": None, "allocation": "ratio", "budget": {"kind": "flops", "value": 0.3}},
+            r"^recipe: prune\.hidden_size: .*or null with allocation 'measured' under a flops or speedup budget",
+        ),
         ({"hidden_size": 16, "units": ["heads"]}, r"^recipe: prune\.hidden_size: only applies when"),
         ({"hidden_size": 16, "recovery": "rescale", "finetune": None}, r"^recipe: prune\.recovery: units 'hidden' are"),
     ],
@@ -390,3 +394,77 @@ def test_the_measured_allocation_prices_a_narrowed_stream_with_its_own_widths_ta
     after = half.without(selection.plan)
     assert selection.hidden is None and after.width() == 16  # a named width: the allocation never narrows
     assert budget.aim(1) <= budget.predicted_speedup(after) < 1.15 * budget.aim(1)
+
+
+def test_an_allocated_width_is_priced_at_every_width_of_its_grid(monkeypatch):
+    """`hidden_size: null`: a table at every width the grid offers (24, 16, 8 of 32), and each slice may offer the
+    stream one grid step narrower, down to one multiple."""
+    from compressor.pruning.width import offered_width, width_grid
+
+    _, spec, budget, _ = _narrowed_speedup_budget(monkeypatch, hidden_size=None)
+    assert sorted(budget.narrow) == [8, 16, 24] == sorted(width_grid(32, None, 8))
+    assert [offered_width(w, 32, None, 8) for w in (32, 24, 16, 8)] == [24, 16, 8, None]
+    assert width_grid(768, 384, 64) == [704, 640, 576, 512, 448, 384]
+
+
+@pytest.mark.parametrize(("narrowing_costs", "narrows"), [(0.0, True), (100.0, False)])
+def test_an_allocated_width_narrows_only_where_it_costs_least_loss_per_millisecond(monkeypatch, narrowing_costs,
+                                                                                   narrows):  # fmt: skip
+    """With the width offered as a kind: a narrower stream that costs no measured loss is taken (a grid step per
+    slice, the lowest-scored channels, logged with its width) and the step lands on its goal; one that costs far
+    more than removing units is left alone, and heads and neurons pay for the step."""
+    from compressor.pruning.allocation import select_measured
+    from compressor.pruning.width import width_narrower
+
+    _, _, budget, _ = _narrowed_speedup_budget(monkeypatch, hidden_size=None, value=2.0)
+    full = Masks.full(tiny_model("bert"), ["heads", "neurons", "hidden"])
+    torch.manual_seed(0)
+    scores = {kind: torch.rand(mask.shape) for kind, mask in full.items()}
+    channels = torch.arange(32, dtype=torch.float)  # the low ids score least
+
+    def loss(alive) -> float:
+        return _units_removed(alive) + narrowing_costs * (32 - alive.width())
+
+    selection = select_measured(budget, 1, scores, full, loss, parts=2, narrower=width_narrower(channels, 8))
+    after = selection.apply(full)
+    assert budget.predicted_speedup(after) >= budget.aim(1)
+    kinds = [entry["kind"] for entry in selection.log]
+    if narrows:
+        assert "hidden" in kinds and selection.hidden is not None and after.width() < 32
+        assert not bool(after.hidden[: 32 - after.width()].any())  # the lowest-scored channels went
+        assert [e["width"] for e in selection.log if e["kind"] == "hidden"][0] == 24
+    else:
+        assert "hidden" not in kinds and selection.hidden is None and after.width() == 32
+        assert selection.plan["heads"] or selection.plan["neurons"]
+
+
+def test_an_allocated_width_beyond_the_grid_is_refused_in_one_line():
+    spec = parse_recipe(tiny_recipe("m", "d.csv", "out", prune=_prune(
+        hidden_size=None, hidden_multiple=32, target=None, budget={"kind": "flops", "value": 0.3}))).prune  # fmt: skip
+    with pytest.raises(RecipeError, match=r"^prune\.hidden_multiple: 32 leaves no width below the model's 32"):
+        check_width(tiny_model("bert").config, spec)
+
+
+def test_a_tiny_run_with_an_allocated_width_saves_the_width_its_steps_chose(tmp_path, tiny_model_dir, tiny_csv,
+                                                                           cache_dir, monkeypatch):  # fmt: skip
+    """A FLOP budget with heads, neurons and an allocated width, where the measured loss makes a narrower stream
+    the cheapest kind (a stand-in for the loss passes: every removed unit costs one, a channel nothing): the steps
+    narrow a grid step per slice, log the width each kept, and the saved model has the last one and equals the
+    masked model and its ONNX export."""
+    from compressor.recovery import choice
+
+    monkeypatch.setattr(choice, "_loss", lambda loop, kept: _units_removed)
+    prune = _prune(hidden_size=None, units=["heads", "neurons", "hidden"], target=None, allocation_parts=1,
+                   budget={"kind": "flops", "values": [0.3, 0.5], "seq_len": 16})  # fmt: skip
+    recipe = parse_recipe(tiny_recipe(tiny_model_dir, tiny_csv, tmp_path / "run", prune=prune,
+                                      export={"variants": ["fp32"]}))  # fmt: skip
+    report = run_recipe(recipe)
+    widths = [s["hidden_size"] for s in report["steps"]]
+    assert widths == [24, 16]  # one slice a step, each a grid step down
+    assert all(s["allocation"][0] == {**s["allocation"][0], "kind": "hidden"} for s in report["steps"])
+    assert [m["pruned"]["hidden_size"] for m in report["family"]["members"]] == [24, 16]
+    for member in report["family"]["members"]:
+        assert member["pruned"]["masked_vs_pruned_max_abs_diff"] <= 1e-4
+        assert member["export"]["fp32"]["max_abs_diff"] <= 1e-4
+        saved = load_pruned(tmp_path / "run" / "members" / member["label"] / "model")
+        assert len(present_hidden(saved)) == member["pruned"]["hidden_size"]
