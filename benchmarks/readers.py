@@ -176,11 +176,44 @@ def _goal(op: str, bound: float | None, unit: str) -> str | None:
     return None if bound is None else f"{op} {bound:g} {unit}"
 
 
+def seed_wall_rows(out: Path, seeds: Sequence[int], max_seconds: float | None) -> list[Row]:
+    """Each repeat's wall seconds (its `seed-K/report.json`; the first repeat's include the shared base fine-tune
+    unless the cache held it), with its three longest phases."""
+    rows = []
+    for seed in seeds:
+        report = _json(out / f"seed-{seed}" / "report.json")
+        seconds = float(report.get("seconds") or 0.0)
+        rows.append(Row(label=f"seed {seed}: run, wall", value=round(seconds), seeds=[seed], unit="s",
+                        goal=_goal("<=", max_seconds, "s"), met=at_most(seconds, max_seconds),
+                        detail=largest_phases(report.get("timings") or {})))  # fmt: skip
+    return rows
+
+
+def landing_rows(out: Path, seeds: Sequence[int]) -> list[Row]:
+    """Per repeat, how a speed-up budget's steps landed: each timed step's measured speed-up over the one its latency
+    table predicted for the same masks (1.0: the table was right), with the step's width and goal."""
+    rows = []
+    for seed in seeds:
+        for step in _json(out / f"seed-{seed}" / "report.json").get("steps") or []:
+            predicted, measured = step.get("predicted_speedup"), step.get("measured_speedup")
+            if not predicted or not measured:
+                continue
+            width = f", width {step['hidden_size']}" if step.get("hidden_size") else ""
+            member = f"; member {step['members']}" if step.get("members") else ""
+            detail = f"goal {step.get('goal', 0):.2f}x, predicted {predicted:.2f}x, measured {measured:.2f}x{member}"
+            rows.append(Row(label=f"seed {seed} step {step['step']}{width}: measured / predicted speed-up",
+                            value=round(measured / predicted, 3), seeds=[seed], unit="x", detail=detail))  # fmt: skip
+    return rows
+
+
 @reader
-def seeds(exp: Experiment, out: Path, min_gap: dict[str, float] | None = None) -> list[Row]:
+def seeds(exp: Experiment, out: Path, min_gap: dict[str, float] | None = None,
+          max_seconds_per_seed: float | None = None, landings: bool = False) -> list[Row]:  # fmt: skip
     """A run repeated over seeds (`seeds.json`): each gap's mean over the seeds with its bootstrap interval, on the
     experiment's runtimes; `min_gap` {candidate model, or "chosen" for the member each seed chose on validation
-    against a reference: floor in points} sets the goals (a member's, not its layer-drop baseline's)."""
+    against a reference: floor in points} sets the goals (a member's, not its layer-drop baseline's). With
+    `max_seconds_per_seed`, each repeat's wall time against it; with `landings`, each timed step's measured speed-up
+    over its table's prediction (`landing_rows`)."""
     summary = _json(out / "seeds.json")
     floors = min_gap or {}
     rows = []
@@ -207,7 +240,9 @@ def seeds(exp: Experiment, out: Path, min_gap: dict[str, float] | None = None) -
                 detail=spread + gap["verdict"],
             )
         )
-    return rows
+    if max_seconds_per_seed is not None:
+        rows += seed_wall_rows(out, summary["seeds"], max_seconds_per_seed)
+    return rows + (landing_rows(out, summary["seeds"]) if landings else [])
 
 
 @reader

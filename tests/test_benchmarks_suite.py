@@ -311,6 +311,29 @@ def test_the_seeds_reader_keeps_the_experiments_runtimes(tmp_path) -> None:
     assert (baseline.goal, baseline.met) == (None, None), "the 3x goal is the member's, not its baseline's"
 
 
+def test_the_seeds_reader_gives_each_repeats_wall_time_and_its_steps_landings(tmp_path) -> None:
+    """With `max_seconds_per_seed` and `landings`: a wall row per repeat against the bound, and a row per timed step
+    with its measured speed-up over the table's prediction (untimed steps left out)."""
+    reports = _repeats({"pytorch-original": "pytorch", "3x/pytorch": "pytorch"}, (0, 1), 100)
+    (tmp_path / "seeds.json").write_text(json.dumps(summarize_seeds(reports, resamples=100)))
+    steps = [{"step": 1, "goal": 2.0, "hidden_size": 704, "predicted_speedup": 2.0, "measured_speedup": 2.2},
+             {"step": 2, "goal": 3.0, "members": [3.0], "predicted_speedup": 3.0, "measured_speedup": 2.7},
+             {"step": 3, "goal": 4.0}]  # fmt: skip
+    for seed, seconds in ((0, 4000.0), (1, 6000.0)):
+        report = {"seconds": seconds, "timings": {"pruning steps": 100.0, "bench": 50.0}, "steps": steps}
+        (tmp_path / f"seed-{seed}").mkdir()
+        (tmp_path / f"seed-{seed}" / "report.json").write_text(json.dumps(report))
+    exp = EXPERIMENTS["mpnet_width_seeds"]
+    assert exp.reader_args["landings"] is True and exp.reader_args["max_seconds_per_seed"] == 5400
+    rows = {r.label: r for r in suite.READERS["seeds"](exp, tmp_path, max_seconds_per_seed=5000, landings=True)}
+    assert (rows["seed 0: run, wall"].met, rows["seed 1: run, wall"].met) == (True, False)
+    assert rows["seed 1: run, wall"].goal == "<= 5000 s" and "pruning steps" in rows["seed 1: run, wall"].detail
+    first, second = rows["seed 0 step 1, width 704: measured / predicted speed-up"], rows[
+        "seed 1 step 2: measured / predicted speed-up"]  # fmt: skip
+    assert (first.value, second.value, second.unit) == (1.1, 0.9, "x") and "member [3.0]" in second.detail
+    assert not any("step 3" in label for label in rows)
+
+
 def _row(name: str, role: str, runtime: str, speedup: float, accuracy: float, val: float, **extra) -> dict:
     """A frontier row as the bench writes it (original accuracy 0.80 on both splits)."""
     return {"name": name, "model": name.split("/")[0], "role": role, "runtime": runtime, "rejected": False,
