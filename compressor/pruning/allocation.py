@@ -20,9 +20,9 @@ layer goes whole once it is mostly its fixed cost. When widths cannot reach a st
 any layer, least loss first. `min_heads_per_layer` holds for the layers that are kept.
 
 An allocated residual width (`units: [..., hidden]` with no `hidden_size`) is a fourth kind: each slice may also
-offer the stream narrowed by one step of its grid (the lowest-scored channels, `pruning.width.narrower`), priced by
-its measured loss per cost saved like the others. A width step saves what it saves, more or less than the slice's
-goal: a step that lands past its target gives heads and neurons back (`recovery.choice.settle`).
+offer the stream narrowed by one step of its grid (the lowest-scored channels go, `pruning.width.width_narrower`),
+priced by its measured loss per cost saved like the others. A width step saves what it saves, more or less than the
+slice's goal: a step that lands past its target gives heads and neurons back (`recovery.choice.settle`).
 
 Cost: 1 + `parts` x kinds forward passes over the scoring batches per step (no backward), plus with `layers` one
 per layer offered (thin, or every layer when the finish needs them; `LayerDrops`); the step log records each
@@ -101,10 +101,6 @@ class Selection(NamedTuple):
         """`masks` with the plan's units removed and the stream narrowed as selected (new tensors)."""
         out = masks.without(self.plan)
         return out if self.hidden is None else out.narrowed(self.hidden)
-
-    def empty(self) -> bool:
-        """Whether it removes nothing: no unit and no channel."""
-        return _empty(self.plan) and self.hidden is None
 
 
 Narrower = Callable[[Masks], "Masks | None"]  # the stream one grid step narrower, or None at the floor

@@ -55,7 +55,7 @@ def width_grid(original: int, floor: int | None, multiple: int) -> list[int]:
     """Every width below `original` a step may keep, widest first: `original` less whole `multiple`s, down to `floor`
     (None, an allocated width: down to one `multiple`)."""
     lowest = multiple if floor is None else floor
-    return [w for w in range(original - multiple, lowest - 1, -multiple) if w >= max(lowest, 1)]
+    return list(range(original - multiple, lowest - 1, -multiple))
 
 
 def offered_width(current: int, original: int, floor: int | None, multiple: int) -> int | None:
