@@ -66,7 +66,7 @@ def select(
     bar (one tick per loss pass)."""
     p = loop.config
     narrower = None if channels is None else width_narrower(channels, p.hidden_multiple)
-    if p.allocation == "measured" and (len(scores) > 1 or narrower) and p.resolved_budget.kind != "heads":
+    if p.allocation == "measured" and (len(scores) > 1 or narrower is not None) and p.resolved_budget.kind != "heads":
         layers = layers and "layers" in p.units
         kinds = len(scores) + layers + (narrower is not None)
         passes = 1 + p.allocation_parts * kinds + (masks.heads.shape[0] if layers else 0)
