@@ -136,8 +136,7 @@ def run(exp: Experiment, out: Path, max_seconds: float | None = None, max_bench_
     timings = report.get("timings") or {}
     share = 100 * float(timings.get("bench", 0.0)) / seconds if seconds else 0.0
     rows = [
-        Row(label="run, wall", value=round(seconds), seeds=[seed], unit="s", goal=_goal("<=", max_seconds, "s"),
-            met=at_most(seconds, max_seconds), detail=largest_phases(timings)),
+        wall_row(report, seed, max_seconds),
         Row(label="bench share of the run", value=round(share, 1), seeds=[seed], unit="%",
             goal=_goal("<=", max_bench_share, "%"), met=at_most(share, max_bench_share),
             detail=bench_detail(timings, seconds)),
@@ -179,14 +178,15 @@ def _goal(op: str, bound: float | None, unit: str) -> str | None:
 def seed_wall_rows(out: Path, seeds: Sequence[int], max_seconds: float | None) -> list[Row]:
     """Each repeat's wall seconds (its `seed-K/report.json`; the first repeat's include the shared base fine-tune
     unless the cache held it), with its three longest phases."""
-    rows = []
-    for seed in seeds:
-        report = _json(out / f"seed-{seed}" / "report.json")
-        seconds = float(report.get("seconds") or 0.0)
-        rows.append(Row(label=f"seed {seed}: run, wall", value=round(seconds), seeds=[seed], unit="s",
-                        goal=_goal("<=", max_seconds, "s"), met=at_most(seconds, max_seconds),
-                        detail=largest_phases(report.get("timings") or {})))  # fmt: skip
-    return rows
+    return [wall_row(_json(out / f"seed-{seed}" / "report.json"), seed, max_seconds, f"seed {seed}: run, wall")
+            for seed in seeds]  # fmt: skip
+
+
+def wall_row(report: Mapping, seed: int, max_seconds: float | None, label: str = "run, wall") -> Row:
+    """A run's wall seconds (its report's `seconds`) against `max_seconds`, with its three longest phases."""
+    seconds = float(report.get("seconds") or 0.0)
+    return Row(label=label, value=round(seconds), seeds=[seed], unit="s", goal=_goal("<=", max_seconds, "s"),
+               met=at_most(seconds, max_seconds), detail=largest_phases(report.get("timings") or {}))  # fmt: skip
 
 
 def landing_rows(out: Path, seeds: Sequence[int]) -> list[Row]:
