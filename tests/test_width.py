@@ -396,6 +396,20 @@ def test_the_measured_allocation_prices_a_narrowed_stream_with_its_own_widths_ta
     assert budget.aim(1) <= budget.predicted_speedup(after) < 1.15 * budget.aim(1)
 
 
+def test_a_budget_with_narrow_tables_refuses_to_price_what_has_lost_its_width(monkeypatch):
+    """Where the budget measured narrower widths, a plain `{kind: mask}` copy of narrowed masks (the bug class that
+    once priced a narrowed stream at full width) and a width it never measured are refused, not priced at the full
+    width's table; `Masks` at a measured width and at full width are priced."""
+    _, _, budget, half = _narrowed_speedup_budget(monkeypatch)
+    with pytest.raises(TypeError, match="pass Masks"):
+        budget.predicted_speedup(dict(half.items()))
+    odd = half.narrowed(torch.arange(32) < 12)
+    with pytest.raises(ValueError, match="no latency table at residual width 12"):
+        budget.predicted_speedup(odd)
+    assert budget.predicted_speedup(half) == pytest.approx(2.0)
+    assert budget.predicted_speedup(half.narrowed(torch.ones(32, dtype=torch.bool))) == pytest.approx(1.0)
+
+
 def test_an_allocated_width_is_priced_at_every_width_of_its_grid(monkeypatch):
     """`hidden_size: null`: a table at every width the grid offers (24, 16, 8 of 32), and each slice may offer the
     stream one grid step narrower, down to one multiple."""
