@@ -10,6 +10,7 @@ the data once. `runner.prepare` then takes the directory and tokenises with what
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -20,21 +21,28 @@ from compressor.core import outdir
 from compressor.core.errors import UserError
 from compressor.pipeline.references import check_references
 from compressor.pruning.budget import check_budget, check_reach
+from compressor.pruning.latency.check import reference_speedup
 from compressor.pruning.selection import check_against_model
 from compressor.pruning.width import check_width
-from compressor.recipe import Recipe, RecipeError, parse_recipe
+from compressor.recipe import ModelSpec, Recipe, RecipeError, parse_recipe
 from compressor.sources import TaskData, load_task_data
 from compressor.sources.models import check_task_head, labels_match, load_config, max_positions, model_labels
 from compressor.surgery.arch import config_head_counts
 
+log = logging.getLogger(__name__)
+
 
 @dataclass(frozen=True)
 class Checked:
-    """What the preflight read and found fit: the run directory to take, the model's config and the task's data."""
+    """What the preflight read and found fit: the run directory to take, the model's config, the task's data, and
+    the recipe the run executes (the one given, with a budget `relative_to` a reference measured into speed-ups:
+    `reference_speedup`, that reference's measured speed-up over the model; None without one)."""
 
     target: outdir.RunDir
     config: object
     data: TaskData
+    recipe: Recipe
+    reference_speedup: float | None = None
 
 
 def preflight(recipe: Recipe, force: bool) -> Checked:
@@ -49,8 +57,31 @@ def preflight(recipe: Recipe, force: bool) -> Checked:
     data = load_task_data(recipe.data)
     check_labels(recipe, config, data)
     check_references(recipe, data.label_names)
-    _check_reach(recipe, config, data.num_labels)
-    return Checked(target, config, data)
+    measured, speedup = _measured_budget(recipe, config, data.num_labels)
+    _check_reach(measured, config, data.num_labels)
+    return Checked(target, config, data, measured, speedup)
+
+
+def _measured_budget(recipe: Recipe, config, num_labels: int) -> tuple[Recipe, float | None]:
+    """A budget `relative_to` a reference as speed-ups over the model: the reference's shape timed against the
+    model's on the budget's runtime (`pruning.latency.check.reference_speedup`, cached), by the main process first
+    as the latency tables are. Any other recipe is returned as it is."""
+    from accelerate import PartialState
+
+    budget = recipe.prune.budget
+    if budget is None or not budget.relative_to:
+        return recipe, None
+    reference = load_config(ModelSpec(source=budget.relative_to))
+    with PartialState().main_process_first():
+        speedup = reference_speedup(config, reference, budget.runtime, budget.batch_size, budget.seq_len, num_labels)
+    try:
+        measured = budget.measured_against(speedup)
+    except ValueError as err:
+        raise UserError(f"prune.budget.{err}") from None
+    log.info("budget: %s runs %.2fx the model on %s: targets %s", budget.relative_to, speedup, budget.runtime,
+             ", ".join(f"{t}x" for t in measured.targets))  # fmt: skip
+    prune = recipe.prune.model_copy(update={"budget": measured})
+    return recipe.model_copy(update={"prune": prune}), speedup
 
 
 def _check_reach(recipe: Recipe, config, num_labels: int) -> None:

@@ -137,7 +137,11 @@ def prepare(
         outdir.claim(target, dump_recipe(recipe))  # lock; with --force the earlier run moves aside only now
     accelerator.wait_for_everyone()
     _setup_logging(out, accelerator.is_main_process)
-    run = RunState(recipe, out, accelerator, data, tokenizer)
+    run = RunState(checked.recipe, out, accelerator, data, tokenizer)  # a relative budget's targets measured
+    if checked.reference_speedup is not None:
+        asked, measured = recipe.prune.resolved_budget, checked.recipe.prune.resolved_budget
+        run.relative_budget = {"reference": asked.relative_to, "multiples": asked.targets,
+                               "reference_speedup": checked.reference_speedup, "targets": measured.targets}  # fmt: skip
     run.splits.update(tokenize_splits(data, tokenizer, recipe.data.max_length))
     words = precision_words(recipe.accelerate.mixed_precision, accelerator.mixed_precision)
     log.info("fine-tunes on %s in %s", finetune_device(accelerator), words)
@@ -161,7 +165,7 @@ def run_recipe(recipe: Recipe, force: bool = False, accelerator: Accelerator | N
     t0 = time.perf_counter()
     checked = preflight(recipe, force)
     run = prepare(recipe, accelerator or make_accelerator(recipe.accelerate.mixed_precision), force, checked)
-    out = run.out
+    recipe, out = run.recipe, run.out  # the recipe as run (a budget relative to a reference: measured speed-ups)
     run.timings["data + tokenise"] = round(time.perf_counter() - t0, 1)
     accelerator = run.accelerator
     sample = post_training_sample(run.splits["train"], recipe.prune, recipe.seed)  # a too-large sample fails here
@@ -255,4 +259,4 @@ def _report_head(run: RunState, base_info: dict, original: dict) -> dict:
         "original": original,
         "steps": run.result.steps,
         "recovery": recovery_summary(recipe.prune, run.result.steps),
-    }
+    } | ({"relative_budget": run.relative_budget} if run.relative_budget else {})

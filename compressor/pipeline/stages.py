@@ -61,6 +61,7 @@ class RunState:
     exported: dict = field(default_factory=dict)
     baseline: LayerDropBaseline | None = None  # the fine-tuned layer-dropping baseline (`prune.baseline`)
     timings: dict[str, float] = field(default_factory=dict)  # wall seconds per phase, in run order (report)
+    relative_budget: dict | None = None  # a budget `relative_to` a reference: what it measured (report)
 
     @property
     def main(self) -> bool:

@@ -328,6 +328,11 @@ def plan_budget(model: nn.Module, spec: PruneSpec, cache_dir: str | Path | None 
     latency table (loaded from, or measured into, `cache_dir`, default `$COMPRESSOR_CACHE/latency`; or read from
     the budget's `latency_table` file)."""
     budget = spec.resolved_budget
+    if budget.relative_to:  # its multiples are not speed-ups until the reference is timed (`compressor run` does)
+        raise RecipeError(
+            f"prune.budget.relative_to: '{budget.relative_to}' is measured by `compressor run` before pruning; "
+            "expected a budget in speed-ups here (`BudgetSpec.measured_against`)"
+        )
     check_budget(model.config, spec)
     costs = unit_costs(model, budget.seq_len)
     total = masked_flops(model, {}, budget.seq_len)

@@ -105,6 +105,12 @@ class BudgetSpec(Strict):
     latency_table: str | None = Field(
         None, description="a latency table JSON to use instead of measuring this machine's (kind 'speedup' only)"
     )
+    relative_to: str | None = Field(
+        None,
+        description="kind 'speedup': one of `bench.references`; `value`/`values` are then multiples of that "
+        "reference's speed-up over the model, measured on `runtime` at `batch_size` x `seq_len` when the run starts "
+        "(1.0: as fast as the reference)",
+    )
 
     @property
     def targets(self) -> list[float]:
@@ -121,6 +127,8 @@ class BudgetSpec(Strict):
         '1.5x, 2.0x, 3.0x speed-up on pytorch (...)' for a family."""
         if self.kind == "speedup":
             amounts = ", ".join(f"{v}x" for v in self.targets)
+            if self.relative_to:
+                amounts = f"{amounts} {self.relative_to}'s"
             return f"{amounts} speed-up on {self.runtime} (batch {self.batch_size}, {self.seq_len} tokens)"
         amounts = ", ".join(f"{v:.0%}" for v in self.targets)
         return f"{amounts} of {'heads' if self.kind == 'heads' else 'encoder FLOPs'}"
@@ -145,14 +153,35 @@ class BudgetSpec(Strict):
         if self.values and any(b <= a for a, b in zip(self.values, self.values[1:], strict=False)):
             raise ValueError(f"values: expected distinct targets in ascending order, got {self.values}")
         fields = type(self).model_fields  # a resolved recipe writes every default out: only a changed one is refused
-        given = [n for n in ("latency_table", "check_rounds") if getattr(self, n) != fields[n].default]
+        given = [n for n in ("latency_table", "check_rounds", "relative_to") if getattr(self, n) != fields[n].default]
         if given and self.kind != "speedup":
             raise ValueError(f"{given[0]}: only applies to kind 'speedup', got kind '{self.kind}'")
         return self
 
+    def measured_against(self, reference_speedup: float) -> BudgetSpec:
+        """This budget with `relative_to`'s multiples turned into speed-ups over the model, given the reference's
+        measured `reference_speedup` (rounded to 0.01x, so members are named alike across repeats); one line naming
+        the field when a target comes out at or below 1x or above 100x."""
+        targets = [round(v * reference_speedup, 2) for v in self.targets]
+        for multiple, target in zip(self.targets, targets, strict=True):
+            if not 1 < target <= 100:
+                raise ValueError(
+                    f"{'values' if self.values else 'value'}: {multiple} x {self.relative_to}'s measured "
+                    f"{reference_speedup:.2f}x is {target}x; expected a speed-up above 1 and at most 100"
+                )
+        if len(set(targets)) < len(targets):
+            raise ValueError(f"values: {self.values} x {reference_speedup:.2f}x round to equal targets {targets}")
+        update = {"value": targets[-1], "values": targets if self.values else None, "relative_to": None}
+        return self.model_copy(update=update)
+
     def _check_amount(self, value: float) -> None:
         field = "values" if self.values else "value"
-        if self.kind == "speedup" and not 1 < value <= 100:
+        if self.kind == "speedup" and self.relative_to and not 0 < value <= 100:
+            raise ValueError(
+                f"{field}: with relative_to expected a multiple of the reference's speed-up above 0 and at most 100,"
+                f" got {value}"
+            )
+        if self.kind == "speedup" and not self.relative_to and not 1 < value <= 100:
             raise ValueError(
                 f"{field}: for kind 'speedup' expected a speed-up factor above 1 and at most 100, got {value}"
             )

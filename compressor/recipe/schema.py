@@ -384,6 +384,17 @@ class Recipe(Repeats):
         return self
 
     @model_validator(mode="after")
+    def _relative_budget_names_a_reference(self) -> Recipe:
+        """A budget relative to a reference times that reference, so it must be one the bench compares with."""
+        budget = self.prune.budget
+        if budget is not None and budget.relative_to and budget.relative_to not in self.bench.references:
+            raise ValueError(
+                f"prune.budget.relative_to: '{budget.relative_to}' is not one of bench.references "
+                f"{self.bench.references}; expected one of them"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _budget_runtime_exported(self) -> Recipe:
         """A speed-up on an ONNX runtime is measured on the run's own export of that variant."""
         budget = self.prune.budget

@@ -18,6 +18,7 @@ from compressor.report.summary import (
     _x_spread,
     final_finetune_lines,
     recovery_lines,
+    relative_budget_text,
     time_lines,
 )
 
@@ -123,7 +124,8 @@ def render_family(report: RunReport) -> str:
         f"Model `{report.model_source}` on `{report.data_source}` (labels: {', '.join(report.labels)}); "
         f"original test accuracy {_pct(o.test.accuracy)}%. Targets: "
         f"{', '.join(f'{t:g}' for t in section.targets)} ({section.kind}"
-        f"{' on ' + section.runtime if section.kind == 'speedup' else ''}).",
+        f"{' on ' + section.runtime if section.kind == 'speedup' else ''})."
+        + relative_budget_text(report.relative_budget),
         "",
     ]
     if section.frontier is not None:

@@ -174,6 +174,7 @@ class RunReport(Section):
     original: Original
     steps: list[dict[str, Any]]
     recovery: dict[str, Any] | None = None
+    relative_budget: dict[str, Any] | None = None  # a budget `relative_to` a reference: the speed-up it measured
     member_finetune: dict[str, Any] | None = None
     pruned: Pruned | None = None
     export: dict[str, dict[str, Any]] | None = None

@@ -230,6 +230,7 @@ def render(report: RunReport) -> str:
     ]
     if report.budget is not None:
         lines += ["", "## Budget", "", *_budget_lines(report.budget.dump())]
+        lines += [relative_budget_text(report.relative_budget).strip()] if report.relative_budget else []
     if report.baseline is not None:
         lines += ["", "## Baseline: dropping top layers at the same FLOPs", "", *_baseline_lines(report.baseline)]
     lines += [
@@ -288,6 +289,19 @@ def final_finetune_text(ft: dict) -> str:
     """A final fine-tune (`prune.member_finetune`): validation accuracy before → after it, and its seconds."""
     before = _pct((ft.get("val_before") or {}).get("accuracy"))
     return f"{before} → {_pct(ft['val_after']['accuracy'])}% ({ft['seconds']:.0f} s)"
+
+
+def relative_budget_text(relative: dict | None) -> str:
+    """A budget `relative_to` a reference, in words: each multiple of the reference's measured speed-up and the
+    target it became ("" without one)."""
+    if not relative:
+        return ""
+    pairs = ", ".join(f"{m:g} → {t:g}x" for m, t in zip(relative["multiples"], relative["targets"], strict=True))
+    speedup = relative["reference_speedup"]
+    return (
+        f" Targets relative to `{relative['reference']}`, whose shape measured {speedup:.2f}x the model's on the "
+        f"budget's runtime before the run: {pairs}."
+    )
 
 
 def time_lines(report: RunReport) -> list[str]:

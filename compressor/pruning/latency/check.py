@@ -9,16 +9,25 @@ scales the table's later predictions by measured / predicted (`compressor.prunin
 
 from __future__ import annotations
 
+import copy
+import hashlib
+import json
+import logging
 import tempfile
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import numpy as np
 import torch
 from torch import nn
 
+from compressor.core import atomic
 from compressor.core.timing import set_threads
 from compressor.pruning.deployed import as_deployed
-from compressor.pruning.latency.probe import check_runtime, is_pytorch, runner, timed_rounds
+from compressor.pruning.latency.probe import Dims, check_runtime, is_pytorch, runner, timed_rounds
+from compressor.pruning.latency.table import cache_key, default_cache_dir
+
+log = logging.getLogger(__name__)
 
 
 class _Logits(nn.Module):
@@ -57,7 +66,7 @@ def measured_speedup(
     and times again); a base-size model's one call outlasts the second, and the benchmark's three would triple what
     this costs at every step. Both are timed as deployed (`as_deployed` copies), so neither is changed."""
     check_runtime(runtime)
-    vocab = int(original.config.vocab_size)
+    vocab = min(int(original.config.vocab_size), int(pruned.config.vocab_size))  # ids every model's table holds
     ids = torch.randint(
         1000 if vocab > 2000 else 0, vocab, (batch_size, seq_len), generator=torch.Generator().manual_seed(0)
     )
@@ -74,3 +83,40 @@ def measured_speedup(
     finally:
         torch.set_num_threads(previous)
     return float(np.median(np.array(seconds["original"]) / np.array(seconds["pruned"])))
+
+
+def reference_speedup(
+    config,
+    reference_config,
+    runtime: str,
+    batch_size: int,
+    seq_len: int,
+    num_labels: int,
+    *,
+    cache_dir: str | Path | None = None,
+) -> float:
+    """The measured speed-up of a classifier of `reference_config` over one of `config` (each `num_labels` wide) on
+    `runtime`: `measured_speedup` of the two built from their configs, since speed depends on shape, not weights, so
+    it is known before any weights load. Cached beside the latency tables under the same key (machine, library
+    versions, runtime, batch, length) and both shapes: the repeats of one recipe (`--seeds`) and a resumed run read
+    the same figure, so their targets and members are the same."""
+    from compressor.surgery.checkpoint import _build as build_classifier
+
+    shapes = [asdict(replace(Dims.from_config(c), num_labels=num_labels)) for c in (config, reference_config)]
+    key = {**cache_key(Dims.from_config(config), runtime, batch_size, seq_len, None, [], []), "shapes": shapes}
+    key["types"] = [config.model_type, reference_config.model_type]
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    path = Path(cache_dir) if cache_dir else default_cache_dir()
+    path = path / f"reference-{runtime}-b{batch_size}-s{seq_len}-{digest}.json"
+    if path.exists():
+        return float(json.loads(path.read_text())["speedup"])
+    models = []
+    for c in (config, reference_config):
+        c = copy.deepcopy(c)
+        c.num_labels = num_labels
+        models.append(build_classifier(c, "eager", torch.float32))
+    log.info("budget: timing the reference's shape against the model's on %s (batch %d, %d tokens)", runtime,
+             batch_size, seq_len)  # fmt: skip
+    speedup = measured_speedup(models[0], models[1], runtime, batch_size, seq_len)
+    atomic.write_text(path, json.dumps({"key": key, "speedup": speedup}, indent=1, default=str))
+    return speedup
