@@ -122,23 +122,14 @@ class Budget:
         measured at its width, read against the full-width original (`NarrowTable`). Where the budget holds
         narrower tables, `alive` must be `Masks` at a width it measured: a plain `{kind: mask}` mapping has lost its
         width, and pricing it (or an unmeasured width) at full width would overshoot every later goal."""
-        if self.table is None:
-            return None
-        width = self._width(alive)
-        if width is None or width == self.table.dims.hidden:
-            return self.table
-        return NarrowTable(self.table, self.narrow[width])
-
-    def _width(self, alive: Masks) -> int | None:
-        """The residual width `alive` keeps (None: not pruned); raises where this budget cannot price it."""
-        if not self.narrow:
-            return getattr(alive, "width", lambda: None)()
-        if not isinstance(alive, Masks):
+        width = getattr(alive, "width", lambda: None)()
+        if self.narrow and not isinstance(alive, Masks):
             raise TypeError("budget: this budget prices narrowed widths: pass Masks, not a plain {kind: mask} mapping")
-        width = alive.width()
-        if width is not None and width != self.table.dims.hidden and width not in self.narrow:
+        if self.table is None or width in (None, self.table.dims.hidden):
+            return self.table
+        if width not in self.narrow:
             raise ValueError(f"budget: no latency table at residual width {width} (measured: {sorted(self.narrow)})")
-        return width
+        return NarrowTable(self.table, self.narrow[width])
 
     def predicted_speedup(self, alive: Masks) -> float | None:
         """The latency table's speed-up of the masked model over the original (speed-up budgets only)."""

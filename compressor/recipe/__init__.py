@@ -1,15 +1,17 @@
 """The recipe: YAML → typed, strict configuration (schema only).
 
-Owns the recipe's sections (`schema`, `prune`, `base`) and how a recipe file is read (`yamlio`: bounded safe YAML,
-duplicate keys refused, one-line errors). May import nothing of ours but `core.errors`; what it needs to know of the
-criteria and the recovery steps is registered by them (`base.register_criteria`, `recovery.declare`).
+Owns the recipe's sections (`schema`, `prune`, `budget`, `bench`, `base`) and how a recipe file is read (`yamlio`:
+bounded safe YAML, duplicate keys refused, one-line errors). May import nothing of ours but `core.errors`; what it
+needs to know of the criteria and the recovery steps is registered by them (`base.register_criteria`,
+`recovery.declare`).
 """
 
 from compressor.recipe.base import Strict
-from compressor.recipe.prune import BudgetSpec, CriterionSpec, DistillSpec, FinetuneSpec, PruneSpec, TrainSpec
+from compressor.recipe.bench import BenchSpec
+from compressor.recipe.budget import BudgetSpec
+from compressor.recipe.prune import CriterionSpec, DistillSpec, FinetuneSpec, PruneSpec, TrainSpec
 from compressor.recipe.schema import (
     AnalysisSpec,
-    BenchSpec,
     DataSpec,
     ExportSpec,
     Int8Spec,
