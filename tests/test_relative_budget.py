@@ -134,5 +134,6 @@ def test_a_family_relative_to_its_reference_runs_and_says_so(tmp_path, tiny_mode
     assert relative["multiples"] == [1.0, 1.2] and relative["reference"] == str(mpnet_reference)
     text = (tmp_path / "run" / "report.md").read_text()
     assert f"whose shape measured {speedup:.2f}x the model's" in text
+    assert "measured 1.30x the model on pytorch: targets 1.3x, 1.56x" in (tmp_path / "run" / "run.log").read_text()
     saved = json.loads((tmp_path / "run" / "report.json").read_text())
     assert saved["relative_budget"] == relative

@@ -10,7 +10,6 @@ the data once. `runner.prepare` then takes the directory and tokenises with what
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -28,8 +27,6 @@ from compressor.recipe import ModelSpec, Recipe, RecipeError, parse_recipe
 from compressor.sources import TaskData, load_task_data
 from compressor.sources.models import check_task_head, labels_match, load_config, max_positions, model_labels
 from compressor.surgery.arch import config_head_counts
-
-log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -78,8 +75,6 @@ def _measured_budget(recipe: Recipe, config, num_labels: int) -> tuple[Recipe, f
         measured = budget.measured_against(speedup)
     except ValueError as err:
         raise UserError(f"prune.budget.{err}") from None
-    log.info("budget: %s runs %.2fx the model on %s: targets %s", budget.relative_to, speedup, budget.runtime,
-             ", ".join(f"{t}x" for t in measured.targets))  # fmt: skip
     prune = recipe.prune.model_copy(update={"budget": measured})
     return recipe.model_copy(update={"prune": prune}), speedup
 

@@ -142,6 +142,8 @@ def prepare(
         asked, measured = recipe.prune.resolved_budget, checked.recipe.prune.resolved_budget
         run.relative_budget = {"reference": asked.relative_to, "multiples": asked.targets,
                                "reference_speedup": checked.reference_speedup, "targets": measured.targets}  # fmt: skip
+        log.info("budget: %s measured %.2fx the model on %s: targets %s", asked.relative_to,
+                 checked.reference_speedup, asked.runtime, ", ".join(f"{t:g}x" for t in measured.targets))  # fmt: skip
     run.splits.update(tokenize_splits(data, tokenizer, recipe.data.max_length))
     words = precision_words(recipe.accelerate.mixed_precision, accelerator.mixed_precision)
     log.info("fine-tunes on %s in %s", finetune_device(accelerator), words)

@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from torch import nn
+from tqdm.auto import tqdm
 
 from compressor.core import atomic
 from compressor.core.timing import set_threads
@@ -117,6 +118,8 @@ def reference_speedup(
         models.append(build_classifier(c, "eager", torch.float32))
     log.info("budget: timing the reference's shape against the model's on %s (batch %d, %d tokens)", runtime,
              batch_size, seq_len)  # fmt: skip
-    speedup = measured_speedup(models[0], models[1], runtime, batch_size, seq_len)
+    with tqdm(total=1, desc=f"reference speed on {runtime}", leave=False) as bar:  # a minute on base-size models
+        speedup = measured_speedup(models[0], models[1], runtime, batch_size, seq_len)
+        bar.update()
     atomic.write_text(path, json.dumps({"key": key, "speedup": speedup}, indent=1, default=str))
     return speedup
