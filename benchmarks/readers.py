@@ -315,3 +315,23 @@ def bench_pair(exp: Experiment, out: Path, min_speedup: float | None = 1.0) -> l
                         goal=_goal(">=", min_speedup, "x"), met=at_least(value, min_speedup, low, high),
                         detail=f"per round: {[round(r, 3) for r in ratios]}"))  # fmt: skip
     return rows
+
+
+@reader
+def reference_speed(exp: Experiment, out: Path, within: float | None = None) -> list[Row]:
+    """benchmarks/reference_speed.py's output: per runtime, the reference's speed-up over the model timed from the
+    two configs (what a budget `relative_to` it aims at) over the one the run's bench measured for the real models;
+    with `within`, whether that ratio is within that fraction of 1."""
+    data: dict[str, Any] = _json(out / "reference_speed.json")
+    rows = []
+    for runtime, entry in data["runtimes"].items():
+        timed, bench = entry["from_configs"], entry["bench"]
+        if bench is None:
+            raise UserError(f"{out}: the run's bench has no {data['reference']} and original on {runtime}")
+        ratio = timed / bench
+        goal = None if within is None else f"within {within:.0%} of 1"
+        rows.append(Row(label=f"{data['reference']} over the model, {runtime}: from configs / in the bench",
+                        value=round(ratio, 3), unit="x", seeds=list(exp.seeds), goal=goal,
+                        met=None if within is None else abs(ratio - 1) <= within,
+                        detail=f"from configs {timed:.2f}x; bench {bench:.2f}x"))  # fmt: skip
+    return rows

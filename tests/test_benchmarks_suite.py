@@ -415,3 +415,32 @@ def test_the_bench_pair_reader_gives_the_paired_speedup_with_its_interval(tmp_pa
     (tmp_path / "report.json").write_text(json.dumps(report([1.2, 1.21, 1.19, 1.2, 1.22])))
     (row,) = suite.READERS["bench_pair"](exp, tmp_path, **exp.reader_args)
     assert row.met is True and 1.18 < row.low < 1.2 < row.high < 1.23
+
+
+def test_the_reference_speed_step_pairs_the_bench_rows_and_its_reader_judges_each_runtime(tmp_path) -> None:
+    """The bench's reference speed-up over the original on a runtime is the ratio of the two rows' speed-ups (both
+    over the PyTorch original); the reader divides the configs' timing by it, within 10% or not."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from reference_speed import bench_ratio
+
+    rows = [{"model": "original", "role": "original", "runtime": "onnx-int8", "speedup": 3.0},
+            {"model": "minilm-l6", "role": "reference", "runtime": "onnx-int8", "speedup": 15.0},
+            {"model": "6x", "role": "member", "runtime": "onnx-int8", "speedup": 18.0}]  # fmt: skip
+    assert bench_ratio(rows, "minilm-l6", "onnx-int8") == 5.0 and bench_ratio(rows, "minilm-l6", "pytorch") is None
+    data = {"reference": "builtin:minilm-l6", "runtimes": {"onnx-int8": {"from_configs": 5.2, "bench": 5.0},
+                                                           "pytorch": {"from_configs": 4.0, "bench": 5.0}}}  # fmt: skip
+    (tmp_path / "reference_speed.json").write_text(json.dumps(data))
+    exp = EXPERIMENTS["reference_speed"]
+    rows = {r.label.split(", ")[1]: r for r in suite.READERS["reference_speed"](exp, tmp_path, **exp.reader_args)}
+    assert (
+        rows["onnx-int8: from configs / in the bench"].value,
+        rows["onnx-int8: from configs / in the bench"].met,
+    ) == (1.04, True)
+    assert (rows["pytorch: from configs / in the bench"].value, rows["pytorch: from configs / in the bench"].met) == (
+        0.8,
+        False,
+    )
+    data["runtimes"]["pytorch"]["bench"] = None
+    (tmp_path / "reference_speed.json").write_text(json.dumps(data))
+    with pytest.raises(UserError, match="has no builtin:minilm-l6 and original on pytorch"):
+        suite.READERS["reference_speed"](exp, tmp_path)
