@@ -23,6 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # this checkout's compressor, as the suite's other scripts
 
+from compressor.core.candidates import ORIGINAL  # noqa: E402
 from compressor.pipeline.references import references  # noqa: E402
 from compressor.pruning.latency.check import reference_speedup  # noqa: E402
 from compressor.recipe import ModelSpec, load_recipe  # noqa: E402
@@ -33,7 +34,7 @@ def bench_ratio(rows: list[dict], label: str, runtime: str) -> float | None:
     """The reference `label`'s speed-up over the original on `runtime` as the bench measured it (each row's speed-up
     is over the PyTorch original), or None when the bench has no such pair of rows."""
     speed = {(r["role"], r["model"]): r.get("speedup") for r in rows if r["runtime"] == runtime}
-    ref, original = speed.get(("reference", label)), speed.get(("original", "original"))
+    ref, original = speed.get(("reference", label)), speed.get((ORIGINAL, ORIGINAL))
     return None if ref is None or original is None else ref / original
 
 
