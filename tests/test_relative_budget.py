@@ -13,6 +13,7 @@ from test_budget_run import BENCH, FINETUNE, UNITS, linear_table  # noqa: F401 (
 
 from compressor.core.errors import UserError
 from compressor.pipeline import preflight as preflight_mod
+from compressor.pipeline import runlog
 from compressor.pipeline.runner import run_recipe
 from compressor.pruning.budget import plan_budget
 from compressor.pruning.latency import check
@@ -96,7 +97,12 @@ def test_the_preflight_measures_the_targets_and_checks_their_reach(tmp_path, tin
     """The run's recipe carries speed-ups (the reference's measured 1.5x times each multiple), which the reach
     check reads; the recipe as written keeps its multiples (a resumed run compares that one)."""
     seen = {}
-    monkeypatch.setattr(preflight_mod, "reference_speedup", lambda config, ref, runtime, b, s, labels: 1.5)
+
+    def timed(config, ref, runtime, b, s, labels):
+        check.log.info("budget: the reference's shape timed (a stand-in)")
+        return 1.5
+
+    monkeypatch.setattr(preflight_mod, "reference_speedup", timed)
     monkeypatch.setattr(preflight_mod, "check_reach", lambda config, spec, labels: seen.update(spec=spec))
     recipe = _recipe(tmp_path, tiny_model_dir, tiny_csv, mpnet_reference,
                      {"values": [1.0, 1.2], "relative_to": str(mpnet_reference)})  # fmt: skip
@@ -104,6 +110,8 @@ def test_the_preflight_measures_the_targets_and_checks_their_reach(tmp_path, tin
     assert checked.recipe.prune.budget.targets == [1.5, 1.8] == seen["spec"].budget.targets
     assert checked.reference_speedup == 1.5 and recipe.prune.budget.targets == [1.0, 1.2]
     assert not (tmp_path / "run").exists()  # nothing written before the run takes its directory
+    runlog.open_run_log(tmp_path / "run", main=True)  # as the run does once it has its directory
+    assert "budget: the reference's shape timed (a stand-in)" in (tmp_path / "run" / runlog.RUN_LOG).read_text()
 
 
 def test_a_reference_slower_than_the_model_is_refused_before_anything_runs(
@@ -123,7 +131,12 @@ def test_a_family_relative_to_its_reference_runs_and_says_so(tmp_path, tiny_mode
                                                              mpnet_reference, monkeypatch):  # fmt: skip
     """A whole family at 1.0x and 1.2x of a reference's speed (its timing stood in by 1.3x, the tables by a known
     one): its targets are the speed-ups the multiples became, and the report says what was measured."""
-    monkeypatch.setattr(preflight_mod, "reference_speedup", lambda *args: 1.3)
+
+    def timed(*args):
+        check.log.info("budget: the reference's shape timed (a stand-in)")
+        return 1.3
+
+    monkeypatch.setattr(preflight_mod, "reference_speedup", timed)
     recipe = _recipe(tmp_path, tiny_model_dir, tiny_csv, mpnet_reference,
                      {"values": [1.0, 1.2], "relative_to": str(mpnet_reference)},
                      export={"variants": ["fp32"]})  # fmt: skip
@@ -134,6 +147,9 @@ def test_a_family_relative_to_its_reference_runs_and_says_so(tmp_path, tiny_mode
     assert relative["multiples"] == [1.0, 1.2] and relative["reference"] == str(mpnet_reference)
     text = (tmp_path / "run" / "report.md").read_text()
     assert f"whose shape measured {speedup:.2f}x the model's" in text
-    assert "measured 1.30x the model on pytorch: targets 1.3x, 1.56x" in (tmp_path / "run" / "run.log").read_text()
+    logged = (tmp_path / "run" / "run.log").read_text()  # the preflight's timing first, then what it made
+    assert logged.index("shape timed (a stand-in)") < logged.index(
+        "measured 1.30x the model on pytorch: targets 1.3x, 1.56x"
+    )
     saved = json.loads((tmp_path / "run" / "report.json").read_text())
     assert saved["relative_budget"] == relative

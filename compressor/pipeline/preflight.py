@@ -18,6 +18,7 @@ import yaml
 
 from compressor.core import outdir
 from compressor.core.errors import UserError
+from compressor.pipeline import runlog
 from compressor.pipeline.references import check_references
 from compressor.pruning.budget import check_budget, check_reach
 from compressor.pruning.latency.check import reference_speedup
@@ -43,7 +44,11 @@ class Checked:
 
 
 def preflight(recipe: Recipe, force: bool) -> Checked:
-    """Check, before any weights load or anything is written, that the run can start; returns what it read."""
+    """Check, before any weights load or anything is written, that the run can start; returns what it read. What it
+    logs is printed and held for the run's log (`runlog.hold`)."""
+    from accelerate import PartialState
+
+    runlog.hold(PartialState().is_main_process)
     target = outdir.check_run_dir(recipe.output_dir, force, partial(_same_recipe, recipe=recipe))
     config = load_config(recipe.model)
     layers, heads = config_head_counts(config)

@@ -14,7 +14,6 @@ import copy
 import logging
 import time
 from datetime import timedelta
-from pathlib import Path
 
 import torch
 from accelerate import Accelerator
@@ -23,6 +22,7 @@ from accelerate.utils import InitProcessGroupKwargs
 from compressor.core import outdir
 from compressor.core.errors import UserError
 from compressor.core.machine import cpu_has_bf16
+from compressor.pipeline import runlog
 from compressor.pipeline.finetune import cached_finetune
 from compressor.pipeline.members import make_members
 from compressor.pipeline.preflight import Checked, preflight
@@ -93,20 +93,6 @@ def make_accelerator(mixed_precision: str = "no") -> Accelerator:
         raise UserError(f"accelerate.mixed_precision: {mixed_precision} is not available here ({err})") from None
 
 
-def _setup_logging(out: Path, main: bool) -> None:
-    log.setLevel(logging.INFO)
-    log.handlers.clear()
-    log.propagate = False
-    console = logging.StreamHandler()
-    console.setFormatter(logging.Formatter("%(asctime)s %(message)s", "%H:%M:%S"))
-    log.addHandler(console if main else logging.NullHandler())
-    if main:
-        out.mkdir(parents=True, exist_ok=True)
-        handler = logging.FileHandler(out / "run.log")
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
-        log.addHandler(handler)
-
-
 def base_model(run: RunState) -> tuple[torch.nn.Module, dict]:
     """The task-tuned starting point: the recipe's model as is, or a cached fine-tune of it (`finetune`)."""
     r = run.recipe
@@ -136,7 +122,7 @@ def prepare(
     if accelerator.is_main_process:
         outdir.claim(target, dump_recipe(recipe))  # lock; with --force the earlier run moves aside only now
     accelerator.wait_for_everyone()
-    _setup_logging(out, accelerator.is_main_process)
+    runlog.open_run_log(out, accelerator.is_main_process)
     run = RunState(checked.recipe, out, accelerator, data, tokenizer)  # a relative budget's targets measured
     if checked.reference_speedup is not None:
         asked, measured = recipe.prune.resolved_budget, checked.recipe.prune.resolved_budget

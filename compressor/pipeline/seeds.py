@@ -19,10 +19,11 @@ import logging
 from pathlib import Path
 
 import yaml
-from accelerate import Accelerator
+from accelerate import Accelerator, PartialState
 
 from compressor.core import atomic, outdir
 from compressor.core.errors import UserError
+from compressor.pipeline import runlog
 from compressor.pipeline.preflight import preflight
 from compressor.pipeline.runner import run_recipe
 from compressor.recipe import Recipe, RecipeError, parse_recipe
@@ -103,6 +104,7 @@ def run_seeds(recipe: Recipe, seeds: list[int], force: bool = False, accelerator
             log.info("seed %d: kept from an earlier run (%s)", k, r.output_dir)
             reports[k] = done[k]
             continue
+        runlog.hold(PartialState().is_main_process)  # this repeat's lines go to its own run.log
         log.info("seed %d: running with seed %d, base fine-tune seed %d", k, r.seed, r.base_finetune_seed)
         reports[k] = run_recipe(r, force=force, accelerator=accelerator)
     if not all(reports.values()):  # a helper process of `accelerate launch`: the main one writes
