@@ -1,5 +1,6 @@
-"""`python -m benchmarks list | run NAME --else-running TEXT [--force] | page [--check]`: the benchmark suite's
-command line (see `benchmarks/__init__.py`). Bad input is one line on stderr and exit 2."""
+"""`python -m benchmarks list | run NAME --else-running TEXT [--force] | parts NAME --else-running TEXT | page
+[--check]`: the benchmark suite's command line (see `benchmarks/__init__.py`). Bad input is one line on stderr
+and exit 2."""
 
 from __future__ import annotations
 
@@ -24,6 +25,15 @@ def _run(args: argparse.Namespace) -> None:
     run_experiment(experiment(args.name), args.else_running, force=args.force)
 
 
+def _parts(args: argparse.Namespace) -> None:
+    from benchmarks.parts import parts_dir, store_parts
+    from benchmarks.suite import experiment
+
+    exp = experiment(args.name)
+    stored = store_parts(exp, args.else_running)
+    print(f"{exp.name}: stored {len(stored)} parts in {parts_dir(exp).name}/ (commit them to resume elsewhere)")
+
+
 def _page(args: argparse.Namespace) -> None:
     from benchmarks.page import PAGE, page_text, write_page
 
@@ -45,6 +55,9 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("name")
     run.add_argument("--else-running", required=True, help="what else ran on the machine (recorded with the result)")
     run.add_argument("--force", action="store_true", help="run it again from scratch, replacing its result")
+    parts = sub.add_parser("parts", help="store the parts of NAME's unfinished outputs another session resumes from")
+    parts.add_argument("name")
+    parts.add_argument("--else-running", required=True, help="what else ran while they were made")
     page = sub.add_parser("page", help="regenerate docs/results.md from its template and the results")
     page.add_argument("--check", action="store_true", help="only check that the page is up to date (exit 2 if not)")
     return top
@@ -53,7 +66,7 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> None:
     args = parser().parse_args(argv)
     try:
-        {"list": lambda a: _list(), "run": _run, "page": _page}[args.command](args)
+        {"list": lambda a: _list(), "run": _run, "parts": _parts, "page": _page}[args.command](args)
     except UserError as err:
         print(f"benchmarks: error: {err}", file=sys.stderr)
         sys.exit(2)

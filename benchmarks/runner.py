@@ -2,7 +2,8 @@
 
 Resumable at three levels: a finished experiment's result is kept (unless `force`); a step whose output is finished
 (its `done` file exists) is skipped; an unfinished step is run again without `--force`, and the product resumes it
-(`compressor run` keeps finished steps, members and seed repeats). With `force` every step reruns from scratch
+(`compressor run` keeps finished steps, members and seed repeats), from the parts an earlier session stored
+(`benchmarks.parts`) when the output is gone. With `force` every step reruns from scratch
 (`compressor run ... --force`) and the result is replaced. A failed step writes no result. One provenance record
 goes with the result: commit, CPU and its int8 features, what else ran (the caller must say), the cache's state
 when the experiment started, and its seconds."""
@@ -16,7 +17,7 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from benchmarks import provenance
+from benchmarks import parts, provenance
 from benchmarks.readers import READERS
 from benchmarks.schema import Provenance, Result, read_result, write_result
 from benchmarks.suite import RESULTS, ROOT, Experiment
@@ -66,6 +67,8 @@ def run_experiment(exp: Experiment, else_running: str, force: bool = False, resu
         log(f"{exp.name}: finished; kept {path.name} (--force to run it again)")
         return read_result(path)
     started, cache = time.perf_counter(), cache_state()
+    for part in [] if force else parts.restore_parts(exp, results):
+        log(f"{exp.name}: restored {part} (made in an earlier session)")
     run_steps(exp, force, log)
     rows = READERS[exp.reader](exp, exp.last_output(), **exp.reader_args)
     cpu = cpu_summary()
@@ -79,6 +82,7 @@ def run_experiment(exp: Experiment, else_running: str, force: bool = False, resu
         cache=cache,
         seconds=round(time.perf_counter() - started, 1),
         commands=exp.shown(),
+        parts=[] if force else parts.records(exp, results),
     )
     result = Result(experiment=exp.name, figure=exp.figure, goal=exp.goal, rows=rows, provenance=record)
     write_result(path, result)

@@ -42,7 +42,8 @@ class Row(_Strict):
 
 class Provenance(_Strict):
     """Where and how the result was made (as peft's `run_info`: enough to tell two results apart). `script` names
-    the script a legacy result came from, `note` its former file."""
+    the script a legacy result came from, `note` its former file; `parts` the parts of its steps' outputs made in
+    earlier sessions, each with its own commit, CPU and what else ran."""
 
     commit: str | None
     date: str | None = None  # UTC, when the result was written
@@ -55,6 +56,7 @@ class Provenance(_Strict):
     commands: list[str] = []
     script: str | None = None
     note: str | None = None
+    parts: list[dict] = []  # parts made in earlier sessions, each where it was made (`benchmarks.parts`)
 
 
 class Result(_Strict):

@@ -30,11 +30,13 @@ class _Strict(BaseModel):
 
 class Step(_Strict):
     """One command (`compressor ...`, `python ...`); `{output}` in it is the step's output directory, and the step
-    is finished when `done` (a path inside that directory) exists: a rerun skips it unless forced."""
+    is finished when `done` (a path inside that directory) exists: a rerun skips it unless forced. `parts` names the
+    files of an unfinished output that another session may resume it from (`benchmarks.parts`)."""
 
     command: str
     output: str | None = None
     done: str = "report.json"
+    parts: list[str] = []  # globs in the output that a later session resumes from (`benchmarks.parts`)
 
 
 class RunsToward(_Strict):

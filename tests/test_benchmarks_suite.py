@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import re
 import shlex
+import shutil
 import sys
 from collections import Counter
 from pathlib import Path
@@ -17,7 +18,7 @@ import pytest
 import typer.main
 from conftest import ROOT
 
-from benchmarks import page, runner, suite
+from benchmarks import page, parts, runner, suite
 from benchmarks.__main__ import main as suite_main
 from benchmarks.__main__ import parser as suite_parser
 from benchmarks.readers import at_least
@@ -187,7 +188,7 @@ def _repeats(names: dict[str, str], seeds: tuple[int, ...], size: int) -> dict[i
     return reports
 
 
-def _stub_experiment(tmp_path: Path) -> suite.Experiment:
+def _stub_experiment(tmp_path: Path, parts: list[str] | None = None) -> suite.Experiment:
     (tmp_path / "stub.py").write_text(STUB)
     (tmp_path / "made").mkdir()
     reports = _repeats({"pytorch-original": "pytorch", "3x/pytorch": "pytorch"}, (0, 1), 200)
@@ -204,6 +205,7 @@ def _stub_experiment(tmp_path: Path) -> suite.Experiment:
                 "command": f"python {tmp_path / 'stub.py'} {{output}}",
                 "output": str(tmp_path / "out"),
                 "done": "seeds.json",
+                "parts": parts or [],
             }
         ],  # fmt: skip
         "reader": "seeds",
@@ -252,6 +254,30 @@ def test_the_runner_resumes_keeps_and_forces_and_writes_the_schema(tmp_path, mon
 
     forced = runner.run_experiment(exp, "forced", force=True, results=results, log=lambda _: None)
     assert log.read_text().endswith("kept 0\nkept 1\n") and forced.provenance.else_running == "forced"
+
+
+def test_parts_stored_in_one_session_resume_the_step_in_the_next_and_say_where_they_ran(tmp_path, monkeypatch) -> None:
+    """A repeat finished before the session ended, stored (`python -m benchmarks parts`), is restored into the
+    next session's fresh output, so the step runs only the repeats left, and the result says where the part ran."""
+    monkeypatch.setenv("COMPRESSOR_CACHE", str(tmp_path / "empty-cache"))
+    exp, results, log = _stub_experiment(tmp_path, ["seed-*/report.json"]), tmp_path / "results", tmp_path / "log.txt"
+    with pytest.raises(UserError, match="nothing in the steps' outputs matches their parts patterns; nothing stored"):
+        parts.store_parts(exp, "nothing else", results)
+    (tmp_path / "interrupt").touch()
+    with pytest.raises(UserError, match="step failed"):
+        runner.run_experiment(exp, "nothing else", results=results, log=lambda _: None)
+    with pytest.raises(UserError, match="--else-running"):
+        parts.store_parts(exp, " ", results)
+    assert parts.store_parts(exp, "a test beside it", results) == ["step-0/seed-0/report.json"]
+    shutil.rmtree(tmp_path / "out")  # the next session: a fresh machine, the parts committed
+    (tmp_path / "interrupt").unlink()
+    messages: list[str] = []
+    result = runner.run_experiment(exp, "nothing else", results=results, log=messages.append)
+    assert log.read_text() == "ran 0\nkept 0\nran 1\n" and "restored step-0/seed-0/report.json" in messages[0]
+    (record,) = result.provenance.parts
+    assert record["part"] == "step-0/seed-0/report.json" and record["else_running"] == "a test beside it"
+    assert record["commit"] and record["cpu_identity"] and re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d", record["date"])
+    assert read_result(results / "stub.json").provenance.parts == [record]
 
 
 def test_every_step_runs_with_the_declared_environment_and_says_so(tmp_path) -> None:

@@ -1,0 +1,86 @@
+"""An experiment finished over several sessions: the parts of a step's output that a later session resumes from.
+
+A figure over three whole-pipeline seeds can outlast a session on a slow CPU, and a machine keeps no `runs/` from one
+session to the next. A step's `parts` globs name the small files its command resumes from (a finished `--seeds`
+repeat's `report.json` and `recipe.resolved.yaml`: `compressor run --seeds` keeps such a repeat and runs the rest).
+`python -m benchmarks parts NAME --else-running TEXT` copies them into `benchmarks/results/NAME.parts/step-K/`
+(committed) with a record of where each was made (`parts.json`: commit, CPU, date, what else ran); `run` restores the
+missing ones into the step's output before the step runs, and the result's provenance lists the parts, so a figure
+whose repeats ran on two machines says which ran where.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from datetime import datetime, timezone
+from pathlib import Path
+
+from benchmarks import provenance
+from benchmarks.suite import RESULTS, ROOT, Experiment
+from compressor.core import atomic
+from compressor.core.errors import UserError
+from compressor.core.machine import cpu_identity, cpu_summary, int8_features
+
+PARTS_FILE = "parts.json"
+
+
+def parts_dir(exp: Experiment, results: Path = RESULTS) -> Path:
+    return results / f"{exp.name}.parts"
+
+
+def records(exp: Experiment, results: Path = RESULTS) -> list[dict]:
+    """The stored parts' records (empty when none were stored), each with its `part` path under the parts folder."""
+    path = parts_dir(exp, results) / PARTS_FILE
+    return json.loads(path.read_text()) if path.exists() else []
+
+
+def _made_here(else_running: str) -> dict:
+    cpu = cpu_summary()
+    return {
+        "commit": provenance.commit(),
+        "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M"),
+        "cpu": cpu["model"],
+        "int8_features": int8_features(cpu),
+        "cpu_identity": cpu_identity(),
+        "else_running": else_running,
+    }
+
+
+def store_parts(exp: Experiment, else_running: str, results: Path = RESULTS) -> list[str]:
+    """Copy each step's `parts` matches into the parts folder, recording where they were made (a part stored again
+    replaces its record); returns the parts' paths. None matching is a one-line `UserError`."""
+    if not else_running.strip():
+        raise UserError("--else-running: say what else ran while the parts were made (e.g. 'nothing heavy')")
+    stored = {r["part"]: r for r in records(exp, results)}
+    made = _made_here(else_running)
+    for k, step in enumerate(exp.steps):
+        out = ROOT / exp.output(step)
+        for pattern in step.parts:
+            for path in sorted(out.glob(pattern)):
+                part = f"step-{k}/{path.relative_to(out).as_posix()}"
+                target = parts_dir(exp, results) / part
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(path, target)
+                stored[part] = {"part": part, **made}
+    if not stored:
+        raise UserError(f"{exp.name}: nothing in the steps' outputs matches their parts patterns; nothing stored")
+    atomic.write_text(parts_dir(exp, results) / PARTS_FILE, json.dumps(sorted(stored.values(), key=_key), indent=1))
+    return sorted(stored)
+
+
+def _key(record: dict) -> str:
+    return record["part"]
+
+
+def restore_parts(exp: Experiment, results: Path = RESULTS) -> list[str]:
+    """Copy every stored part missing from its step's output back into it; returns those restored."""
+    restored = []
+    for record in records(exp, results):
+        step, _, inner = record["part"].partition("/")
+        target = ROOT / exp.output(exp.steps[int(step.removeprefix("step-"))]) / inner
+        if not target.exists():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(parts_dir(exp, results) / record["part"], target)
+            restored.append(record["part"])
+    return restored
