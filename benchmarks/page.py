@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from benchmarks import parts
 from benchmarks.schema import Result, Row, read_result
 from benchmarks.suite import RESULTS, ROOT, Experiment, load_experiments
 
@@ -53,11 +54,22 @@ def _where(result: Result) -> str:
     return (
         f"Made {made} at {p.commit or 'an unknown commit'} on {p.cpu} ({p.int8_features}); else running: "
         f"{p.else_running}; cache {p.cache}{seconds}."
+    ) + (f" Parts made in earlier sessions: {parts_text(p.parts)}." if p.parts else "")
+
+
+def parts_text(records: list[dict]) -> str:
+    """Where the parts an earlier session stored were made, one clause per directory of them (a `--seeds` repeat)."""
+    made: dict[str, dict] = {}
+    for record in records:
+        made.setdefault(record["part"].rsplit("/", 1)[0].split("/", 1)[-1], record)
+    return "; ".join(
+        f"{where} at {r['commit']} on {r['cpu']} ({r['int8_features']}), {r['date']}, else running: {r['else_running']}"
+        for where, r in made.items()
     )
 
 
-def block(exp: Experiment, result: Result | None) -> str:
-    """One experiment's figure on the page."""
+def block(exp: Experiment, result: Result | None, stored: list[dict] | None = None) -> str:
+    """One experiment's figure on the page; an unfinished one names the parts an earlier session `stored`."""
     commands = "; ".join(f"`{line}`" for line in exp.shown())
     made = f" → `benchmarks/results/{exp.name}.json`" if result else ""
     lines = [
@@ -68,7 +80,8 @@ def block(exp: Experiment, result: Result | None) -> str:
     if exp.runs_toward:
         lines.append(f"Runs made toward this figure: **{exp.runs_toward.count}** ({exp.runs_toward.note}).")
     if result is None:
-        return "\n".join([*lines, "", "Not measured yet.", END])
+        left = f"Not finished; parts stored for a later session: {parts_text(stored)}." if stored else ""
+        return "\n".join([*lines, "", left or "Not measured yet.", END])
     return "\n".join([*lines, _where(result), "", table(result.rows), END])
 
 
@@ -76,18 +89,22 @@ def results_of(experiments: dict[str, Experiment], results: Path = RESULTS) -> d
     return {n: read_result(results / f"{n}.json") for n in experiments if (results / f"{n}.json").exists()}
 
 
-def render(template: str, experiments: dict[str, Experiment], results: dict[str, Result]) -> str:
-    """The page: the template with each marker replaced by its experiment's block."""
+def render(template: str, experiments: dict[str, Experiment], results: dict[str, Result],
+           stored: dict[str, list[dict]] | None = None) -> str:  # fmt: skip
+    """The page: the template with each marker replaced by its experiment's block (`stored`: each unfinished
+    experiment's stored parts, `benchmarks.parts`)."""
+    stored = stored or {}
     named = MARKER.findall(template)
     unknown = sorted(set(named) - set(experiments))
     if unknown:
         raise ValueError(f"docs/results.template.md: markers name undeclared experiments {unknown}")
-    return HEADER + MARKER.sub(lambda m: block(experiments[m[1]], results.get(m[1])), template)
+    return HEADER + MARKER.sub(lambda m: block(experiments[m[1]], results.get(m[1]), stored.get(m[1])), template)
 
 
 def page_text() -> str:
     experiments = load_experiments()
-    return render(TEMPLATE.read_text(), experiments, results_of(experiments))
+    stored = {name: records for name, exp in experiments.items() if (records := parts.records(exp))}
+    return render(TEMPLATE.read_text(), experiments, results_of(experiments), stored)
 
 
 def write_page() -> Path:

@@ -280,6 +280,16 @@ def test_parts_stored_in_one_session_resume_the_step_in_the_next_and_say_where_t
     assert read_result(results / "stub.json").provenance.parts == [record]
 
 
+def test_the_page_says_where_an_unfinished_experiments_stored_parts_ran() -> None:
+    exp = next(iter(EXPERIMENTS.values()))
+    record = {"part": "step-0/seed-0/report.json", "commit": "abc1234", "cpu": "CPU X", "int8_features": "AVX2",
+              "date": "2026-12-02 03:20", "else_running": "nothing"}  # fmt: skip
+    stored = [record, {**record, "part": "step-0/seed-0/recipe.resolved.yaml"}]  # one repeat: one clause
+    assert ("Not finished; parts stored for a later session: seed-0 at abc1234 on CPU X (AVX2), 2026-12-02 03:20, "
+            "else running: nothing.") in page.block(exp, None, stored)  # fmt: skip
+    assert "Not measured yet." in page.block(exp, None)
+
+
 def test_every_step_runs_with_the_declared_environment_and_says_so(tmp_path) -> None:
     """`env` reaches each step's process (the math-library caps of an AVX2 figure) and is printed before the
     command, so the page and the provenance show how the figure was made."""
