@@ -23,6 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # this checkout's compressor, as the suite's other scripts
 
+from compressor.bench.timing import headline_batch  # noqa: E402
 from compressor.core.candidates import ORIGINAL  # noqa: E402
 from compressor.pipeline.references import references  # noqa: E402
 from compressor.pruning.latency.check import reference_speedup  # noqa: E402
@@ -50,6 +51,11 @@ def main(argv: list[str] | None = None) -> int:
     label = next(r.label for r in references(recipe) if r.spec.source == args.reference)
     rows = (report.get("family") or report)["frontier"]
     batch, seq = recipe.prune.resolved_budget.batch_size, recipe.prune.resolved_budget.seq_len
+    headline = (headline_batch(recipe.bench.batch_sizes), recipe.bench.seq_lens[0])
+    if headline != (batch, seq):  # the bench's frontier speed-ups are at its headline shape, not the budget's
+        print(f"reference_speed: the budget times batch {batch} at {seq} tokens but the bench's frontier is at batch "
+              f"{headline[0]}, {headline[1]} tokens; expected the same shape", file=sys.stderr)  # fmt: skip
+        return 2
     config, reference = load_config(recipe.model), load_config(ModelSpec(source=args.reference))
     out: dict = {"reference": args.reference, "batch_size": batch, "seq_len": seq, "runtimes": {}}
     with tempfile.TemporaryDirectory() as cache:

@@ -480,3 +480,20 @@ def test_the_reference_speed_step_pairs_the_bench_rows_and_its_reader_judges_eac
     (tmp_path / "reference_speed.json").write_text(json.dumps(data))
     with pytest.raises(UserError, match="has no builtin:minilm-l6 and original on pytorch"):
         suite.READERS["reference_speed"](exp, tmp_path)
+
+
+def test_the_reference_speed_step_refuses_a_bench_headline_at_another_shape_than_the_budget(tmp_path, capsys) -> None:
+    """The bench's frontier speed-ups are at its headline batch and length: against a budget timed at another shape
+    the step says so in one line and writes nothing, instead of comparing two shapes."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import yaml
+    from reference_speed import main as reference_speed
+
+    recipe = yaml.safe_load((ROOT / "recipes" / "mpnet_rt_family_width.yaml").read_text())
+    recipe["bench"]["batch_sizes"] = [8]  # the budget times batch 32
+    (tmp_path / "recipe.resolved.yaml").write_text(yaml.safe_dump(recipe))
+    (tmp_path / "report.json").write_text(json.dumps({"frontier": [], "labels": ["rotten", "fresh"]}))
+    args = ["--report", str(tmp_path / "report.json"), "--reference", "builtin:minilm-l6", "--runtimes", "pytorch"]
+    assert reference_speed([*args, "--out", str(tmp_path / "out")]) == 2
+    assert "at batch 8, 64 tokens; expected the same shape" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
