@@ -4,6 +4,7 @@ fine-tune is made once while everything after it is redrawn."""
 from __future__ import annotations
 
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -94,6 +95,21 @@ def test_the_member_each_seed_chose_is_compared_with_the_reference_even_when_it_
     assert "chosen on validation (best) vs reference" in render_seeds(summary)
 
 
+def test_the_summary_names_the_cpu_of_each_repeat_and_says_when_they_differ() -> None:
+    """Repeats resumed on another machine (a finished one kept from its report) chose their members on their own
+    CPUs: seeds.md says so and names each; repeats on one CPU name it once."""
+    rng = np.random.default_rng(3)
+    reports = {k: _report({ORIGINAL_NAME: rng.random(50) < 0.8, "2x/pytorch": rng.random(50) < 0.8}) for k in (0, 1)}
+    for k, model in ((0, "CPU A"), (1, "CPU B")):
+        reports[k]["bench"]["cpu"] = {"model": model, "int8_features": "AVX2, VNNI"}
+    summary = summarize_seeds(reports, resamples=100)
+    assert summary["cpus"] == {"0": "CPU A (AVX2, VNNI)", "1": "CPU B (AVX2, VNNI)"}
+    assert ("- timed on 2 CPUs (seed 0: CPU A (AVX2, VNNI); seed 1: CPU B (AVX2, VNNI)): each repeat chose its "
+            "members on its own CPU") in render_seeds(summary)  # fmt: skip
+    reports[1]["bench"]["cpu"]["model"] = "CPU A"
+    assert "- timed on: CPU A (AVX2, VNNI)\n" in render_seeds(summarize_seeds(reports, resamples=100))
+
+
 @pytest.mark.parametrize("low, high, words", [(0.1, 2.0, "ahead"), (-2.0, -0.1, "behind"), (-0.5, 1.0, "level")])
 def test_verdict_reads_the_interval(low, high, words) -> None:
     assert verdict((low, high)) == words
@@ -155,6 +171,10 @@ def test_two_seeds_share_the_base_finetune_and_redraw_the_rest(tmp_path, tiny_mo
     gaps = {g["candidate"]: g for g in summary["gaps"]}
     assert "pytorch-pruned" in gaps and set(gaps["pytorch-pruned"]["per_seed"]) == {"0", "1"}
     monkeypatch.setattr(seeds, "run_recipe", lambda *a, **k: pytest.fail("a finished repeat ran again"))
+    assert seeds.run_seeds(recipe, [0, 1]) == summary
+    for path in (out / "seed-0").iterdir():  # what another session restores: the report and the recipe alone
+        if path.name not in (outdir.DONE_FILE, outdir.RESOLVED_FILE):
+            shutil.rmtree(path) if path.is_dir() else path.unlink()
     assert seeds.run_seeds(recipe, [0, 1]) == summary
 
 

@@ -127,7 +127,15 @@ def summarize_seeds(reports: Mapping[int, Mapping], resamples: int = RESAMPLES) 
         a, b = [hits[k][name] for k in seeds], [hits[k][other] for k in seeds]
         gaps.append(entry | gap_summary(seeds, a, b, resamples))
     gaps += _chosen_gaps(reports, seeds, hits, rows, left_out, resamples)
-    return out | {"gaps": gaps, "left_out": left_out}
+    return out | {"gaps": gaps, "left_out": left_out, "cpus": {str(k): cpu_of(reports[k]) for k in seeds}}
+
+
+def cpu_of(report: Mapping) -> str | None:
+    """The CPU a repeat's bench timed on, with its int8 features (`bench.cpu`), or None for a run without a bench.
+    Repeats stored and resumed on another machine (`--seeds` keeps a finished repeat) each chose their members
+    against the reference on their own CPU."""
+    cpu = (report.get("bench") or {}).get("cpu") or {}
+    return f"{cpu['model']} ({cpu.get('int8_features', 'int8 features unknown')})" if cpu.get("model") else None
 
 
 def _chosen(report: Mapping) -> dict[tuple[str, str], str]:
@@ -162,6 +170,17 @@ def _points(value: float | None) -> str:
     return "–" if value is None else f"{value:+.2f}"
 
 
+def _cpu_lines(cpus: Mapping[str, str | None]) -> list[str]:
+    """Where the repeats were timed: one CPU, or each repeat's when they differ (each made its base fine-tune and
+    chose its members on its own machine, so the base was made once per machine, with the same seed)."""
+    named = set(cpus.values()) - {None}
+    if len(named) <= 1:
+        return [f"- timed on: {next(iter(named))}"] if named else []
+    each = "; ".join(f"seed {k}: {cpu or 'no bench'}" for k, cpu in cpus.items())
+    return [f"- timed on {len(named)} CPUs ({each}): each repeat chose its members on its own CPU, and the base "
+            "fine-tune was made once per machine with the same seed"]  # fmt: skip
+
+
 def render_seeds(summary: Mapping) -> str:
     """`seeds.md`: one table row per gap (points of test accuracy), then how the interval was made."""
     seeds = summary["seeds"]
@@ -184,5 +203,5 @@ def render_seeds(summary: Mapping) -> str:
             f"| {g['comparison']} | {g['candidate']} | {g['versus']} | {per_seed} | {_points(g['mean'])} | {sd} | "
             f"{low:+.2f} to {high:+.2f} | {g['verdict']} |"
         )
-    lines += ["", *(f"- left out: {why}" for why in summary["left_out"])]
+    lines += ["", *(f"- left out: {why}" for why in summary["left_out"]), *_cpu_lines(summary.get("cpus") or {})]
     return "\n".join(lines).rstrip() + "\n"
