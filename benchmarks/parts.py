@@ -4,9 +4,10 @@ A figure over three whole-pipeline seeds can outlast a session on a slow CPU, an
 session to the next. A step's `parts` globs name the small files its command resumes from (a finished `--seeds`
 repeat's `report.json` and `recipe.resolved.yaml`: `compressor run --seeds` keeps such a repeat and runs the rest).
 `python -m benchmarks parts NAME --else-running TEXT` copies them into `benchmarks/results/NAME.parts/step-K/`
-(committed) with a record of where each was made (`parts.json`: commit, CPU, date, what else ran); `run` restores the
-missing ones into the step's output before the step runs, and the result's provenance lists the parts, so a figure
-whose repeats ran on two machines says which ran where.
+(committed; this machine's paths written as `$COMPRESSOR_CACHE` and `.`) with a record of where each was made
+(`parts.json`: commit, CPU, date, what else ran); `run` restores the missing ones into the step's output before the
+step runs, and the result's provenance lists the parts, so a figure whose repeats ran on two machines says which ran
+where.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from benchmarks import provenance
 from benchmarks.suite import RESULTS, ROOT, Experiment
 from compressor.core import atomic
 from compressor.core.errors import UserError
-from compressor.core.machine import cpu_identity, cpu_summary, int8_features
+from compressor.core.machine import cache_root, cpu_identity, cpu_summary, int8_features
 
 PARTS_FILE = "parts.json"
 
@@ -61,12 +62,20 @@ def store_parts(exp: Experiment, else_running: str, results: Path = RESULTS) -> 
                 part = f"step-{k}/{path.relative_to(out).as_posix()}"
                 target = parts_dir(exp, results) / part
                 target.parent.mkdir(parents=True, exist_ok=True)
-                shutil.copyfile(path, target)
+                atomic.write_text(target, without_machine_paths(path.read_text()))
                 stored[part] = {"part": part, **made}
     if not stored:
         raise UserError(f"{exp.name}: nothing in the steps' outputs matches their parts patterns; nothing stored")
     atomic.write_text(parts_dir(exp, results) / PARTS_FILE, json.dumps(sorted(stored.values(), key=_key), indent=1))
     return sorted(stored)
+
+
+def without_machine_paths(text: str) -> str:
+    """`text` with this machine's cache root and checkout named as `$COMPRESSOR_CACHE` and `.`: a report names the
+    cached fine-tunes it used by their paths, and nothing committed names a path of the machine it was made on."""
+    for path, name in ((cache_root(), "$COMPRESSOR_CACHE"), (ROOT, ".")):
+        text = text.replace(str(path.resolve()), name).replace(str(path), name)
+    return text
 
 
 def _key(record: dict) -> str:

@@ -280,6 +280,16 @@ def test_parts_stored_in_one_session_resume_the_step_in_the_next_and_say_where_t
     assert read_result(results / "stub.json").provenance.parts == [record]
 
 
+def test_a_stored_part_names_no_path_of_the_machine_it_was_made_on(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("COMPRESSOR_CACHE", str(tmp_path / "cache"))
+    text = json.dumps({"base_finetune": {"cached": str(tmp_path / "cache" / "finetuned" / "abc")},
+                       "model_dir": str(ROOT / "runs" / "x" / "model")})  # fmt: skip
+    assert json.loads(parts.without_machine_paths(text)) == {
+        "base_finetune": {"cached": "$COMPRESSOR_CACHE/finetuned/abc"},
+        "model_dir": "./runs/x/model",
+    }
+
+
 def test_the_page_says_where_an_unfinished_experiments_stored_parts_ran() -> None:
     exp = next(iter(EXPERIMENTS.values()))
     record = {"part": "step-0/seed-0/report.json", "commit": "abc1234", "cpu": "CPU X", "int8_features": "AVX2",
