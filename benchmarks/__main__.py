@@ -1,6 +1,6 @@
-"""`python -m benchmarks list | run NAME --else-running TEXT [--force] | parts NAME --else-running TEXT | page
-[--check]`: the benchmark suite's command line (see `benchmarks/__init__.py`). Bad input is one line on stderr
-and exit 2."""
+"""`python -m benchmarks list | run NAME --else-running TEXT [--force] | parts NAME --else-running TEXT [--commit
+REV] | page [--check]`: the benchmark suite's command line (see `benchmarks/__init__.py`). Bad input is one line on
+stderr and exit 2."""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ def _parts(args: argparse.Namespace) -> None:
     from benchmarks.suite import experiment
 
     exp = experiment(args.name)
-    stored = store_parts(exp, args.else_running)
+    stored = store_parts(exp, args.else_running, commit=args.commit)
     print(f"{exp.name}: stored {len(stored)} parts in {parts_dir(exp).name}/ (commit them to resume elsewhere)")
 
 
@@ -58,6 +58,7 @@ def parser() -> argparse.ArgumentParser:
     parts = sub.add_parser("parts", help="store the parts of NAME's unfinished outputs another session resumes from")
     parts.add_argument("name")
     parts.add_argument("--else-running", required=True, help="what else ran while they were made")
+    parts.add_argument("--commit", help="the commit they ran at, when it is not this checkout's")
     page = sub.add_parser("page", help="regenerate docs/results.md from its template and the results")
     page.add_argument("--check", action="store_true", help="only check that the page is up to date (exit 2 if not)")
     return top

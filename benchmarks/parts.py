@@ -36,10 +36,10 @@ def records(exp: Experiment, results: Path = RESULTS) -> list[dict]:
     return json.loads(path.read_text()) if path.exists() else []
 
 
-def _made_here(else_running: str) -> dict:
+def _made_here(else_running: str, commit: str | None) -> dict:
     cpu = cpu_summary()
     return {
-        "commit": provenance.commit(),
+        "commit": commit or provenance.commit(),
         "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M"),
         "cpu": cpu["model"],
         "int8_features": int8_features(cpu),
@@ -48,13 +48,14 @@ def _made_here(else_running: str) -> dict:
     }
 
 
-def store_parts(exp: Experiment, else_running: str, results: Path = RESULTS) -> list[str]:
-    """Copy each step's `parts` matches into the parts folder, recording where they were made (a part stored again
-    replaces its record); returns the parts' paths. None matching is a one-line `UserError`."""
+def store_parts(exp: Experiment, else_running: str, results: Path = RESULTS, commit: str | None = None) -> list[str]:
+    """Copy each step's `parts` matches into the parts folder, recording where they were made (`commit`: the one
+    they ran at, by default this checkout's; a part stored again replaces its record); returns the parts' paths.
+    None matching is a one-line `UserError`."""
     if not else_running.strip():
         raise UserError("--else-running: say what else ran while the parts were made (e.g. 'nothing heavy')")
     stored = {r["part"]: r for r in records(exp, results)}
-    made = _made_here(else_running)
+    made = _made_here(else_running, commit)
     for k, step in enumerate(exp.steps):
         out = ROOT / exp.output(step)
         for pattern in step.parts:

@@ -278,6 +278,11 @@ def test_parts_stored_in_one_session_resume_the_step_in_the_next_and_say_where_t
     assert record["part"] == "step-0/seed-0/report.json" and record["else_running"] == "a test beside it"
     assert record["commit"] and record["cpu_identity"] and re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d", record["date"])
     assert read_result(results / "stub.json").provenance.parts == [record]
+    parts.store_parts(exp, "a test beside it", results, commit="abc1234")  # stored later than they ran
+    assert [(r["part"], r["commit"]) for r in parts.records(exp, results)] == [
+        ("step-0/seed-0/report.json", "abc1234"),
+        ("step-0/seed-1/report.json", "abc1234"),
+    ]
 
 
 def test_a_stored_part_names_no_path_of_the_machine_it_was_made_on(tmp_path, monkeypatch) -> None:
