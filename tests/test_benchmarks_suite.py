@@ -51,8 +51,10 @@ def test_every_figure_on_the_page_has_its_result_file_and_no_result_is_orphaned(
         assert has_table == (suite.RESULTS / f"{name}.json").exists(), name
     for named in re.findall(r"benchmarks/results/([\w.]+\.json)", PAGE_TEXT):
         assert (suite.RESULTS / named).exists(), f"docs/results.md names benchmarks/results/{named}"
-    files = {p.stem for p in suite.RESULTS.iterdir()}
+    files = {p.stem for p in suite.RESULTS.glob("*.json")}
     assert files <= set(EXPERIMENTS), f"result files of no experiment: {sorted(files - set(EXPERIMENTS))}"
+    stored = {p.name.removesuffix(".parts") for p in suite.RESULTS.glob("*.parts")}  # `python -m benchmarks parts`
+    assert stored <= set(EXPERIMENTS), f"stored parts of no experiment: {sorted(stored - set(EXPERIMENTS))}"
     for name in files:
         result = read_result(suite.RESULTS / f"{name}.json")
         assert (result.experiment, result.figure, result.goal) == (
