@@ -14,14 +14,13 @@ from __future__ import annotations
 
 import json
 import shutil
-from datetime import datetime, timezone
 from pathlib import Path
 
 from benchmarks import provenance
 from benchmarks.suite import RESULTS, ROOT, Experiment
 from compressor.core import atomic
 from compressor.core.errors import UserError
-from compressor.core.machine import cache_root, cpu_identity, cpu_summary, int8_features
+from compressor.core.machine import cache_root
 
 PARTS_FILE = "parts.json"
 
@@ -36,18 +35,6 @@ def records(exp: Experiment, results: Path = RESULTS) -> list[dict]:
     return json.loads(path.read_text()) if path.exists() else []
 
 
-def _made_here(else_running: str, commit: str | None) -> dict:
-    cpu = cpu_summary()
-    return {
-        "commit": commit or provenance.commit(),
-        "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M"),
-        "cpu": cpu["model"],
-        "int8_features": int8_features(cpu),
-        "cpu_identity": cpu_identity(),
-        "else_running": else_running,
-    }
-
-
 def store_parts(exp: Experiment, else_running: str, results: Path = RESULTS, commit: str | None = None) -> list[str]:
     """Copy each step's `parts` matches into the parts folder, recording where they were made (`commit`: the one
     they ran at, by default this checkout's; a part stored again replaces its record); returns the parts' paths.
@@ -55,7 +42,7 @@ def store_parts(exp: Experiment, else_running: str, results: Path = RESULTS, com
     if not else_running.strip():
         raise UserError("--else-running: say what else ran while the parts were made (e.g. 'nothing heavy')")
     stored = {r["part"]: r for r in records(exp, results)}
-    made = _made_here(else_running, commit)
+    made = provenance.made_here(else_running, commit)
     for k, step in enumerate(exp.steps):
         out = ROOT / exp.output(step)
         for pattern in step.parts:
@@ -84,13 +71,30 @@ def _key(record: dict) -> str:
 
 
 def restore_parts(exp: Experiment, results: Path = RESULTS) -> list[str]:
-    """Copy every stored part missing from its step's output back into it; returns those restored."""
+    """Copy every stored part missing from its step's output back into it; returns those restored. A record naming
+    no step of the experiment, or a file none of that step's `parts` patterns matches (the experiment was edited
+    since the parts were stored), is a one-line `UserError` before anything is copied."""
+    targets = [(record["part"], _target(exp, record["part"], results)) for record in records(exp, results)]
     restored = []
-    for record in records(exp, results):
-        step, _, inner = record["part"].partition("/")
-        target = ROOT / exp.output(exp.steps[int(step.removeprefix("step-"))]) / inner
+    for part, target in targets:
         if not target.exists():
             target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(parts_dir(exp, results) / record["part"], target)
-            restored.append(record["part"])
+            shutil.copyfile(parts_dir(exp, results) / part, target)
+            restored.append(part)
     return restored
+
+
+def _target(exp: Experiment, part: str, results: Path) -> Path:
+    """Where the stored `part` (`step-K/inner`) goes in step K's output, checked against the experiment as it is."""
+    step, _, inner = part.partition("/")
+    k = step.removeprefix("step-")
+    folder = parts_dir(exp, results)
+    where = f"{folder.name}/{PARTS_FILE}"
+    if not (k.isdigit() and int(k) < len(exp.steps)):
+        raise UserError(f"{where}: part {part!r} names no step of {exp.name} (it has {len(exp.steps)}); store again")
+    chosen = exp.steps[int(k)]
+    if not (folder / part).is_file():
+        raise UserError(f"{where}: part {part!r} is not in {folder.name}/")
+    if not any(folder / part in (folder / step).glob(pattern) for pattern in chosen.parts):  # matched as stored
+        raise UserError(f"{where}: part {part!r} matches none of step {k}'s parts patterns {chosen.parts}; store again")
+    return ROOT / exp.output(chosen) / inner

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import subprocess
 import time
+from datetime import datetime, timezone
 from pathlib import Path
 
-from compressor.core.machine import cpu_identity, cpu_summary
+from compressor.core.machine import cpu_identity, cpu_summary, int8_features
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -34,3 +35,18 @@ def measured_on(else_running: str | None = None, started: float | None = None) -
     if started is not None:
         out["seconds"] = round(time.perf_counter() - started, 1)
     return out
+
+
+def made_here(else_running: str, commit_: str | None = None) -> dict:
+    """Where something is being made, as a result's `Provenance` and a stored part's record both name it: the commit
+    (`commit_`, the one it ran at, by default this checkout's), the UTC date, the CPU's model, its int8 features and
+    identity, and what else ran."""
+    cpu = cpu_summary()
+    return {
+        "commit": commit_ or commit(),
+        "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M"),
+        "cpu": cpu["model"],
+        "int8_features": int8_features(cpu),
+        "cpu_identity": cpu_identity(),
+        "else_running": else_running,
+    }

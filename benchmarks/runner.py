@@ -14,7 +14,6 @@ import os
 import subprocess
 import sys
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 
 from benchmarks import parts, provenance
@@ -22,7 +21,7 @@ from benchmarks.readers import READERS
 from benchmarks.schema import Provenance, Result, read_result, write_result
 from benchmarks.suite import RESULTS, ROOT, Experiment
 from compressor.core.errors import UserError
-from compressor.core.machine import cache_root, cpu_identity, cpu_summary, int8_features
+from compressor.core.machine import cache_root
 
 
 def cache_state(root: Path | None = None) -> str:
@@ -71,14 +70,8 @@ def run_experiment(exp: Experiment, else_running: str, force: bool = False, resu
         log(f"{exp.name}: restored {part} (made in an earlier session)")
     run_steps(exp, force, log)
     rows = READERS[exp.reader](exp, exp.last_output(), **exp.reader_args)
-    cpu = cpu_summary()
     record = Provenance(
-        commit=provenance.commit(),
-        date=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M"),
-        cpu=cpu["model"],
-        int8_features=int8_features(cpu),
-        cpu_identity=cpu_identity(),
-        else_running=else_running,
+        **provenance.made_here(else_running),
         cache=cache,
         seconds=round(time.perf_counter() - started, 1),
         commands=exp.shown(),

@@ -287,6 +287,31 @@ def test_parts_stored_in_one_session_resume_the_step_in_the_next_and_say_where_t
     ]
 
 
+def test_a_stored_part_the_experiment_no_longer_names_is_refused_before_anything_is_copied(tmp_path) -> None:
+    """`parts.json` is edited by hand or outlives an edit of the experiment: a record naming a step the experiment
+    lacks, a file the parts folder lacks, or a file none of the step's patterns matches is one line naming it, and
+    no part is restored."""
+    exp, results = _stub_experiment(tmp_path, ["seed-*/report.json"]), tmp_path / "results"
+    folder = parts.parts_dir(exp, results)
+    (folder / "step-0" / "seed-0").mkdir(parents=True)
+    (folder / "step-0" / "seed-0" / "report.json").write_text("{}")
+    (folder / "step-0" / "seed-0" / "run.log").write_text("")
+    good = {"part": "step-0/seed-0/report.json", "commit": "abc1234"}
+    for bad, message in (
+        ("step-1/seed-0/report.json", "part 'step-1/seed-0/report.json' names no step of stub \\(it has 1\\)"),
+        ("seed-0/report.json", "part 'seed-0/report.json' names no step of stub"),
+        ("step-0/seed-1/report.json", "part 'step-0/seed-1/report.json' is not in stub.parts/"),
+        ("step-0/seed-0/run.log", "part 'step-0/seed-0/run.log' matches none of step 0's parts patterns"),
+    ):
+        (folder / parts.PARTS_FILE).write_text(json.dumps([good, {**good, "part": bad}]))
+        with pytest.raises(UserError, match=f"^stub.parts/parts.json: {message}"):
+            parts.restore_parts(exp, results)
+        assert not (tmp_path / "out").exists()
+    (folder / parts.PARTS_FILE).write_text(json.dumps([good]))
+    assert parts.restore_parts(exp, results) == ["step-0/seed-0/report.json"]
+    assert (tmp_path / "out" / "seed-0" / "report.json").read_text() == "{}"
+
+
 def test_a_stored_part_names_no_path_of_the_machine_it_was_made_on(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("COMPRESSOR_CACHE", str(tmp_path / "cache"))
     text = json.dumps({"base_finetune": {"cached": str(tmp_path / "cache" / "finetuned" / "abc")},
