@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import logging
 
+import pytest
+
 from compressor.pipeline import runlog
 
 log = logging.getLogger("compressor.pruning.latency.table")  # a stage's logger, as the preflight's timings use
@@ -38,3 +40,17 @@ def test_a_helper_process_prints_nothing_and_writes_no_log(tmp_path, capsys):
     runlog.open_run_log(tmp_path / "run", main=False)
     log.info("fine-tunes on cpu")
     assert not (tmp_path / "run").exists() and "fine-tunes" not in capsys.readouterr().err
+
+
+def test_a_failed_preflights_lines_reach_no_later_run_log(tmp_path, capsys):
+    """A preflight that fails (a bad recipe in `compressor.prune`, caught by the caller) drops what it held, after
+    printing it; the next run in the same process starts its log with its own lines only."""
+    runlog.open_run_log(tmp_path / "earlier", main=True)
+    with pytest.raises(ValueError, match="out of reach"), runlog.held(main=True):
+        log.info("latency table: timing a shape")
+        raise ValueError("out of reach")
+    assert "latency table: timing a shape" in capsys.readouterr().err
+    with runlog.held(main=True):
+        log.info("budget: the reference measured")
+    runlog.open_run_log(tmp_path / "next", main=True)
+    assert _lines(tmp_path / "next") == ["budget: the reference measured"]

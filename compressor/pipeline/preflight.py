@@ -45,10 +45,14 @@ class Checked:
 
 def preflight(recipe: Recipe, force: bool) -> Checked:
     """Check, before any weights load or anything is written, that the run can start; returns what it read. What it
-    logs is printed and held for the run's log (`runlog.hold`)."""
+    logs is printed and held for the run's log (`runlog.held`: a failed preflight's lines reach no later log)."""
     from accelerate import PartialState
 
-    runlog.hold(PartialState().is_main_process)
+    with runlog.held(PartialState().is_main_process):
+        return _checked(recipe, force)
+
+
+def _checked(recipe: Recipe, force: bool) -> Checked:
     target = outdir.check_run_dir(recipe.output_dir, force, partial(_same_recipe, recipe=recipe))
     config = load_config(recipe.model)
     layers, heads = config_head_counts(config)

@@ -2,12 +2,15 @@
 
 The preflight runs before the run's directory is claimed, and it can take minutes (it times the latency tables and a
 reference's shape), so its records cannot go to a file yet. Between `hold` and `open_run_log` they are printed and
-kept; `open_run_log` writes them at the top of the run.log it opens, so the log says what the preflight measured.
+kept (`held` drops them when the block it wraps fails); `open_run_log` writes them at the top of the run.log it
+opens, so the log says what the preflight measured.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 log = logging.getLogger("compressor")
@@ -47,6 +50,19 @@ def hold(main: bool) -> None:
         return
     _restart(main)
     log.addHandler(_Held())
+
+
+@contextmanager
+def held(main: bool) -> Iterator[None]:
+    """`hold` around a block that may fail (the preflight): on an exception what was held is dropped, having been
+    printed already, so a later run in the same process (`compressor.prune` called again) does not write a failed
+    run's lines at the top of its own log."""
+    hold(main)
+    try:
+        yield
+    except BaseException:
+        _restart(main)
+        raise
 
 
 def open_run_log(out: Path, main: bool) -> None:
