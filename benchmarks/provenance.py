@@ -37,13 +37,13 @@ def measured_on(else_running: str | None = None, started: float | None = None) -
     return out
 
 
-def made_here(else_running: str, commit_: str | None = None) -> dict:
+def made_here(else_running: str, ran_at: str | None = None) -> dict:
     """Where something is being made, as a result's `Provenance` and a stored part's record both name it: the commit
-    (`commit_`, the one it ran at, by default this checkout's), the UTC date, the CPU's model, its int8 features and
+    (`ran_at`, the one it ran at, by default this checkout's), the UTC date, the CPU's model, its int8 features and
     identity, and what else ran."""
     cpu = cpu_summary()
     return {
-        "commit": commit_ or commit(),
+        "commit": ran_at or commit(),
         "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M"),
         "cpu": cpu["model"],
         "int8_features": int8_features(cpu),
