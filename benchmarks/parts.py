@@ -72,8 +72,8 @@ def _key(record: dict) -> str:
 
 def restore_parts(exp: Experiment, results: Path = RESULTS) -> list[str]:
     """Copy every stored part missing from its step's output back into it; returns those restored. A record naming
-    no step of the experiment, or a file none of that step's `parts` patterns matches (the experiment was edited
-    since the parts were stored), is a one-line `UserError` before anything is copied."""
+    no step of the experiment, a file the parts folder lacks, or one none of that step's `parts` patterns matches
+    (the experiment was edited since the parts were stored) is a one-line `UserError` before anything is copied."""
     targets = [(record["part"], _target(exp, record["part"], results)) for record in records(exp, results)]
     restored = []
     for part, target in targets:
